@@ -1,0 +1,1 @@
+"""Prefect flows (importable as ``tunefleet.flows``) chaining the tunefleet tasks."""

@@ -1,0 +1,1 @@
+"""Prefect tasks (importable as ``tunefleet.tasks``): thin wrappers over the tunefleet core."""

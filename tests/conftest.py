@@ -1,0 +1,51 @@
+"""Shared fixtures: real PostgreSQL (started here, never skipped) and database URLs per backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tunefleet.testing.postgres import PostgresServer  # noqa: E402
+
+DB_BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL cluster for the session; each test gets its own database."""
+    with PostgresServer() as server:
+        yield server
+
+
+def make_db_url(backend: str, request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tunefleet.db'}"
+        return
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    name = server.create_database()
+    try:
+        yield server.url(name)
+    finally:
+        server.drop_database(name)
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """An empty database on every real backend: SQLite file and PostgreSQL."""
+    yield from make_db_url(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def tunefleet_home(tmp_path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """An isolated TUNEFLEET_HOME with no TUNEFLEET_* variables leaking in."""
+    for key in list(os.environ):
+        if key.startswith("TUNEFLEET_"):
+            monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNEFLEET_HOME", str(home))
+    return home

@@ -1,0 +1,159 @@
+"""The one settings object.
+
+Values come, in order of precedence, from keyword arguments, ``TUNEFLEET_*`` environment
+variables, the optional TOML config file (``TUNEFLEET_CONFIG``, else ``$TUNEFLEET_HOME/config.toml``
+when present) and the embedded defaults: a SQLite database and a local artifact directory under
+``TUNEFLEET_HOME`` (default ``~/.tunefleet``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from tunefleet.errors import ConfigError
+
+ENV_PREFIX = "TUNEFLEET_"
+
+
+def _default_home() -> Path:
+    return Path(os.environ.get("TUNEFLEET_HOME", "~/.tunefleet")).expanduser()
+
+
+def _config_file() -> Path | None:
+    explicit = os.environ.get("TUNEFLEET_CONFIG")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"invalid setting TUNEFLEET_CONFIG: no such file {path}")
+        return path
+    candidate = _default_home() / "config.toml"
+    return candidate if candidate.is_file() else None
+
+
+class Settings(BaseSettings):
+    """Effective tunefleet configuration (see the README's configuration table)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    home: Path = Field(default_factory=_default_home, description="Root of the embedded defaults.")
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default sqlite:///$TUNEFLEET_HOME/tunefleet.db. "
+        "PostgreSQL: postgresql+psycopg2://user:pass@host:5432/db",
+    )
+    db_connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    db_statement_timeout_s: float = Field(default=0.0, ge=0, description="0 = no limit (PostgreSQL only).")
+    db_auto_migrate: bool = Field(default=True, description="Create the schema in an empty database.")
+
+    store: Literal["local", "s3"] = "local"
+    store_path: Path | None = Field(default=None, description="Local artifact directory; default $TUNEFLEET_HOME/artifacts.")
+    s3_endpoint: str = Field(default="127.0.0.1:9000", description="host:port, no scheme.")
+    s3_access_key: str = ""
+    s3_secret_key: SecretStr = SecretStr("")
+    s3_bucket: str = "tunefleet"
+    s3_prefix: str = ""
+    s3_region: str | None = None
+    s3_secure: bool = False
+    s3_timeout_s: float = Field(default=10.0, gt=0, le=120, description="Connect and read timeout per request.")
+    s3_retries: int = Field(default=2, ge=0, le=10)
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _no_scheme(cls, value: str) -> str:
+        if "://" in value:
+            raise ValueError("give host:port without a scheme; use TUNEFLEET_S3_SECURE for TLS")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _valid_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(value)
+        except ArgumentError as exc:
+            raise ValueError(f"not a database URL ({exc})") from None
+        if url.get_backend_name() not in {"sqlite", "postgresql"}:
+            raise ValueError(f"unsupported database {url.get_backend_name()!r}; use sqlite or postgresql")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _config_file()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'tunefleet.db'}"
+
+    @property
+    def effective_store_path(self) -> Path:
+        return self.store_path or self.home / "artifacts"
+
+    def masked(self) -> dict[str, Any]:
+        """The effective configuration with secrets masked, for display."""
+        from sqlalchemy.engine import make_url
+
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = "********" if value.get_secret_value() else ""
+            elif isinstance(value, Path):
+                value = str(value)
+            out[name] = value
+        out["database_url"] = make_url(self.effective_database_url).render_as_string(hide_password=True)
+        out["store_path"] = str(self.effective_store_path)
+        return out
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = err.get("loc") or ("?",)
+    name = ENV_PREFIX + str(loc[0]).upper()
+    msg = err.get("msg", "invalid value")
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    if err.get("type") == "extra_forbidden":
+        return f"unknown setting {name} in the config file{more}"
+    return f"invalid setting {name}: {msg}{more}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings, turning validation errors into one :class:`ConfigError` line."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+    except (OSError, ValueError) as exc:  # unreadable / malformed TOML file
+        raise ConfigError(f"invalid config file: {exc}") from None

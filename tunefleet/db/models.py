@@ -1,0 +1,209 @@
+"""SQLAlchemy ORM models: the tunefleet schema.
+
+Every key that identifies a result is target-aware: (workload structural hash, hardware class).
+Times are naive UTC (``utcnow``) on every backend so comparisons behave the same on SQLite and
+PostgreSQL. Migrations live in ``tunefleet/db/migrations``; change both together.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Stable constraint names so Alembic migrations are identical on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# BIGINT primary keys on PostgreSQL; SQLite only autoincrements "INTEGER PRIMARY KEY".
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Model(Base):
+    """An ingested model; its bytes live content-addressed in the artifact store."""
+
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    source: Mapped[str] = mapped_column(String(20))  # zoo | onnx | pt2
+    format: Mapped[str] = mapped_column(String(20))
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    artifact_uri: Mapped[str] = mapped_column(Text)
+    input_info: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Workload(Base):
+    """A TIR function to tune, identified by its structural hash; stored once."""
+
+    __tablename__ = "workloads"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    structural_hash: Mapped[str] = mapped_column(String(32), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    op_kind: Mapped[str] = mapped_column(String(50), index=True)
+    flops: Mapped[float] = mapped_column(Float, default=0.0)
+    tir_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class ModelWorkload(Base):
+    """Which workloads a model contains, and how often it calls each (the weight)."""
+
+    __tablename__ = "model_workloads"
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True)
+    weight: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class HardwareClass(Base):
+    """A class of hardware tuned for as one: target, node pool, power and price."""
+
+    __tablename__ = "hardware_classes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    target: Mapped[dict[str, Any]] = mapped_column(JSON)  # TVM target, dict form
+    node_pool: Mapped[str] = mapped_column(String(128))
+    watts_per_core: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_watts: Mapped[float] = mapped_column(Float, default=0.0)
+    watts_per_gpu: Mapped[float] = mapped_column(Float, default=0.0)
+    price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
+    capabilities: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
+class Shard(Base):
+    """A unit of tuning work: trials for one (workload, hardware class), leased to a worker."""
+
+    __tablename__ = "shards"
+    __table_args__ = (Index("ix_shards_queue", "hardware_class_id", "state", "priority"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
+    hardware_class_id: Mapped[int] = mapped_column(ForeignKey("hardware_classes.id", ondelete="CASCADE"))
+    trials: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[float] = mapped_column(Float, default=0.0)
+    state: Mapped[str] = mapped_column(String(16), default="pending")  # pending|leased|done|failed|cancelled
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    history: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
+class Measurement(Base):
+    """One measured candidate (append-only). ``mean_run_s`` is NULL for errors.
+
+    A retried commit of the same candidate is idempotent through the unique key
+    (workload, hardware class, trace_sha256, attempt); a deliberate re-measurement uses a new
+    attempt number. The trace text itself is never indexed.
+    """
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        UniqueConstraint(
+            "workload_id", "hardware_class_id", "trace_sha256", "attempt", name="uq_measurements_candidate"
+        ),
+        Index("ix_measurements_best", "workload_id", "hardware_class_id", "mean_run_s"),
+        Index("ix_measurements_shard_id", "shard_id"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
+    hardware_class_id: Mapped[int] = mapped_column(ForeignKey("hardware_classes.id", ondelete="CASCADE"))
+    shard_id: Mapped[int | None] = mapped_column(ForeignKey("shards.id", ondelete="SET NULL"), nullable=True)
+    trace_json: Mapped[str] = mapped_column(Text)
+    trace_sha256: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    args_info: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    run_secs: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    mean_run_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    build_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # build | run | None
+    error_msg: Mapped[str | None] = mapped_column(Text, nullable=True)
+    energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    energy_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    tvm_version: Mapped[str] = mapped_column(String(64), default="")
+    target: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Prediction(Base):
+    """A schedule proposed by a cost model; never mixed with measurements."""
+
+    __tablename__ = "predictions"
+    __table_args__ = (
+        UniqueConstraint(
+            "workload_id", "hardware_class_id", "cost_model_id", "trace_sha256", name="uq_predictions_candidate"
+        ),
+        Index("ix_predictions_best", "workload_id", "hardware_class_id", "score"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
+    hardware_class_id: Mapped[int] = mapped_column(ForeignKey("hardware_classes.id", ondelete="CASCADE"))
+    cost_model_id: Mapped[int | None] = mapped_column(ForeignKey("cost_models.id", ondelete="SET NULL"), nullable=True)
+    trace_json: Mapped[str] = mapped_column(Text)
+    trace_sha256: Mapped[str] = mapped_column(String(64))
+    args_info: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    score: Mapped[float] = mapped_column(Float)  # higher is better (predicted throughput)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Dataset(Base):
+    """A versioned export of measurements + features in the artifact store."""
+
+    __tablename__ = "datasets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, unique=True)
+    uri: Mapped[str] = mapped_column(Text)
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    row_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class CostModel(Base):
+    """A trained cost model, its metrics and whether it is the current one for its class."""
+
+    __tablename__ = "cost_models"
+    __table_args__ = (UniqueConstraint("hardware_class_id", "version", name="uq_cost_models_version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hardware_class_id: Mapped[int] = mapped_column(ForeignKey("hardware_classes.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="SET NULL"), nullable=True)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    artifact_uri: Mapped[str] = mapped_column(Text)
+    promoted: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

@@ -1,0 +1,43 @@
+"""One error hierarchy whose messages a user can act on.
+
+Every error tunefleet raises on purpose derives from :class:`TunefleetError`; the CLI prints
+its message as one line and exits non-zero. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TunefleetError(Exception):
+    """Base class: the message is a complete, actionable sentence."""
+
+
+class ConfigError(TunefleetError):
+    """A setting is invalid."""
+
+
+class DatabaseError(TunefleetError):
+    """The database cannot be reached or used."""
+
+
+class SchemaOutdatedError(DatabaseError):
+    """The database schema is at an older revision than this tunefleet."""
+
+
+class SchemaTooNewError(DatabaseError):
+    """The database schema was written by a newer tunefleet."""
+
+
+class NotFoundError(TunefleetError):
+    """A requested record does not exist."""
+
+
+class ArtifactStoreError(TunefleetError):
+    """The artifact store cannot be reached or used."""
+
+
+class ArtifactNotFoundError(ArtifactStoreError, NotFoundError):
+    """No artifact under that key."""
+
+
+class NotSupportedError(TunefleetError):
+    """A feature or input that tunefleet does not support (yet)."""

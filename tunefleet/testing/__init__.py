@@ -1,0 +1,1 @@
+"""Test support shipped with tunefleet: real-service fixtures and contract test suites."""

@@ -1,0 +1,203 @@
+"""Contract test suite for :class:`tunefleet.db.Database`, shipped with the package.
+
+Bind it to a backend by subclassing in a test module and providing a ``db_url`` fixture that
+yields the URL of an empty database::
+
+    class TestMyBackend(DatabaseContract):
+        pass
+
+Every backend tunefleet supports runs this whole suite (tests/db/test_db_contract.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from tunefleet.db import Database, NewMeasurement, current_revision, downgrade, head_revision, upgrade
+from tunefleet.errors import NotFoundError, SchemaOutdatedError, SchemaTooNewError
+
+TARGET = {"kind": "llvm", "num-cores": 2}
+
+
+def _trace(i: int, size: int = 2500) -> str:
+    body = f'{{"insts": [["SamplePerfectTile", {i}]], "decisions": [{i}]}}'
+    return body + " " * max(0, size - len(body))
+
+
+def _commit_worker(url: str, wl_id: int, hw_id: int, offset: int, n: int, batch: int) -> None:
+    db = Database(url)
+    for start in range(0, n, batch):
+        db.commit_measurements(
+            NewMeasurement(wl_id, hw_id, _trace(offset + i), [1e-3 + (offset + i) * 1e-6])
+            for i in range(start, min(n, start + batch))
+        )
+    db.close()
+
+
+class DatabaseContract:
+    """What every database backend must do."""
+
+    @pytest.fixture
+    def db(self, db_url: str) -> Iterator[Database]:
+        database = Database(db_url, connect_timeout_s=5)
+        yield database
+        database.close()
+
+    @pytest.fixture
+    def seeded(self, db: Database) -> tuple[Database, int, int, int]:
+        hw = db.upsert_hardware_class("x86", TARGET, "x86", watts_per_core=10, price_per_hour=0.1)
+        other = db.upsert_hardware_class("arm", {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, "arm")
+        wl, _ = db.add_workload(structural_hash="00ab", name="dense", op_kind="dense", flops=2e6, tir_json="{}")
+        return db, wl.id, hw.id, other.id
+
+    # -- schema ---------------------------------------------------------------------------
+    def test_empty_database_is_migrated_on_first_use(self, db: Database) -> None:
+        assert current_revision(db.engine) == head_revision()
+
+    def test_migrations_down_and_up(self, db: Database) -> None:
+        from alembic.autogenerate import compare_metadata
+        from alembic.runtime.migration import MigrationContext
+
+        from tunefleet.db.models import Base
+
+        downgrade(db.engine, "base")
+        assert current_revision(db.engine) is None
+        upgrade(db.engine, "0001")
+        assert current_revision(db.engine) == "0001"
+        upgrade(db.engine)
+        assert current_revision(db.engine) == head_revision()
+        with db.engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+
+    def test_older_revision_asks_for_upgrade(self, db_url: str, db: Database) -> None:
+        downgrade(db.engine, "0001")
+        with pytest.raises(SchemaOutdatedError, match="run `tunefleet db upgrade`"):
+            Database(db_url)
+
+    def test_unknown_revision_is_refused(self, db_url: str, db: Database) -> None:
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = 'ffff9999'"))
+        with pytest.raises(SchemaTooNewError, match="newer tunefleet"):
+            Database(db_url)
+
+    def test_outdated_data_survives_upgrade(self, db_url: str, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.5])])
+        downgrade(db.engine, "0001")
+        upgrade(db.engine)
+        assert [m.mean_run_s for m in Database(db_url).best_measurements(wl, hw)] == [0.5]
+
+    # -- hardware classes, models, workloads ----------------------------------------------
+    def test_hardware_class_upsert_and_lookup(self, db: Database) -> None:
+        db.upsert_hardware_class("x86", TARGET, "x86", watts_per_core=5)
+        hw = db.upsert_hardware_class("x86", TARGET, "x86-pool", watts_per_core=7)
+        assert db.hardware_class("x86").id == hw.id
+        assert db.hardware_class("x86").node_pool == "x86-pool"
+        assert db.hardware_class("x86").target == TARGET
+        assert [h.name for h in db.hardware_classes()] == ["x86"]
+        with pytest.raises(NotFoundError, match="unknown hardware class 'tpu'.*x86"):
+            db.hardware_class("tpu")
+
+    def test_model_is_content_addressed(self, db: Database) -> None:
+        kwargs = dict(name="mlp", source="zoo", format="relax-nn", sha256="f" * 64, artifact_uri="file:///x")
+        first, created = db.add_model(**kwargs)
+        again, created_again = db.add_model(**{**kwargs, "name": "other-name"})
+        assert created and not created_again and first.id == again.id
+        assert db.model("mlp").id == first.id and db.model(first.id).id == first.id
+        assert db.model("ffffffff").id == first.id
+        with pytest.raises(NotFoundError):
+            db.model("nope")
+
+    def test_workload_stored_once_with_weights(self, db: Database) -> None:
+        m1, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
+        m2, _ = db.add_model(name="b", source="zoo", format="x", sha256="2" * 64, artifact_uri="u")
+        wl, created = db.add_workload(structural_hash="beef", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
+        same, created_again = db.add_workload(structural_hash="beef", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
+        assert created and not created_again and wl.id == same.id
+        db.link_model_workload(m1.id, wl.id, 3)
+        db.link_model_workload(m2.id, wl.id, 2)
+        db.link_model_workload(m2.id, wl.id, 2)  # idempotent
+        assert [(w.structural_hash, n) for w, n in db.workloads()] == [("beef", 5)]
+        assert [(w.structural_hash, n) for w, n in db.workloads(m1.id)] == [("beef", 3)]
+        assert db.workload("beef").id == wl.id
+
+    # -- measurements ---------------------------------------------------------------------
+    def test_best_n_is_target_aware_and_skips_errors(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        recs = [NewMeasurement(wl, hw, _trace(i), [0.010 - i * 0.001, 0.010 - i * 0.001]) for i in range(8)]
+        recs.append(NewMeasurement(wl, hw, _trace(100), None, error_kind="run", error_msg="timeout"))
+        recs.append(NewMeasurement(wl, arm, _trace(200), [1e-9]))  # faster, but another class
+        assert db.commit_measurements(recs) == 10
+        best = db.best_measurements("00ab", "x86", n=5)
+        assert [round(m.mean_run_s, 6) for m in best] == [0.003, 0.004, 0.005, 0.006, 0.007]
+        assert all(m.hardware_class_id == hw for m in best)
+        assert db.count_measurements(wl, hw) == 9
+        assert db.count_measurements(wl, hw, errors=False) == 8
+        assert [m.mean_run_s for m in db.best_measurements(wl, arm)] == [1e-9]
+
+    def test_error_measurement_has_null_mean(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.1], error_kind="build", error_msg="boom")])
+        (row,) = db.measurements()
+        assert row.mean_run_s is None and row.error_kind == "build" and row.error_msg == "boom"
+
+    def test_retried_commit_is_idempotent_new_attempt_is_kept(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        rec = NewMeasurement(wl, hw, _trace(7), [0.2])
+        assert db.commit_measurements([rec]) == 1
+        assert db.commit_measurements([rec, NewMeasurement(wl, hw, _trace(7), [0.2])]) == 0
+        assert db.commit_measurements([NewMeasurement(wl, hw, _trace(7), [0.3], attempt=1)]) == 1
+        assert db.count_measurements(wl, hw) == 2
+        assert db.measured_trace_hashes(wl, hw) == {rec.trace_sha256}
+
+    def test_large_trace_is_stored(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        big = _trace(3, size=64_000)  # far above PostgreSQL's ~2.7 KB btree row limit
+        assert db.commit_measurements([NewMeasurement(wl, hw, big, [0.1])]) == 1
+        assert db.best_measurements(wl, hw)[0].trace_json == big
+
+    def test_two_processes_commit_at_once(self, db_url: str, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_commit_worker, args=(db_url, wl, hw, k * 10_000, 300, 25)) for k in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+        assert db.count_measurements(wl, hw) == 600
+
+    def test_measurements_pages_by_id(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        db.commit_measurements(NewMeasurement(wl, hw, _trace(i), [0.1]) for i in range(5))
+        first = db.measurements(limit=2)
+        rest = db.measurements(after_id=first[-1].id)
+        assert len(first) == 2 and len(rest) == 3 and rest[0].id > first[-1].id
+
+    # -- predictions, datasets, cost models -----------------------------------------------
+    def test_predictions_never_returned_as_measurements(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        assert db.add_predictions(wl, hw, [(_trace(1), 5.0, None), (_trace(2), 9.0, None)]) == 2
+        assert db.best_measurements(wl, hw) == []
+        assert db.count_measurements(wl, hw) == 0
+        assert [p.rank for p in db.best_predictions(wl, hw)] == [0, 1]
+        assert db.best_predictions(wl, hw)[0].score == 9.0
+
+    def test_dataset_versions_and_cost_model_promotion(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, _, hw, _ = seeded
+        d1 = db.add_dataset(uri="s3://b/ds/1", manifest={"rows": 1}, row_count=1)
+        d2 = db.add_dataset(uri="s3://b/ds/2", manifest={"rows": 2}, row_count=2)
+        assert (d1.version, d2.version) == (1, 2)
+        assert [d.version for d in db.datasets()] == [1, 2]
+        c1 = db.add_cost_model(hardware_class_id=hw, artifact_uri="u1", metrics={"peak@1": 0.5}, dataset_id=d1.id)
+        c2 = db.add_cost_model(hardware_class_id=hw, artifact_uri="u2", metrics={"peak@1": 0.7}, dataset_id=d2.id)
+        assert (c1.version, c2.version) == (1, 2)
+        assert db.current_cost_model(hw) is None
+        db.promote_cost_model(c1.id)
+        db.promote_cost_model(c2.id)
+        current = db.current_cost_model(hw)
+        assert current is not None and current.id == c2.id
