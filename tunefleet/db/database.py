@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Batches at least this large go through PostgreSQL's COPY path (see _pg_copy.py).
+_COPY_MIN_ROWS = 32
+
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
@@ -300,6 +303,10 @@ class Database:
         if not rows:
             return 0
         with self.session() as s:
+            if self.dialect == "postgresql" and len(rows) >= _COPY_MIN_ROWS:
+                from tunefleet.db._pg_copy import copy_insert_measurements
+
+                return copy_insert_measurements(s.connection().connection.dbapi_connection, rows)
             stmt = self._insert(Measurement).on_conflict_do_nothing(
                 index_elements=["workload_id", "hardware_class_id", "trace_sha256", "attempt"]
             )
@@ -308,21 +315,29 @@ class Database:
             return len(s.execute(stmt.returning(Measurement.id), rows).all())
 
     def best_measurements(self, workload: int | str, hardware: int | str, n: int = 5) -> list[Measurement]:
-        """The ``n`` fastest successful measurements of a workload on one hardware class."""
-        wl_id = workload if isinstance(workload, int) else self.workload(workload).id
-        hw_id = hardware if isinstance(hardware, int) else self.hardware_class(hardware).id
+        """The ``n`` fastest successful measurements of a workload on one hardware class.
+
+        ``workload`` is an id or a structural hash, ``hardware`` an id or a class name; either way
+        it is one indexed query (``ix_measurements_best``).
+        """
         with self.session() as s:
-            stmt = (
-                select(Measurement)
-                .where(
-                    Measurement.workload_id == wl_id,
-                    Measurement.hardware_class_id == hw_id,
-                    Measurement.mean_run_s.is_not(None),
+            stmt = select(Measurement).where(Measurement.mean_run_s.is_not(None))
+            if isinstance(workload, int):
+                stmt = stmt.where(Measurement.workload_id == workload)
+            else:
+                stmt = stmt.join(Workload, Workload.id == Measurement.workload_id).where(
+                    Workload.structural_hash == workload
                 )
-                .order_by(Measurement.mean_run_s, Measurement.id)
-                .limit(n)
-            )
-            return list(s.scalars(stmt))
+            if isinstance(hardware, int):
+                stmt = stmt.where(Measurement.hardware_class_id == hardware)
+            else:
+                stmt = stmt.join(HardwareClass, HardwareClass.id == Measurement.hardware_class_id).where(
+                    HardwareClass.name == hardware
+                )
+            found = list(s.scalars(stmt.order_by(Measurement.mean_run_s, Measurement.id).limit(n)))
+        if not found and isinstance(hardware, str):
+            self.hardware_class(hardware)  # unknown class: a clear error rather than "no results"
+        return found
 
     def count_measurements(self, workload_id: int, hardware_class_id: int, *, errors: bool = True) -> int:
         with self.session() as s:

@@ -154,6 +154,28 @@ class DatabaseContract:
         assert db.count_measurements(wl, hw) == 2
         assert db.measured_trace_hashes(wl, hw) == {rec.trace_sha256}
 
+    def test_bulk_batch_round_trips_and_skips_duplicates(self, seeded: tuple[Database, int, int, int]) -> None:
+        """Large batches (PostgreSQL's COPY path) keep every value and stay idempotent."""
+        db, wl, hw, _ = seeded
+        odd = 'quote" tab\t newline\n backslash\\ \\N unicode é'
+        batch = [
+            NewMeasurement(wl, hw, _trace(i) + odd, [1e-3 * (i + 1), 2e-3], build_s=0.25, args_info=[["TENSOR", "float32", [1, 64]]],
+                           tvm_version="0.27", target='{"kind": "llvm"}', shard_id=None, energy_j=1.5, energy_source="estimate")
+            for i in range(100)
+        ]
+        batch.append(NewMeasurement(wl, hw, "err" + odd, None, error_kind="build", error_msg=odd))
+        assert db.commit_measurements(batch) == 101
+        more = [NewMeasurement(wl, hw, _trace(1000 + i), [0.5]) for i in range(50)]
+        assert db.commit_measurements(batch + more) == 50
+        assert db.count_measurements(wl, hw) == 151
+        best = db.best_measurements(wl, hw, n=1)[0]
+        assert best.trace_json == _trace(0) + odd
+        assert best.run_secs == [1e-3, 2e-3] and best.mean_run_s == 1.5e-3
+        assert best.args_info == [["TENSOR", "float32", [1, 64]]]
+        assert (best.build_s, best.energy_j, best.energy_source, best.tvm_version) == (0.25, 1.5, "estimate", "0.27")
+        errors = [m for m in db.measurements() if m.error_kind]
+        assert len(errors) == 1 and errors[0].error_msg == odd and errors[0].run_secs is None
+
     def test_large_trace_is_stored(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
         big = _trace(3, size=64_000)  # far above PostgreSQL's ~2.7 KB btree row limit

@@ -117,6 +117,26 @@ def upgrade() -> None:
         batch_op.create_index('ix_measurements_best', ['workload_id', 'hardware_class_id', 'mean_run_s'], unique=False)
         batch_op.create_index('ix_measurements_shard_id', ['shard_id'], unique=False)
 
+    _prefer_lz4("measurements", "trace_json")
+
+
+def _prefer_lz4(table: str, column: str) -> None:
+    """Traces are the bulk of the data; lz4 TOAST compression is much cheaper than pglz.
+
+    PostgreSQL >= 14 built with lz4 only; elsewhere the default compression stays.
+    """
+    bind = op.get_bind()
+    if bind.dialect.name != "postgresql":
+        return
+    with bind.begin_nested():
+        supported = bind.exec_driver_sql(
+            "SELECT current_setting('server_version_num')::int >= 140000 "
+            "AND EXISTS (SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' "
+            "AND 'lz4' = ANY(enumvals))"
+        ).scalar()
+    if supported:
+        op.execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET COMPRESSION lz4")
+
 
 def downgrade() -> None:
     with op.batch_alter_table('measurements', schema=None) as batch_op:
