@@ -1,0 +1,154 @@
+"""Shard planning and the lease state machine, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing
+from collections.abc import Iterator
+
+import pytest
+
+from tunefleet import shards
+from tunefleet.db import Database, NewMeasurement
+from tunefleet.db.models import utcnow
+from tunefleet.shards import LeaseLostError
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Database]:
+    database = Database(db_url)
+    database.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")
+    database.upsert_hardware_class("arm", {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, "arm")
+    m, _ = database.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
+    for i, (h, w, flops) in enumerate([("aa", 1, 10.0), ("bb", 4, 5.0), ("cc", 4, 50.0)]):
+        wl, _ = database.add_workload(structural_hash=h, name=f"w{i}", op_kind="dense", flops=flops, tir_json="{}")
+        database.link_model_workload(m.id, wl.id, w)
+    yield database
+    database.close()
+
+
+def test_plan_cuts_shortfall_and_is_idempotent(db: Database) -> None:
+    created, view = shards.plan(db, "x86", target_trials=100, shard_trials=64)
+    assert sorted(s.trials for s in created) == [36, 36, 36, 64, 64, 64]
+    assert all(v.new_trials == 100 for v in view)
+    again, _ = shards.plan(db, "x86", target_trials=100, shard_trials=64)
+    assert again == []
+    # other hardware classes are planned independently
+    arm, _ = shards.plan(db, "arm", target_trials=10)
+    assert len(arm) == 3
+
+
+def test_raising_target_tops_up_and_counts_measurements(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=32, shard_trials=64)
+    wl = db.workload("aa")
+    hw = db.hardware_class("x86")
+    shard = shards.lease(db, "x86", "w1", shard_id=[s for s in shards.list_shards(db) if s.workload_id == wl.id][0].id)
+    assert shard is not None
+    db.commit_measurements(NewMeasurement(wl.id, hw.id, f"t{i}", [0.1], shard_id=shard.id) for i in range(40))
+    shards.complete(db, shard.id, "w1")
+    created, view = shards.plan(db, "x86", target_trials=64, shard_trials=64)
+    by_hash = {v.structural_hash: v for v in view}
+    assert by_hash["aa"].measured == 40 and by_hash["aa"].new_trials == 24
+    assert by_hash["bb"].outstanding == 32 and by_hash["bb"].new_trials == 32
+
+
+def test_done_shard_budget_counts_even_if_search_space_ran_out(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=16)
+    while (s := shards.lease(db, "x86", "w")) is not None:
+        shards.complete(db, s.id, "w")  # measured nothing: tiny search space
+    created, _ = shards.plan(db, "x86", target_trials=16)
+    assert created == []
+
+
+def test_lease_order_is_by_weight_then_flops(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=8)
+    order = []
+    while (s := shards.lease(db, "x86", "w")) is not None:
+        order.append(db.workload(s.workload_id).structural_hash)
+    assert order == ["cc", "bb", "aa"]
+
+
+def test_lease_heartbeat_complete(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=8)
+    s = shards.lease(db, "x86", "worker-1", lease_s=30)
+    assert s is not None and s.state == "leased" and s.attempts == 1 and s.lease_owner == "worker-1"
+    shards.heartbeat(db, s.id, "worker-1", lease_s=60)
+    with pytest.raises(LeaseLostError):
+        shards.heartbeat(db, s.id, "someone-else")
+    shards.complete(db, s.id, "worker-1")
+    assert shards.get_shard(db, s.id).state == "done"
+    with pytest.raises(LeaseLostError):
+        shards.complete(db, s.id, "worker-1")
+    events = [h["event"] for h in shards.get_shard(db, s.id).history]
+    assert events == ["planned", "leased", "done"]
+
+
+def test_expired_lease_requeues_then_fails_with_error(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=8, model="m", max_attempts=2)
+    first = shards.lease(db, "x86", "dead-1", lease_s=10)
+    assert first is not None
+    later = utcnow() + dt.timedelta(seconds=11)
+    again = shards.lease(db, "x86", "w2", lease_s=10, now=later, shard_id=first.id)
+    assert again is not None and again.id == first.id and again.attempts == 2
+    assert "lease of dead-1 expired" in (again.error or "")
+    with pytest.raises(LeaseLostError):
+        shards.heartbeat(db, first.id, "dead-1")
+    assert shards.requeue_expired(db, now=later + dt.timedelta(seconds=11)) == [first.id]
+    failed = shards.get_shard(db, first.id)
+    assert failed.state == "failed" and "attempt 2/2" in (failed.error or "")
+    assert shards.retry(db, [first.id]) == [first.id]
+    assert shards.get_shard(db, first.id).state == "pending"
+
+
+def test_fail_requeues_until_max_attempts(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=8, max_attempts=2)
+    s = shards.lease(db, "x86", "w")
+    assert s is not None
+    assert shards.fail(db, s.id, "w", "builder crashed") == "pending"
+    s2 = shards.lease(db, "x86", "w", shard_id=s.id)
+    assert s2 is not None
+    assert shards.fail(db, s2.id, "w", "builder crashed again") == "failed"
+    assert shards.get_shard(db, s.id).error == "builder crashed again"
+
+
+def test_cancel_takes_lease_away(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=8)
+    s = shards.lease(db, "x86", "w")
+    assert s is not None
+    cancelled = shards.cancel(db, hardware="x86")
+    assert s.id in cancelled and len(cancelled) == 3
+    with pytest.raises(LeaseLostError):
+        shards.heartbeat(db, s.id, "w")
+    assert shards.lease(db, "x86", "w") is None
+    assert len(shards.retry(db, hardware="x86")) == 3
+
+
+def _lease_all(url: str, owner: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    db = Database(url)
+    got = []
+    while (s := shards.lease(db, "x86", owner)) is not None:
+        got.append(s.id)
+    out.put(got)
+
+
+def test_concurrent_workers_never_share_a_shard(db_url: str, db: Database) -> None:
+    shards.plan(db, "x86", target_trials=400, shard_trials=4)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_lease_all, args=(db_url, f"w{i}", out)) for i in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    leased = results[0] + results[1]
+    assert len(leased) == 300 and len(set(leased)) == 300
+
+
+def test_unknown_state_and_class(db: Database) -> None:
+    from tunefleet.errors import NotFoundError, TunefleetError
+
+    with pytest.raises(TunefleetError, match="unknown shard state"):
+        shards.list_shards(db, state="sleeping")
+    with pytest.raises(NotFoundError, match="unknown hardware class 'tpu'"):
+        shards.plan(db, "tpu", target_trials=1)
