@@ -67,6 +67,13 @@ class Settings(BaseSettings):
     s3_timeout_s: float = Field(default=10.0, gt=0, le=120, description="Connect and read timeout per request.")
     s3_retries: int = Field(default=2, ge=0, le=10)
 
+    gpu_arch: str = Field(default="sm_80", description="CUDA arch of the built-in gpu class.")
+    hardware: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Extra hardware classes or overrides of the built-in ones (x86, arm, gpu), by name: "
+        "target, node_pool, watts_per_core, idle_watts, watts_per_gpu, price_per_hour.",
+    )
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -1,0 +1,102 @@
+"""Hardware classes: the built-in ones, overrides from configuration, seeding the database.
+
+A hardware class is a first-class record (ISA Mapper's idea): a TVM target in dict form, the
+node-pool label its workers run on, and the power and price figures energy accounting uses.
+Power and price defaults are *assumptions* for estimates (documented in the README); set real
+figures with the ``hardware`` setting.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import TYPE_CHECKING, Any
+
+from tunefleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+    from tunefleet.db.models import HardwareClass
+
+# Assumed figures (W per busy core, idle W, W per GPU, price per node-hour in currency units).
+BUILTIN_FIGURES: dict[str, dict[str, Any]] = {
+    "x86": {"node_pool": "x86", "watts_per_core": 12.0, "idle_watts": 30.0, "watts_per_gpu": 0.0, "price_per_hour": 0.17},
+    "arm": {"node_pool": "arm", "watts_per_core": 5.0, "idle_watts": 15.0, "watts_per_gpu": 0.0, "price_per_hour": 0.14},
+    "gpu": {"node_pool": "gpu", "watts_per_core": 12.0, "idle_watts": 60.0, "watts_per_gpu": 300.0, "price_per_hour": 2.50},
+}
+_FIELDS = {"target", "node_pool", "watts_per_core", "idle_watts", "watts_per_gpu", "price_per_hour", "capabilities"}
+
+
+def host_cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _capabilities(arch: str, cores: int, flags: set[str] | None = None) -> dict[str, Any]:
+    interesting = {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avx512_vnni", "amx_tile",
+                   "neon", "asimd", "sve", "sve2", "asimddp", "i8mm"}
+    return {"arch": arch, "cores": cores, "isa": sorted((flags or set()) & interesting)}
+
+
+def builtin_classes(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The built-in classes with targets detected on this host (x86) or fixed (arm, gpu)."""
+    from tunefleet.tvm.targets import arm_target, cuda_target, host_cpu_target
+
+    cores = len(os.sched_getaffinity(0))
+    host_is_x86 = platform.machine() in {"x86_64", "AMD64"}
+    x86_target = host_cpu_target() if host_is_x86 else {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "num-cores": cores}
+    flags = host_cpu_flags()
+    classes = {
+        "x86": {"target": x86_target, "capabilities": _capabilities("x86_64", cores, flags if host_is_x86 else set())},
+        "arm": {"target": arm_target(), "capabilities": _capabilities("aarch64", int(arm_target().get("num-cores", cores)),
+                                                                       {"neon", "asimd"})},
+        "gpu": {"target": cuda_target(settings.gpu_arch), "capabilities": {"arch": "cuda", "sm": settings.gpu_arch}},
+    }
+    for name, spec in classes.items():
+        spec.update(BUILTIN_FIGURES[name])
+    return classes
+
+
+def configured_classes(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Built-in classes merged with the ``hardware`` setting; targets validated."""
+    from tunefleet.tvm.targets import make_target
+
+    classes = builtin_classes(settings)
+    for name, override in settings.hardware.items():
+        unknown = set(override) - _FIELDS
+        if unknown:
+            raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: class {name!r} has unknown field(s) {sorted(unknown)}")
+        base = classes.get(name)
+        if base is None and "target" not in override:
+            raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: new class {name!r} needs a target")
+        merged = {**(base or {"node_pool": name, "capabilities": {}}), **override}
+        classes[name] = merged
+    for spec in classes.values():
+        make_target(spec["target"])  # InvalidTargetError names what is wrong
+    return classes
+
+
+def seed_hardware_classes(db: Database, settings: Settings) -> list[HardwareClass]:
+    """Upsert every configured class into the database (idempotent)."""
+    out = []
+    for name, spec in configured_classes(settings).items():
+        out.append(
+            db.upsert_hardware_class(
+                name,
+                spec["target"],
+                spec["node_pool"],
+                watts_per_core=float(spec.get("watts_per_core", 0.0)),
+                idle_watts=float(spec.get("idle_watts", 0.0)),
+                watts_per_gpu=float(spec.get("watts_per_gpu", 0.0)),
+                price_per_hour=float(spec.get("price_per_hour", 0.0)),
+                capabilities=spec.get("capabilities") or {},
+            )
+        )
+    return out
