@@ -64,7 +64,10 @@ class Settings(BaseSettings):
     s3_prefix: str = ""
     s3_region: str | None = None
     s3_secure: bool = False
-    s3_timeout_s: float = Field(default=10.0, gt=0, le=120, description="Connect and read timeout per request.")
+    s3_timeout_s: float = Field(default=5.0, gt=0, le=120, description="Read timeout per request (not retried).")
+    s3_connect_timeout_s: float = Field(
+        default=2.5, gt=0, le=60, description="Connect timeout per attempt; with the default retries a dead endpoint fails in < 10 s."
+    )
     s3_retries: int = Field(default=2, ge=0, le=10)
 
     gpu_arch: str = Field(default="sm_80", description="CUDA arch of the built-in gpu class.")
