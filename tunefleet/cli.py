@@ -86,6 +86,251 @@ def cmd_db_current(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# -- context ---------------------------------------------------------------------------------
+class Context:
+    """Lazily opened database and store, with hardware classes seeded once."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._db: Database | None = None
+        self._store: Any = None
+
+    @property
+    def db(self) -> Database:
+        if self._db is None:
+            from tunefleet.hardware import seed_hardware_classes
+
+            self._db = _open_db(self.settings)
+            seed_hardware_classes(self._db, self.settings)
+        return self._db
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            from tunefleet.store import open_store
+
+            self._store = open_store(self.settings)
+        return self._store
+
+
+# -- models, workloads, hardware ------------------------------------------------------------
+def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.models.ingest import ingest
+
+    ctx = Context(settings)
+    res = ingest(ctx.db, ctx.store, args.source, name=args.name, batch_size=args.batch_size,
+                 image_size=args.image_size, seq_len=args.seq_len)
+    verb = "ingested" if res.created else "already ingested"
+    print(f"{verb}: model {res.model.id} {res.model.name} ({res.model.format}, sha256 {res.model.sha256[:16]})")
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace, settings: Settings) -> int:
+    ctx = Context(settings)
+    rows = [(m.id, m.name, m.source, m.format, m.sha256[:12], json.dumps(m.input_info), m.created_at.isoformat(timespec="seconds"))
+            for m in ctx.db.models()]
+    if args.json:
+        _print_json([dict(zip(["id", "name", "source", "format", "sha256", "inputs", "created"], r)) for r in rows])
+    else:
+        _table("models", ["id", "name", "source", "format", "sha256", "inputs", "created"], rows)
+    return 0
+
+
+def cmd_workloads_list(args: argparse.Namespace, settings: Settings) -> int:
+    ctx = Context(settings)
+    model_id = ctx.db.model(args.model).id if args.model else None
+    rows = [(w.structural_hash, w.name, w.op_kind, f"{w.flops:.3g}", weight) for w, weight in ctx.db.workloads(model_id)]
+    if args.json:
+        _print_json([dict(zip(["hash", "name", "op_kind", "flops", "weight"], r)) for r in rows])
+    else:
+        _table("workloads", ["hash", "name", "op kind", "FLOPs", "weight"], rows)
+    return 0
+
+
+def cmd_hardware_list(args: argparse.Namespace, settings: Settings) -> int:
+    ctx = Context(settings)
+    classes = ctx.db.hardware_classes()
+    if args.json:
+        _print_json([{"name": h.name, "target": h.target, "node_pool": h.node_pool, "watts_per_core": h.watts_per_core,
+                      "idle_watts": h.idle_watts, "watts_per_gpu": h.watts_per_gpu, "price_per_hour": h.price_per_hour,
+                      "capabilities": h.capabilities} for h in classes])
+    else:
+        _table("hardware classes", ["name", "target", "node pool", "W/core", "idle W", "W/GPU", "price/h"],
+               [(h.name, json.dumps(h.target), h.node_pool, h.watts_per_core, h.idle_watts, h.watts_per_gpu,
+                 h.price_per_hour) for h in classes])
+    return 0
+
+
+# -- pipeline steps -------------------------------------------------------------------------
+def cmd_extract(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.pipeline import extract
+
+    ctx = Context(settings)
+    res = extract(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware)
+    print(f"model {res.model_id} on {res.hardware}: {res.workloads} workloads ({res.new_workloads} new)")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet import shards
+
+    ctx = Context(settings)
+    created, view = shards.plan(ctx.db, args.hardware, target_trials=args.trials, shard_trials=args.shard_trials,
+                                model=args.model)
+    print(f"planned {len(created)} new shard(s), {sum(s.trials for s in created)} trials, "
+          f"over {len(view)} workload(s) on {args.hardware}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.pipeline import drain, tune_with_workers
+
+    ctx = Context(settings)
+    ctx.db.hardware_class(args.hardware)
+    if args.workers > 1:
+        codes = tune_with_workers(settings, args.hardware, workers=args.workers, max_shards=args.max_shards)
+        print(f"workers exited with {codes}")
+        return 0 if not any(codes) else 1
+    summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed)
+    print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
+          f"measured ({summary.errors} errors, {summary.skipped_known} already known) in {summary.seconds:.0f}s")
+    return 0 if not summary.shards_failed else 1
+
+
+def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.deliver import best
+
+    ctx = Context(settings)
+    found = best(ctx.db, args.workload, args.hardware, n=args.top)
+    if args.json:
+        _print_json([b.as_dict() for b in found])
+    else:
+        _table(f"best schedules of {found[0].workload} on {args.hardware}",
+               ["rank", "mean run (ms)", "untuned (ms)", "measurement", "measured at", "tvm"],
+               [(i + 1, f"{b.mean_run_s * 1e3:.4f}", f"{b.untuned_s * 1e3:.4f}" if b.untuned_s else "-",
+                 b.measurement_id, b.measured_at, b.tvm_version) for i, b in enumerate(found)])
+    return 0
+
+
+def _report_table(report: Any) -> None:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    rows = [("untuned (default schedules)", ms(report.untuned_ms), "1.00x" if report.untuned_ms else "-")]
+    if report.tuned_ms is not None:
+        speed = f"{report.untuned_ms / report.tuned_ms:.2f}x" if report.untuned_ms else "-"
+        rows.append((f"tunefleet tuned ({report.tuned_workloads}/{report.workloads} workloads tuned)", ms(report.tuned_ms), speed))
+    if report.torch_ms is not None:
+        speed = f"{report.untuned_ms / report.torch_ms:.2f}x" if report.untuned_ms else "-"
+        rows.append((f"PyTorch eager ({report.threads} threads)", ms(report.torch_ms), speed))
+    _table(f"{report.model} on {report.hardware}: latency (median)", ["build", "latency (ms)", "speed-up vs untuned"], rows)
+    if report.default_workloads:
+        print(f"{report.default_workloads} of {report.workloads} workloads had no record and kept the default schedule")
+    for note in report.notes:
+        print(note)
+    if report.output:
+        print(f"wrote {report.output}")
+
+
+def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.deliver import build_model
+
+    ctx = Context(settings)
+    report = build_model(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware, output=args.output)
+    if args.json:
+        _print_json(report.as_dict())
+    else:
+        _report_table(report)
+    return 0
+
+
+def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.deliver import export_json_database
+
+    ctx = Context(settings)
+    n_wl, n_rec = export_json_database(ctx.db, args.hardware, args.directory, top_k=args.top)
+    print(f"wrote {n_rec} record(s) for {n_wl} workload(s) to {args.directory} (MetaSchedule JSONDatabase files)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from rich.console import Console
+
+    from tunefleet import shards
+    from tunefleet.deliver import build_model
+    from tunefleet.models.ingest import ingest
+    from tunefleet.pipeline import drain, extract
+
+    console = Console()
+    ctx = Context(settings)
+    console.rule(f"[bold]tunefleet run[/]: {args.model} on {args.hardware}, {args.trials} trials per workload")
+    res = ingest(ctx.db, ctx.store, args.model, batch_size=args.batch_size, image_size=args.image_size,
+                 seq_len=args.seq_len)
+    console.print(f"1/5 ingest: model {res.model.id} ({'new' if res.created else 'already stored'}, sha256 {res.model.sha256[:12]})")
+    ex = extract(ctx.db, ctx.store, res.model, args.hardware)
+    console.print(f"2/5 extract: {ex.workloads} workloads ({ex.new_workloads} new)")
+    created, view = shards.plan(ctx.db, args.hardware, target_trials=args.trials, shard_trials=args.shard_trials,
+                                model=res.model.id)
+    console.print(f"3/5 plan: {len(created)} new shard(s); "
+                  f"{sum(1 for v in view if v.new_trials == 0)} workload(s) already at target")
+    pending = len(shards.list_shards(ctx.db, hardware=args.hardware, state="pending"))
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("4/5 tune"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
+                  TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as progress:
+        task = progress.add_task("", total=pending)
+
+        def on_shard(result: Any) -> None:
+            best = f"best {result.best_s * 1e3:.3f} ms" if result.best_s else "no valid candidate"
+            progress.update(task, advance=1, description=f"shard {result.shard_id}: {result.measured} measured, {best}")
+
+        summary = drain(ctx.db, args.hardware, seed=args.seed, on_shard=on_shard)
+    console.print(f"4/5 tune: {summary.shards_done} shard(s) done, {summary.shards_failed} failed, "
+                  f"{summary.measured} candidates measured ({summary.errors} errors) in {summary.seconds:.0f}s")
+    report = build_model(ctx.db, ctx.store, res.model, args.hardware, output=args.output)
+    console.print("5/5 build:")
+    _report_table(report)
+    return 0 if not summary.shards_failed else 1
+
+
+def _zoo_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=int, default=1, help="zoo models: batch size")
+    p.add_argument("--image-size", type=int, default=None, help="zoo image models: height = width")
+    p.add_argument("--seq-len", type=int, default=None, help="bert-base: sequence length")
+
+
+def cmd_shards_list(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet import shards
+
+    ctx = Context(settings)
+    rows = shards.list_shards(ctx.db, hardware=args.hardware, state=args.state)
+    names = {h.id: h.name for h in ctx.db.hardware_classes()}
+    data = [{"id": r.id, "workload_id": r.workload_id, "hardware": names.get(r.hardware_class_id), "trials": r.trials,
+             "priority": r.priority, "state": r.state, "attempts": f"{r.attempts}/{r.max_attempts}",
+             "owner": r.lease_owner, "error": (r.error or "")[:80]} for r in rows]
+    if args.json:
+        _print_json(data)
+    else:
+        _table("shards", list(data[0].keys()) if data else ["id"], [list(d.values()) for d in data])
+    return 0
+
+
+def cmd_shards_retry(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet import shards
+
+    ids = shards.retry(Context(settings).db, args.ids or None, hardware=args.hardware)
+    print(f"requeued {len(ids)} shard(s)")
+    return 0
+
+
+def cmd_shards_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet import shards
+
+    ids = shards.cancel(Context(settings).db, args.ids or None, hardware=args.hardware)
+    print(f"cancelled {len(ids)} shard(s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tunefleet", description="Tuned tensor programs at fleet scale.")
     parser.add_argument("--version", action="version", version=f"tunefleet {__version__}")
@@ -106,6 +351,81 @@ def build_parser() -> argparse.ArgumentParser:
     down.set_defaults(handler=cmd_db_downgrade)
     cur = db.add_parser("current", help="print the schema revision")
     cur.set_defaults(handler=cmd_db_current)
+
+    run = sub.add_parser("run", help="the whole pipeline on one model: ingest, extract, plan, tune, build")
+    run.add_argument("--model", default="resnet18", help="zoo name, ONNX or .pt2 file (default resnet18)")
+    run.add_argument("--hardware", default="x86")
+    run.add_argument("--trials", type=int, default=8, help="target trials per workload (default 8)")
+    run.add_argument("--shard-trials", type=int, default=64)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("-o", "--output", default=None, help="write the tuned library here")
+    _zoo_options(run)
+    run.set_defaults(handler=cmd_run)
+
+    ing = sub.add_parser("ingest", help="store a model (zoo name, ONNX file, .pt2 file or s3:// URI)")
+    ing.add_argument("source")
+    ing.add_argument("--name", default=None)
+    _zoo_options(ing)
+    ing.set_defaults(handler=cmd_ingest)
+
+    ext = sub.add_parser("extract", help="extract and store a model's workloads for a hardware class")
+    ext.add_argument("model")
+    ext.add_argument("--hardware", default="x86")
+    ext.set_defaults(handler=cmd_extract)
+
+    pl = sub.add_parser("plan", help="cut untuned work into shards")
+    pl.add_argument("--hardware", default="x86")
+    pl.add_argument("--trials", type=int, required=True, help="target trials per workload")
+    pl.add_argument("--shard-trials", type=int, default=64)
+    pl.add_argument("--model", default=None, help="only this model's workloads")
+    pl.set_defaults(handler=cmd_plan)
+
+    tu = sub.add_parser("tune", help="tune pending shards of a hardware class with local workers")
+    tu.add_argument("--hardware", default="x86")
+    tu.add_argument("--workers", type=int, default=1)
+    tu.add_argument("--max-shards", type=int, default=None)
+    tu.add_argument("--seed", type=int, default=None)
+    tu.set_defaults(handler=cmd_tune)
+
+    for noun, handler in (("models", cmd_models_list), ("workloads", cmd_workloads_list), ("hardware", cmd_hardware_list)):
+        grp = sub.add_parser(noun, help=f"{noun} in the database").add_subparsers(dest="sub", required=True)
+        ls = grp.add_parser("list")
+        ls.add_argument("--json", action="store_true")
+        if noun == "workloads":
+            ls.add_argument("--model", default=None)
+        ls.set_defaults(handler=handler)
+
+    sh = sub.add_parser("shards", help="list, retry or cancel shards").add_subparsers(dest="sub", required=True)
+    shl = sh.add_parser("list")
+    shl.add_argument("--hardware", default=None)
+    shl.add_argument("--state", default=None)
+    shl.add_argument("--json", action="store_true")
+    shl.set_defaults(handler=cmd_shards_list)
+    for verb, handler in (("retry", cmd_shards_retry), ("cancel", cmd_shards_cancel)):
+        p = sh.add_parser(verb)
+        p.add_argument("ids", nargs="*", type=int)
+        p.add_argument("--hardware", default=None)
+        p.set_defaults(handler=handler)
+
+    be = sub.add_parser("best", help="best measured schedule of a workload on a hardware class")
+    be.add_argument("workload", help="structural hash (or a unique prefix)")
+    be.add_argument("--hardware", default="x86")
+    be.add_argument("--top", type=int, default=1)
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(handler=cmd_best)
+
+    bu = sub.add_parser("build", help="compile a model with the best stored schedules and compare latency")
+    bu.add_argument("model")
+    bu.add_argument("--hardware", default="x86")
+    bu.add_argument("-o", "--output", default=None)
+    bu.add_argument("--json", action="store_true")
+    bu.set_defaults(handler=cmd_build)
+
+    ex = sub.add_parser("export-db", help="write the best records as MetaSchedule JSON database files")
+    ex.add_argument("directory")
+    ex.add_argument("--hardware", default="x86")
+    ex.add_argument("--top", type=int, default=1)
+    ex.set_defaults(handler=cmd_export_db)
     return parser
 
 

@@ -1,0 +1,251 @@
+"""Delivery: the best schedule for (workload, hardware class), a MetaSchedule database for TVM
+users, an export as MetaSchedule JSON files, and building a model with the best schedules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tunefleet.errors import NotFoundError, NotSupportedError
+
+if TYPE_CHECKING:
+    from tunefleet.db import Database
+    from tunefleet.db.models import Model
+    from tunefleet.store import ArtifactStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BestSchedule:
+    workload: str
+    hardware: str
+    mean_run_s: float
+    run_secs: list[float]
+    measurement_id: int
+    trace_json: str
+    measured_at: str
+    tvm_version: str
+    untuned_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def best(db: Database, workload: str, hardware: str, n: int = 1) -> list[BestSchedule]:
+    """The ``n`` best measured schedules of a workload on a hardware class (measurements only)."""
+    wl = db.workload(workload)
+    hw = db.hardware_class(hardware)
+    rows = db.best_measurements(wl.id, hw.id, n)
+    if not rows:
+        raise NotFoundError(f"no measurement of workload {wl.structural_hash} on {hardware} yet; plan and tune it")
+    untuned = _untuned_time(db, wl.id, hw.id)
+    return [
+        BestSchedule(wl.structural_hash, hardware, float(r.mean_run_s or 0.0), list(r.run_secs or []), r.id,
+                     r.trace_json, r.created_at.isoformat(timespec="seconds"), r.tvm_version, untuned)
+        for r in rows
+    ]
+
+
+def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> float | None:
+    """Mean run time of the default (empty-trace) candidate, if it was measured."""
+    from sqlalchemy import select
+
+    from tunefleet.db.database import sha256_text
+    from tunefleet.db.models import Measurement
+
+    with db.session() as s:
+        stmt = select(Measurement.mean_run_s).where(
+            Measurement.workload_id == workload_id, Measurement.hardware_class_id == hardware_class_id,
+            Measurement.trace_sha256 == sha256_text(_EMPTY_TRACE_JSON), Measurement.mean_run_s.is_not(None),
+        )
+        return s.scalars(stmt).first()
+
+
+_EMPTY_TRACE_JSON = '[[],[]]'
+
+
+def metaschedule_database(db: Database, hardware: str) -> Any:
+    """A MetaSchedule ``Database`` over the fleet's measurements of one hardware class.
+
+    Use it anywhere TVM takes a database, e.g.
+    ``ms.relax_integration.compile_relax(database, mod, target, params)``.
+    """
+    from tunefleet.tvm.bridge import FleetDatabase
+
+    return FleetDatabase(db, hardware)
+
+
+def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> tuple[int, int]:
+    """Write the best ``top_k`` records per workload as MetaSchedule JSON database files.
+
+    Returns (workloads, records). Load them with ``ms.database.JSONDatabase(work_dir=directory)``.
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.tvm.bridge import record_from_row
+
+    hw = db.hardware_class(hardware)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = ms.database.JSONDatabase(path_workload=str(directory / "database_workload.json"),
+                                   path_tuning_record=str(directory / "database_tuning_record.json"),
+                                   allow_missing=True)
+    n_wl = n_rec = 0
+    for wl, _ in db.workloads():
+        rows = db.best_measurements(wl.id, hw.id, top_k)
+        if not rows:
+            continue
+        mod = tvm.ir.load_json(wl.tir_json)
+        workload = out.commit_workload(mod)
+        for r in rows:
+            out.commit_tuning_record(record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload))
+            n_rec += 1
+        n_wl += 1
+    return n_wl, n_rec
+
+
+@dataclass
+class BuildReport:
+    model: str
+    hardware: str
+    workloads: int
+    tuned_workloads: int
+    default_workloads: int
+    untuned_ms: float | None = None
+    tuned_ms: float | None = None
+    torch_ms: float | None = None
+    max_abs_diff: float | None = None
+    output: str | None = None
+    threads: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _host_can_run(target: Any) -> bool:
+    if target.kind.name != "llvm":
+        return False
+    mtriple = str(target.attrs.get("mtriple", "") or "")
+    machine = platform.machine()
+    return not mtriple or mtriple.startswith(machine) or (machine == "x86_64" and mtriple.startswith("x86_64"))
+
+
+def _time_vm(vm: Any, dev: Any, inputs: list[Any], repeat: int) -> float:
+    timer = vm.time_evaluator("main", dev, number=max(1, repeat), repeat=3, min_repeat_ms=100)
+    return float(statistics.median(timer(*inputs).results))
+
+
+def build_model(
+    db: Database,
+    store: ArtifactStore,
+    model: Model,
+    hardware: str,
+    *,
+    output: str | Path | None = None,
+    repeat: int = 5,
+    compare_torch: bool = True,
+) -> BuildReport:
+    """Compile a model with the best stored schedules; check it against the untuned build; time both.
+
+    Workloads without a measurement keep the default schedule; the report says how many.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.models.ingest import load_model
+    from tunefleet.tvm.bridge import FleetDatabase
+    from tunefleet.tvm.extract import extract_workloads, prepare_for_build
+    from tunefleet.tvm.targets import make_target
+
+    hw = db.hardware_class(hardware)
+    target = make_target(hw.target)
+    loaded = load_model(db, store, model)
+    found = extract_workloads(loaded.mod, target, params=loaded.params)
+    tuned = 0
+    for w in found:
+        try:
+            if db.best_measurements(db.workload(w.structural_hash).id, hw.id, 1):
+                tuned += 1
+        except NotFoundError:
+            pass
+    report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned,
+                         threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))))
+    t0 = time.perf_counter()
+    with target:
+        # compile_relax runs the fusion passes itself: hand it the module before them (extract.py).
+        prepared = prepare_for_build(loaded.mod, target, loaded.params)
+        tuned_exec = ms.relax_integration.compile_relax(FleetDatabase(db, hardware), prepared, target, params=None)
+    log.info("tuned build of %s for %s in %.1fs", model.name, hardware, time.perf_counter() - t0)
+    if output is not None:
+        out = Path(output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tuned_exec.export_library(str(out))
+        report.output = str(out)
+    if not _host_can_run(target):
+        report.notes.append(f"not run: target {target.kind.name} {hw.target} cannot run on this host")
+        return report
+    untuned_exec = tvm.compile(prepared, target=target)
+    dev = tvm.cpu()
+    inputs_np = loaded.random_inputs(seed=0)
+    inputs = [tvm.runtime.tensor(x, dev) if hasattr(tvm.runtime, "tensor") else tvm.nd.array(x, dev) for x in inputs_np]
+    vms = {"tuned": relax.VirtualMachine(tuned_exec, dev), "untuned": relax.VirtualMachine(untuned_exec, dev)}
+    outs = {k: _to_numpy(vm["main"](*inputs)) for k, vm in vms.items()}
+    diffs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(outs["tuned"], outs["untuned"], strict=True)]
+    report.max_abs_diff = max(diffs) if diffs else 0.0
+    for a, b in zip(outs["tuned"], outs["untuned"], strict=True):
+        scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
+        if not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
+            raise NotSupportedError(
+                f"tuned build of {model.name} disagrees with the untuned build (max abs diff {report.max_abs_diff:.3g}); "
+                "a stored schedule is wrong for this model — report it"
+            )
+    report.tuned_ms = _time_vm(vms["tuned"], dev, inputs, repeat) * 1e3
+    report.untuned_ms = _time_vm(vms["untuned"], dev, inputs, repeat) * 1e3
+    if compare_torch and loaded.torch_module is not None:
+        report.torch_ms = _torch_latency_ms(loaded.torch_module, inputs_np, report.threads)
+    elif compare_torch:
+        report.notes.append("no PyTorch module for this model: eager latency not measured")
+    return report
+
+
+def _to_numpy(out: Any) -> list[Any]:
+    import numpy as np
+
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    if isinstance(out, (list, tuple)) or hasattr(out, "__len__"):
+        flat: list[Any] = []
+        for item in out:
+            flat += _to_numpy(item)
+        return flat
+    return [np.asarray(out)]
+
+
+def _torch_latency_ms(module: Any, inputs: list[Any], threads: int) -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(max(1, threads))
+    args = [torch.from_numpy(x) for x in inputs]
+    with torch.inference_mode():
+        for _ in range(3):
+            module(*args)
+        times = []
+        for _ in range(10):
+            t = time.perf_counter()
+            module(*args)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3

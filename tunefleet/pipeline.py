@@ -1,0 +1,142 @@
+"""The pipeline steps as plain functions (no Prefect here): ingest → extract → plan → tune → build.
+
+The CLI calls them directly; the Prefect tasks in ``tunefleet.tasks`` wrap them one to one.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tunefleet import shards
+from tunefleet.errors import TunefleetError
+
+if TYPE_CHECKING:
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+    from tunefleet.db.models import Model
+    from tunefleet.store import ArtifactStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExtractResult:
+    model_id: int
+    hardware: str
+    workloads: int
+    new_workloads: int
+    total_weight: int
+
+
+def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> ExtractResult:
+    """Extract the tuning tasks of a model for one hardware class and store the workloads once."""
+    from tunefleet.models.ingest import load_model
+    from tunefleet.tvm.extract import extract_workloads
+    from tunefleet.tvm.targets import make_target
+
+    hw = db.hardware_class(hardware)
+    loaded = load_model(db, store, model)
+    found = extract_workloads(loaded.mod, make_target(hw.target), params=loaded.params)
+    new = 0
+    for w in found:
+        row, created = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
+                                       flops=float(w.flops), tir_json=w.tir_json)
+        new += int(created)
+        db.link_model_workload(model.id, row.id, int(w.weight))
+    log.info("model %s on %s: %d workloads (%d new)", model.name, hardware, len(found), new)
+    return ExtractResult(model.id, hardware, len(found), new, sum(int(w.weight) for w in found))
+
+
+def worker_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class TuneSummary:
+    hardware: str
+    shards_done: int
+    shards_failed: int
+    measured: int
+    errors: int
+    skipped_known: int
+    seconds: float
+
+
+def drain(
+    db: Database,
+    hardware: str,
+    *,
+    max_shards: int | None = None,
+    lease_s: float = shards.DEFAULT_LEASE_S,
+    num_trials_per_iter: int = 64,
+    seed: int | None = None,
+    owner: str | None = None,
+    on_shard: Any = None,
+) -> TuneSummary:
+    """Lease and tune pending shards of one hardware class in this process until none are left."""
+    import time
+
+    from tunefleet.tvm.builder import PersistentBuilder
+    from tunefleet.tvm.targets import make_target
+    from tunefleet.tvm.tune import tune_shard
+
+    owner = owner or worker_owner()
+    hw = db.hardware_class(hardware)
+    threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+    started = time.monotonic()
+    done = failed = measured = errors = skipped = 0
+    builder = PersistentBuilder(max_workers=threads)
+    try:
+        from tunefleet.tvm.runner import make_runner
+
+        runner = make_runner(make_target(hw.target))
+        while max_shards is None or done + failed < max_shards:
+            shard = shards.lease(db, hardware, owner, lease_s=lease_s)
+            if shard is None:
+                break
+            result = tune_shard(db, shard, owner, builder=builder, runner=runner, lease_s=lease_s,
+                                num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=threads)
+            done += result.state == "done"
+            failed += result.state != "done"
+            measured += result.measured
+            errors += result.errors
+            skipped += result.skipped_known
+            if on_shard is not None:
+                on_shard(result)
+    finally:
+        builder.shutdown()
+    return TuneSummary(hardware, done, failed, measured, errors, skipped, time.monotonic() - started)
+
+
+def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str, Any]) -> None:
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+
+    settings = Settings(**settings_data)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
+    db = Database.from_settings(settings)
+    drain(db, hardware, **kwargs)
+
+
+def tune_with_workers(settings: Settings, hardware: str, *, workers: int = 1, **kwargs: Any) -> list[int]:
+    """Drain the queue with ``workers`` local worker processes; return their exit codes.
+
+    Workers only share the database: a worker that dies leaves its shard leased until the lease
+    expires, and another worker (or a later run) resumes it.
+    """
+    if workers < 1:
+        raise TunefleetError("workers must be >= 1")
+    ctx = multiprocessing.get_context("spawn")
+    data = settings.model_dump()
+    procs = [ctx.Process(target=_worker_main, args=(data, hardware, kwargs),
+                         name=f"tunefleet-worker-{i}") for i in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    return [p.exitcode or 0 for p in procs]

@@ -1,0 +1,135 @@
+"""MetaSchedule's ``Database`` interface over the tunefleet database, scoped to one hardware class.
+
+MetaSchedule's own databases ignore the target when queried (apache/tvm#15549): a CPU record
+can answer an aarch64 query. :class:`FleetDatabase` is bound to one hardware class, so every
+query is target-aware, and it reads *measurements* only — cost-model predictions live in
+their own table and never come back from here.
+
+Records are stored as MetaSchedule's own JSON pieces: ``TuningRecord.as_json()`` is
+``[trace, run_secs, target, args_info]``; the trace goes to ``trace_json``, the target to
+``target``, args_info to ``args_info``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import tvm
+from tvm.ir import IRModule
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+
+from tunefleet.db import Database, NewMeasurement
+from tunefleet.tvm.extract import workload_hash
+
+log = logging.getLogger(__name__)
+
+
+def record_parts(record: TuningRecord) -> dict[str, Any]:
+    """Split a TuningRecord into the columns tunefleet stores."""
+    trace, run_secs, target, args_info = record.as_json()
+    return {
+        "trace_json": json.dumps(trace, separators=(",", ":")),
+        "run_secs": [float(x) for x in run_secs] if run_secs is not None else None,
+        "target": json.dumps(target, sort_keys=True, separators=(",", ":")) if target is not None else "",
+        "args_info": args_info,
+    }
+
+
+def record_from_row(trace_json: str, run_secs: list[float] | None, target: str, args_info: Any,
+                    workload: Workload) -> TuningRecord:
+    return TuningRecord.from_json(
+        [json.loads(trace_json), run_secs, json.loads(target) if target else None, args_info], workload
+    )
+
+
+@derived_object
+class FleetDatabase(ms.database.PyDatabase):
+    """A MetaSchedule database reading and writing tunefleet measurements of one hardware class.
+
+    Parameters
+    ----------
+    db:
+        The tunefleet database.
+    hardware:
+        Name of the hardware class every query and commit is scoped to.
+    """
+
+    def __init__(self, db: Database, hardware: str) -> None:
+        super().__init__()
+        self.db = db
+        self.hw = db.hardware_class(hardware)
+        self._ids: dict[str, int] = {}
+
+    # -- workloads ------------------------------------------------------------------------
+    def _workload_id(self, mod: IRModule, *, create: bool) -> int | None:
+        key = workload_hash(mod)
+        if key in self._ids:
+            return self._ids[key]
+        from tunefleet.errors import NotFoundError
+
+        try:
+            wl_id = self.db.workload(key).id
+        except NotFoundError:
+            if not create:
+                return None
+            wl, _ = self.db.add_workload(
+                structural_hash=key, name=_func_name(mod), op_kind="unknown", flops=0.0,
+                tir_json=tvm.ir.save_json(mod),
+            )
+            wl_id = wl.id
+        self._ids[key] = wl_id
+        return wl_id
+
+    def has_workload(self, mod: IRModule) -> bool:
+        return self._workload_id(mod, create=False) is not None
+
+    def commit_workload(self, mod: IRModule) -> Workload:
+        self._workload_id(mod, create=True)
+        return Workload(mod)
+
+    # -- records --------------------------------------------------------------------------
+    def commit_tuning_record(self, record: TuningRecord) -> None:
+        """Store a record measured elsewhere (no shard). Records without run times are errors."""
+        wl_id = self._workload_id(record.workload.mod, create=True)
+        assert wl_id is not None
+        parts = record_parts(record)
+        error = None if parts["run_secs"] else "run"
+        self.db.commit_measurements([
+            NewMeasurement(wl_id, self.hw.id, parts["trace_json"], parts["run_secs"], args_info=parts["args_info"],
+                           target=parts["target"], tvm_version=tvm.__version__, error_kind=error,
+                           error_msg="record committed without run times" if error else None)
+        ])
+
+    def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
+        wl_id = self._workload_id(workload.mod, create=False)
+        if wl_id is None or top_k <= 0:
+            return []
+        rows = self.db.best_measurements(wl_id, self.hw.id, top_k)
+        return [record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload) for r in rows]
+
+    def get_all_tuning_records(self) -> list[TuningRecord]:
+        records = []
+        for wl, _ in self.db.workloads():
+            rows = self.db.best_measurements(wl.id, self.hw.id, n=1_000_000)
+            if rows:
+                workload = Workload(tvm.ir.load_json(wl.tir_json))
+                records += [record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload) for r in rows]
+        return records
+
+    def __len__(self) -> int:
+        from sqlalchemy import func, select
+
+        from tunefleet.db.models import Measurement
+
+        with self.db.session() as s:
+            stmt = select(func.count()).select_from(Measurement).where(Measurement.hardware_class_id == self.hw.id)
+            return int(s.scalar(stmt) or 0)
+
+
+def _func_name(mod: IRModule) -> str:
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    return names[0] if len(names) == 1 else ",".join(sorted(names))[:200]

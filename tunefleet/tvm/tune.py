@@ -1,0 +1,358 @@
+"""Tuning one shard with MetaSchedule, plugged into its own extension points.
+
+* :class:`FleetDatabase` (bridge.py) is the ``Database``: the search warm-starts from the best
+  measurements already stored for (workload, hardware class).
+* :class:`CommitCallback` is a ``MeasureCallback``: every candidate — successes and build/run
+  errors — is committed with its run times, build time and shard id as soon as its batch is
+  measured, so a killed worker loses at most the batch in flight.
+* :class:`ResumingSearch` is a ``SearchStrategy`` wrapping the evolutionary search: candidates
+  whose trace was already committed are never measured again (a resumed shard measures only new
+  ones), and the workload's default (unscheduled) program is measured first, so the best stored
+  schedule is never slower than the untuned build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from tunefleet import shards
+from tunefleet.db import Database, NewMeasurement
+from tunefleet.db.models import HardwareClass, Shard
+from tunefleet.errors import DatabaseError, NotFoundError
+from tunefleet.shards import LeaseLostError
+from tunefleet.tvm.bridge import FleetDatabase
+
+log = logging.getLogger(__name__)
+
+# A callback seeing each batch as (shard id, [(trace sha256, mean run seconds or None)]).
+CandidateHook = Callable[[int | None, list[tuple[str, float | None]]], None]
+
+
+def trace_json_of(sch: Any) -> str:
+    """The JSON text tunefleet stores for a candidate's trace (as TuningRecord.as_json writes it)."""
+    return json.dumps(to_python(sch.trace.as_json()), separators=(",", ":"))
+
+
+def to_python(obj: Any) -> Any:
+    """Plain JSON values from what TVM's ``as_json`` returns (FFI arrays, maps, IntImm, ...)."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tvm.tirx.IntImm) if hasattr(tvm, "tirx") else False:
+        return int(obj.value)
+    if hasattr(obj, "value") and type(obj).__name__ in {"IntImm", "FloatImm", "StringImm"}:
+        return obj.value
+    if hasattr(obj, "items"):
+        return {str(k): to_python(v) for k, v in obj.items()}
+    if hasattr(obj, "__iter__"):
+        return [to_python(x) for x in obj]
+    raise TypeError(f"cannot turn {type(obj).__name__} into JSON")
+
+
+def trace_sha256_of(sch: Any) -> str:
+    return hashlib.sha256(trace_json_of(sch).encode()).hexdigest()
+
+
+@dataclass
+class ShardProgress:
+    """What a shard's tuning did, as the callback saw it."""
+
+    measured: int = 0
+    errors: int = 0
+    skipped_known: int = 0
+    best_s: float | None = None
+    first_best_s: float | None = None
+    batches: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Heartbeat:
+    """Extends a shard's lease from a background thread; notes when the lease is lost."""
+
+    def __init__(self, db: Database, shard_id: int, owner: str, lease_s: float) -> None:
+        self.db, self.shard_id, self.owner, self.lease_s = db, shard_id, owner, lease_s
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{shard_id}", daemon=True)
+
+    def _run(self) -> None:
+        interval = max(1.0, self.lease_s / 3)
+        while not self._stop.wait(interval):
+            try:
+                shards.heartbeat(self.db, self.shard_id, self.owner, lease_s=self.lease_s)
+            except LeaseLostError as exc:
+                self.lost = str(exc)
+                log.error("%s", exc)
+                return
+            except DatabaseError as exc:  # transient: the lease may still hold; try next tick
+                log.warning("heartbeat for shard %d failed: %s", self.shard_id, exc)
+
+    def check(self) -> None:
+        if self.lost:
+            raise LeaseLostError(self.lost)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@derived_object
+class CommitCallback(ms.measure_callback.PyMeasureCallback):
+    """Commit every measured candidate of a shard to the tunefleet database."""
+
+    def __init__(
+        self,
+        db: Database,
+        workload_id: int,
+        hardware_class_id: int,
+        shard_id: int | None,
+        *,
+        target: str,
+        attempt: int = 0,
+        build_seconds: Callable[[str], float | None] | None = None,
+        heartbeat: Heartbeat | None = None,
+        on_batch: CandidateHook | None = None,
+        progress: ShardProgress | None = None,
+    ) -> None:
+        self.db = db
+        self.workload_id, self.hardware_class_id, self.shard_id = workload_id, hardware_class_id, shard_id
+        self.target, self.attempt = target, attempt
+        self.build_seconds = build_seconds
+        self.heartbeat = heartbeat
+        self.on_batch = on_batch
+        self.progress = progress or ShardProgress()
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: list[Any],
+              builder_results: list[Any], runner_results: list[Any]) -> None:
+        records = []
+        for cand, built, ran in zip(measure_candidates, builder_results, runner_results, strict=True):
+            build_err = built.error_msg
+            run_err = None if build_err else ran.error_msg
+            run_secs = None if (build_err or run_err) else [float(x) for x in ran.run_secs]
+            build_s = self.build_seconds(built.artifact_path) if (self.build_seconds and built.artifact_path) else None
+            records.append(NewMeasurement(
+                self.workload_id, self.hardware_class_id, trace_json_of(cand.sch), run_secs,
+                build_s=build_s,
+                error_kind="build" if build_err else ("run" if run_err else None),
+                error_msg=(build_err or run_err or None) and str(build_err or run_err)[:8000],
+                args_info=[a.as_json() for a in cand.args_info],
+                shard_id=self.shard_id, attempt=self.attempt,
+                tvm_version=tvm.__version__, target=self.target,
+            ))
+        self.db.commit_measurements(records)
+        p = self.progress
+        p.batches += 1
+        for rec in records:
+            p.measured += 1
+            mean = rec.mean_run_s
+            if mean is None:
+                p.errors += 1
+            elif p.best_s is None or mean < p.best_s:
+                p.best_s = mean
+                if p.first_best_s is None:
+                    p.first_best_s = mean
+        log.info("shard %s: batch %d committed %d candidates (%d errors so far), best %.3g ms",
+                 self.shard_id, p.batches, len(records), p.errors, (p.best_s or float("nan")) * 1e3)
+        if self.on_batch:
+            self.on_batch(self.shard_id, [(r.trace_sha256, r.mean_run_s) for r in records])
+        if self.heartbeat:
+            self.heartbeat.check()  # stop tuning at once if another worker took the shard
+
+
+@derived_object
+class ResumingSearch(ms.search_strategy.PySearchStrategy):
+    """Evolutionary search that skips candidates already committed and measures the default first.
+
+    Parameters
+    ----------
+    known:
+        sha256 of every trace already committed for (workload, hardware class).
+    include_default:
+        Measure the unscheduled program (an empty trace) if it was never measured.
+    """
+
+    def __init__(self, inner: Any, known: set[str], *, include_default: bool = True,
+                 progress: ShardProgress | None = None) -> None:
+        self.inner = inner
+        self.known = set(known)
+        self.include_default = include_default
+        self.progress = progress or ShardProgress()
+        self._mod: Any = None
+
+    def _initialize_with_tune_context(self, context: Any) -> None:
+        self._mod = context.mod
+        self.inner._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: list[Any],
+                   database: Any = None, cost_model: Any = None) -> None:
+        self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
+
+    def _default_candidate(self) -> Any | None:
+        sch = tvm.s_tir.Schedule(self._mod)
+        if trace_sha256_of(sch) in self.known:
+            return None
+        return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(_entry_func(self._mod)))
+
+    def generate_measure_candidates(self) -> list[Any] | None:
+        out: list[Any] = []
+        if self.include_default:
+            self.include_default = False
+            default = self._default_candidate()
+            if default is not None:
+                out.append(default)
+        for _ in range(8):  # a batch made only of known candidates: ask again
+            batch = self.inner.generate_measure_candidates()
+            if batch is None:
+                return out or None
+            fresh = []
+            for cand in batch:
+                key = trace_sha256_of(cand.sch)
+                if key in self.known:
+                    self.progress.skipped_known += 1
+                    continue
+                self.known.add(key)
+                fresh.append(cand)
+            out += fresh
+            if out:
+                return out
+            self.inner.notify_runner_results([], [])
+        return out or None
+
+    def notify_runner_results(self, measure_candidates: list[Any], results: list[Any]) -> None:
+        self.inner.notify_runner_results(measure_candidates, results)
+
+    def clone(self) -> Any:
+        return ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default)
+
+
+def _entry_func(mod: Any) -> Any:
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    return mod["main"] if "main" in names else mod[mod.get_global_vars()[0]]
+
+
+@dataclass
+class ShardResult:
+    shard_id: int
+    state: str
+    measured: int
+    errors: int
+    skipped_known: int
+    best_s: float | None
+    seconds: float
+
+
+def _hardware_by_id(db: Database, hardware_class_id: int) -> HardwareClass:
+    with db.session() as s:
+        hw = s.get(HardwareClass, hardware_class_id)
+        if hw is None:
+            raise NotFoundError(f"no hardware class id {hardware_class_id}")
+        return hw
+
+
+def measured_in_shard(db: Database, shard_id: int) -> int:
+    from sqlalchemy import func, select
+
+    from tunefleet.db.models import Measurement
+
+    with db.session() as s:
+        return int(s.scalar(select(func.count()).select_from(Measurement).where(Measurement.shard_id == shard_id)) or 0)
+
+
+def tune_shard(
+    db: Database,
+    shard: Shard,
+    owner: str,
+    *,
+    builder: Any = None,
+    runner: Any = None,
+    lease_s: float = shards.DEFAULT_LEASE_S,
+    num_trials_per_iter: int = 64,
+    seed: int | None = None,
+    num_threads: int | None = None,
+    on_batch: CandidateHook | None = None,
+    work_dir: str | None = None,
+) -> ShardResult:
+    """Tune a leased shard to its trial budget, committing as it goes; mark it done or failed.
+
+    A shard leased again after its worker died resumes: its budget is reduced by what it already
+    committed, and no committed candidate is measured again.
+    """
+    from tunefleet.tvm.targets import make_target, target_fingerprint
+
+    started = time.monotonic()
+    hw = _hardware_by_id(db, shard.hardware_class_id)
+    wl = db.workload(shard.workload_id)
+    target = make_target(hw.target)
+    done_before = measured_in_shard(db, shard.id)
+    remaining = shard.trials - done_before
+    progress = ShardProgress()
+    if remaining <= 0:
+        shards.complete(db, shard.id, owner)
+        return ShardResult(shard.id, "done", 0, 0, 0, None, time.monotonic() - started)
+    if done_before:
+        log.info("shard %d resumes: %d of %d trials already committed", shard.id, done_before, shard.trials)
+
+    mod = tvm.ir.load_json(wl.tir_json)
+    known = db.measured_trace_hashes(wl.id, hw.id)
+    is_cpu = target.kind.name == "llvm"
+    search = ResumingSearch(ms.search_strategy.EvolutionarySearch(), known, include_default=is_cpu, progress=progress)
+    threads = num_threads or int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+    ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply", search_strategy=search,
+                         task_name=wl.name, rand_state=seed if seed is not None else -1, num_threads=threads)
+    own_builder = builder is None
+    if builder is None:
+        from tunefleet.tvm.builder import PersistentBuilder
+
+        builder = PersistentBuilder(max_workers=threads)
+    if runner is None:
+        from tunefleet.tvm.runner import make_runner
+
+        runner = make_runner(target)
+    try:
+        with Heartbeat(db, shard.id, owner, lease_s) as hb, tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+            callback = CommitCallback(
+                db, wl.id, hw.id, shard.id, target=target_fingerprint(target), attempt=0,
+                build_seconds=getattr(builder, "pop_build_time", None), heartbeat=hb, on_batch=on_batch,
+                progress=progress,
+            )
+            ms.tune_tasks(
+                tasks=[ctx], task_weights=[1.0], work_dir=tmp,
+                max_trials_global=remaining, num_trials_per_iter=min(num_trials_per_iter, remaining),
+                builder=builder, runner=runner, database=FleetDatabase(db, hw.name), cost_model="xgb",
+                measure_callbacks=[callback, ms.measure_callback.RemoveBuildArtifact(),
+                                   ms.measure_callback.UpdateCostModel()],
+                task_scheduler="round-robin",
+            )
+    except (LeaseLostError, DatabaseError):
+        raise  # not this shard's fault: the caller (or Prefect's retry) decides
+    except Exception as exc:  # a crashed tuning attempt: record it on the shard, keep what was committed
+        log.debug("shard %d traceback", shard.id, exc_info=True)
+        state = shards.fail(db, shard.id, owner, f"{type(exc).__name__}: {exc}")
+        log.error("shard %d failed: %s", shard.id, exc)
+        return ShardResult(shard.id, state, progress.measured, progress.errors, progress.skipped_known,
+                           progress.best_s, time.monotonic() - started)
+    finally:
+        if own_builder and hasattr(builder, "shutdown"):
+            builder.shutdown()
+    shards.complete(db, shard.id, owner)
+    return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
+                       progress.best_s, time.monotonic() - started)
