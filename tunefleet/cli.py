@@ -188,10 +188,12 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
     if args.workers > 1:
-        codes = tune_with_workers(settings, args.hardware, workers=args.workers, max_shards=args.max_shards)
+        codes = tune_with_workers(settings, args.hardware, workers=args.workers, max_shards=args.max_shards,
+                                  lease_s=args.lease_s, num_trials_per_iter=args.trials_per_iter, seed=args.seed)
         print(f"workers exited with {codes}")
         return 0 if not any(codes) else 1
-    summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed)
+    summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed, lease_s=args.lease_s,
+                    num_trials_per_iter=args.trials_per_iter)
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known) in {summary.seconds:.0f}s")
     return 0 if not summary.shards_failed else 1
@@ -385,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--workers", type=int, default=1)
     tu.add_argument("--max-shards", type=int, default=None)
     tu.add_argument("--seed", type=int, default=None)
+    tu.add_argument("--lease-s", type=float, default=120.0, help="lease length; heartbeats renew it every third")
+    tu.add_argument("--trials-per-iter", type=int, default=64, help="candidates measured per batch")
     tu.set_defaults(handler=cmd_tune)
 
     for noun, handler in (("models", cmd_models_list), ("workloads", cmd_workloads_list), ("hardware", cmd_hardware_list)):

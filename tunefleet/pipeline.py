@@ -77,6 +77,7 @@ def drain(
     seed: int | None = None,
     owner: str | None = None,
     on_shard: Any = None,
+    on_batch: Any = None,
 ) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left."""
     import time
@@ -100,7 +101,8 @@ def drain(
             if shard is None:
                 break
             result = tune_shard(db, shard, owner, builder=builder, runner=runner, lease_s=lease_s,
-                                num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=threads)
+                                num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=threads,
+                                on_batch=on_batch)
             done += result.state == "done"
             failed += result.state != "done"
             measured += result.measured

@@ -124,6 +124,7 @@ class Database:
         self.url = url
         self.engine = make_engine(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._hw_ids: dict[str, int] = {}
         if check_schema:
             ensure_schema(self.engine, auto_migrate=auto_migrate)
 
@@ -314,30 +315,36 @@ class Database:
             # returns only the rows actually inserted, so skipped duplicates are not counted.
             return len(s.execute(stmt.returning(Measurement.id), rows).all())
 
-    def best_measurements(self, workload: int | str, hardware: int | str, n: int = 5) -> list[Measurement]:
+    def best_measurements(self, workload: int | str, hardware: int | str, n: int = 5) -> list[Any]:
         """The ``n`` fastest successful measurements of a workload on one hardware class.
 
-        ``workload`` is an id or a structural hash, ``hardware`` an id or a class name; either way
-        it is one indexed query (``ix_measurements_best``).
+        ``workload`` is an id or a structural hash, ``hardware`` an id or a class name. One
+        query walking ``ix_measurements_best`` in order; rows are read-only records with the
+        columns of :class:`~tunefleet.db.models.Measurement` as attributes.
         """
+        hw_id = hardware if isinstance(hardware, int) else self._hardware_id(hardware)
+        table = Measurement.__table__
+        if isinstance(workload, int):
+            wl_filter = table.c.workload_id == workload
+        else:
+            wl_filter = table.c.workload_id == (
+                select(Workload.id).where(Workload.structural_hash == workload).scalar_subquery()
+            )
+        stmt = (
+            select(table)
+            .where(wl_filter, table.c.hardware_class_id == hw_id, table.c.mean_run_s.is_not(None))
+            .order_by(table.c.mean_run_s, table.c.id)
+            .limit(n)
+        )
         with self.session() as s:
-            stmt = select(Measurement).where(Measurement.mean_run_s.is_not(None))
-            if isinstance(workload, int):
-                stmt = stmt.where(Measurement.workload_id == workload)
-            else:
-                stmt = stmt.join(Workload, Workload.id == Measurement.workload_id).where(
-                    Workload.structural_hash == workload
-                )
-            if isinstance(hardware, int):
-                stmt = stmt.where(Measurement.hardware_class_id == hardware)
-            else:
-                stmt = stmt.join(HardwareClass, HardwareClass.id == Measurement.hardware_class_id).where(
-                    HardwareClass.name == hardware
-                )
-            found = list(s.scalars(stmt.order_by(Measurement.mean_run_s, Measurement.id).limit(n)))
-        if not found and isinstance(hardware, str):
-            self.hardware_class(hardware)  # unknown class: a clear error rather than "no results"
-        return found
+            return list(s.execute(stmt).all())
+
+    def _hardware_id(self, name: str) -> int:
+        """Hardware class id by name, cached (classes are upserted by name, ids never change)."""
+        hw_id = self._hw_ids.get(name)
+        if hw_id is None:
+            hw_id = self._hw_ids[name] = self.hardware_class(name).id
+        return hw_id
 
     def count_measurements(self, workload_id: int, hardware_class_id: int, *, errors: bool = True) -> int:
         with self.session() as s:

@@ -311,6 +311,9 @@ def tune_shard(
     if done_before:
         log.info("shard %d resumes: %d of %d trials already committed", shard.id, done_before, shard.trials)
 
+    from tunefleet.tvm.builder import import_tensor_intrinsics
+
+    import_tensor_intrinsics()  # the fast way; TuneContext would otherwise import them slowly
     mod = tvm.ir.load_json(wl.tir_json)
     known = db.measured_trace_hashes(wl.id, hw.id)
     is_cpu = target.kind.name == "llvm"

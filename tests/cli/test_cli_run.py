@@ -1,0 +1,50 @@
+"""`tunefleet run` and the delivery commands, driven as a user does, on the embedded defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.test_cli_config import run_cli
+
+
+@pytest.mark.slow
+def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
+    out = run_cli("run", "--model", "mlp", "--trials", "6", "-o", str(tmp_path / "mlp.so"), env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "5/5 build" in out.stdout and "tunefleet tuned (3/3 workloads tuned)" in out.stdout
+    assert (tmp_path / "mlp.so").exists()
+
+    workloads = json.loads(run_cli("workloads", "list", "--json", "--model", "mlp", env=env).stdout)
+    assert len(workloads) == 3
+    best = run_cli("best", workloads[0]["hash"][:8], "--hardware", "x86", "--json", env=env)
+    assert best.returncode == 0, best.stderr
+    record = json.loads(best.stdout)[0]
+    assert record["mean_run_s"] > 0 and record["untuned_s"] >= record["mean_run_s"]
+
+    shards = json.loads(run_cli("shards", "list", "--json", env=env).stdout)
+    assert {s["state"] for s in shards} == {"done"}
+    again = run_cli("run", "--model", "mlp", "--trials", "6", env=env)  # idempotent: nothing new to tune
+    assert again.returncode == 0 and "3/5 plan: 0 new shard(s)" in again.stdout
+
+
+def test_unknown_hardware_and_model_are_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
+    out = run_cli("plan", "--hardware", "tpu", "--trials", "4", env=env)
+    assert out.returncode == 2 and out.stderr.strip().startswith("tunefleet: error: unknown hardware class 'tpu'")
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = run_cli("ingest", "no-such-model", env=env)
+    assert out.returncode == 2 and "no such file, and not a zoo model" in out.stderr
+    bad = tmp_path / "corrupt.onnx"
+    bad.write_bytes(b"\x00garbage" * 50)
+    out = run_cli("ingest", str(bad), env=env)
+    assert out.returncode == 2 and "corrupt.onnx" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_hardware_list_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = run_cli("hardware", "list", "--json", env={"TUNEFLEET_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    names = {h["name"] for h in json.loads(out.stdout)}
+    assert names == {"x86", "arm", "gpu"}

@@ -1,0 +1,66 @@
+"""Ingestion: content addressing, idempotence, corrupt files, unknown classes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunefleet.errors import NotFoundError, NotSupportedError
+from tunefleet.models.frontends import ModelFormatError
+from tunefleet.models.ingest import ingest, load_model
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_ingest_zoo_model_twice_is_a_noop(engine) -> None:  # type: ignore[no-untyped-def]
+    _, db, store = engine
+    first = ingest(db, store, "mlp")
+    again = ingest(db, store, "mlp")
+    assert first.created and not again.created and first.model.id == again.model.id
+    assert store.exists(store.key_from_uri(first.model.artifact_uri))
+    assert [m.name for m in db.models()] == ["mlp"]
+    other = ingest(db, store, "mlp", batch_size=2)
+    assert other.created and other.model.sha256 != first.model.sha256
+    assert load_model(db, store, first.model).input_info == first.loaded.input_info
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_corrupt_onnx_is_one_clear_line_and_stores_nothing(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, db, store = engine
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not protobuf" * 10)
+    with pytest.raises(ModelFormatError) as exc:
+        ingest(db, store, str(bad))
+    assert "broken.onnx" in str(exc.value) and "\n" not in str(exc.value)
+    assert db.models() == [] and list(store.list()) == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_onnx_file_round_trip(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    _, db, store = engine
+    path = tmp_path / "tiny.onnx"
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+    torch.onnx.export(model, (torch.zeros(1, 8),), str(path), dynamo=False, input_names=["x"])
+    res = ingest(db, store, str(path))
+    assert res.created and res.model.format == "onnx" and res.model.input_info == [["x", [1, 8], "float32"]]
+    assert not ingest(db, store, str(path)).created
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_bad_sources(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, db, store = engine
+    with pytest.raises(Exception, match="no such file, and not a zoo model"):
+        ingest(db, store, str(tmp_path / "missing.onnx"))
+    with pytest.raises(NotSupportedError, match="not supported"):
+        ingest(db, store, "http://example.invalid/model.onnx")
+    with pytest.raises(NotFoundError, match="unknown hardware class 'tpu'"):
+        db.hardware_class("tpu")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_builtin_hardware_classes_are_seeded(engine) -> None:  # type: ignore[no-untyped-def]
+    _, db, _ = engine
+    classes = {h.name: h for h in db.hardware_classes()}
+    assert set(classes) >= {"x86", "arm", "gpu"}
+    assert classes["x86"].target["kind"] == "llvm" and classes["x86"].target["num-cores"] >= 1
+    assert classes["arm"].target["mtriple"].startswith("aarch64")
+    assert classes["gpu"].target["kind"] == "cuda"

@@ -1,0 +1,104 @@
+"""End to end on real TVM tuning with tiny models and budgets, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tunefleet import shards
+from tunefleet.db.database import sha256_text
+from tunefleet.deliver import best, build_model, export_json_database, metaschedule_database
+from tunefleet.models.ingest import ingest
+from tunefleet.pipeline import drain, extract
+
+pytestmark = pytest.mark.slow
+EMPTY_TRACE_SHA = sha256_text("[[],[]]")
+
+
+def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings, db, store = engine
+    model = ingest(db, store, "mlp").model
+    ex = extract(db, store, model, "x86")
+    assert ex.workloads == 3
+    created, _ = shards.plan(db, "x86", target_trials=12, model=model.id)
+    assert len(created) == 3
+    summary = drain(db, "x86", seed=0, num_trials_per_iter=6)
+    assert (summary.shards_done, summary.shards_failed) == (3, 0)
+    assert summary.measured == 36
+    hw = db.hardware_class("x86")
+    for wl, _ in db.workloads(model.id):
+        assert db.count_measurements(wl.id, hw.id) == 12
+        assert EMPTY_TRACE_SHA in db.measured_trace_hashes(wl.id, hw.id), "default schedule measured as a candidate"
+        top = best(db, wl.structural_hash, "x86")[0]
+        assert top.untuned_s is not None and top.mean_run_s <= top.untuned_s
+        assert db.best_measurements(wl.id, "arm") == []  # target-aware: nothing for another class
+    assert shards.plan(db, "x86", target_trials=12, model=model.id)[0] == []
+
+    report = build_model(db, store, model, "x86", output=tmp_path / "mlp.so")
+    assert (report.workloads, report.tuned_workloads, report.default_workloads) == (3, 3, 0)
+    assert report.tuned_ms is not None and report.untuned_ms is not None
+    assert (tmp_path / "mlp.so").stat().st_size > 0
+
+    # Any TVM user can compile with the fleet's schedules, or take them as JSON database files.
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    fleet_db = metaschedule_database(db, "x86")
+    wl = db.workloads(model.id)[0][0]
+    records = fleet_db.get_top_k(fleet_db.commit_workload(tvm.ir.load_json(wl.tir_json)), 2)
+    assert len(records) == 2 and records[0].run_secs is not None
+    n_wl, n_rec = export_json_database(db, "x86", tmp_path / "msdb")
+    assert (n_wl, n_rec) == (3, 3)
+    loaded = ms.database.JSONDatabase(work_dir=str(tmp_path / "msdb"))
+    assert len(loaded) == 3
+
+
+def _committed(db, shard_id: int) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    return {m.id: m.trace_sha256 for m in db.measurements() if m.shard_id == shard_id}
+
+
+def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Kill -9 a worker mid-shard: the next worker resumes, measures nothing already committed,
+    and every committed measurement survives."""
+    settings, db, store = engine
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    (shard, *_), _ = shards.plan(db, "x86", target_trials=30, model=model.id)
+    for other in shards.list_shards(db):
+        if other.id != shard.id:
+            shards.cancel(db, [other.id])
+
+    env = {**os.environ, "TUNEFLEET_HOME": str(settings.home), "TUNEFLEET_DATABASE_URL": settings.effective_database_url}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tunefleet.cli", "tune", "--hardware", "x86", "--lease-s", "4",
+         "--trials-per-iter", "5", "--seed", "1"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 300
+    while len(_committed(db, shard.id)) < 10:
+        assert worker.poll() is None, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
+        assert time.monotonic() < deadline, "worker committed nothing in time"
+        time.sleep(0.2)
+    os.killpg(worker.pid, signal.SIGKILL)  # the worker and its builder processes, mid-shard
+    worker.wait(30)
+    before = _committed(db, shard.id)
+    assert 10 <= len(before) < 30
+    assert shards.get_shard(db, shard.id).state == "leased"
+
+    time.sleep(4.5)  # the dead worker's lease expires
+    seen: list[str] = []
+    summary = drain(db, "x86", seed=2, num_trials_per_iter=5, lease_s=30,
+                    on_batch=lambda _sid, batch: seen.extend(sha for sha, _ in batch))
+    assert summary.shards_done == 1
+    after = _committed(db, shard.id)
+    assert set(before) <= set(after), "a committed measurement was lost"
+    assert not set(seen) & set(before.values()), "run 2 measured a candidate run 1 had committed"
+    assert len(seen) == 30 - len(before) and len(after) == 30
+    final = shards.get_shard(db, shard.id)
+    assert final.state == "done" and final.attempts == 2
+    assert [h["event"] for h in final.history][:3] == ["planned", "leased", "lease-expired"]

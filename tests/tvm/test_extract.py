@@ -1,0 +1,210 @@
+"""Workload extraction on the test MLP: keys, weights, FLOPs, JSON, cross-process stability."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+from tunefleet.errors import TunefleetError
+from tunefleet.tvm.extract import (
+    ExtractedWorkload,
+    ExtractionError,
+    classify_op_kind,
+    extract_workloads,
+    prepare_for_build,
+    prepare_for_tuning,
+    random_params,
+    workload_hash,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_HASH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from tests.tvm.conftest import build_mlp
+    from tunefleet.tvm.extract import extract_workloads, random_params
+    from tunefleet.tvm.targets import host_cpu_target
+    mod, _ = build_mlp()
+    workloads = extract_workloads(mod, host_cpu_target(), random_params(mod, seed=int(sys.argv[1])))
+    print(json.dumps(sorted([w.name, w.structural_hash] for w in workloads)))
+    """
+)
+
+
+def test_mlp_extracts_two_fused_dense_workloads(mlp_workloads: list[ExtractedWorkload]) -> None:
+    assert len(mlp_workloads) == 2
+    by_name = {w.name: w for w in mlp_workloads}
+    assert set(by_name) == {"fused_matmul_add_relu", "fused_matmul1_add1"}
+    for workload in mlp_workloads:
+        assert workload.op_kind == "dense/matmul"
+        assert workload.weight == 1
+        assert len(workload.structural_hash) == 16
+        int(workload.structural_hash, 16)
+    # 1x64 @ 64x128: 2*64*128 multiply-adds, +128 bias adds, +128 relu max.
+    assert by_name["fused_matmul_add_relu"].flops == 2 * 64 * 128 + 128 + 128
+    assert by_name["fused_matmul1_add1"].flops == 2 * 128 * 32 + 32
+
+
+def test_hash_is_metaschedules_workload_key(mlp_workloads: list[ExtractedWorkload]) -> None:
+    for workload in mlp_workloads:
+        # Workload(mod) in C++ stores ModuleEquality("structural").Hash(mod); as_json()[0]
+        # prints it in decimal.
+        ms_key = int(ms.database.Workload(workload.mod).as_json()[0])
+        assert workload.structural_hash == format(ms_key, "016x")
+        assert workload.structural_hash == workload_hash(workload.task.dispatched[0])
+        # TuneContext normalises the module; normalisation must not change the key.
+        ctx_mod = ms.tune_context._normalize_mod(workload.mod)
+        assert workload_hash(ctx_mod) == workload.structural_hash
+
+
+def test_tir_json_round_trips(mlp_workloads: list[ExtractedWorkload]) -> None:
+    for workload in mlp_workloads:
+        restored = tvm.ir.load_json(workload.tir_json)
+        assert tvm_ffi.structural_equal(restored, workload.mod)
+        assert workload_hash(restored) == workload.structural_hash
+
+
+def test_weight_values_do_not_change_hashes(
+    mlp_mod: Any, mlp_workloads: list[ExtractedWorkload], cpu_target: Any
+) -> None:
+    other = extract_workloads(mlp_mod, cpu_target, random_params(mlp_mod, seed=123))
+    assert sorted(w.structural_hash for w in other) == sorted(
+        w.structural_hash for w in mlp_workloads
+    )
+
+
+def test_unbound_weights_add_transpose_tasks(mlp_mod: Any, cpu_target: Any) -> None:
+    # Without constants, FoldConstant cannot fold the weights' transposes: they become tasks.
+    workloads = extract_workloads(mlp_mod, cpu_target)
+    kinds = sorted(w.op_kind for w in workloads)
+    assert kinds == ["dense/matmul", "dense/matmul", "injective", "injective"]
+
+
+def test_raw_graph_yields_no_tasks_without_preparation(mlp_mod: Any, cpu_target: Any) -> None:
+    # The documented trap: extract_tasks silently returns [] on an unlowered graph.
+    assert list(ms.relax_integration.extract_tasks(mlp_mod, cpu_target)) == []
+    with pytest.raises(ExtractionError, match="No tuning tasks"):
+        extract_workloads(mlp_mod, cpu_target, prepared=True)
+
+
+def test_empty_module_raises_clear_error(cpu_target: Any) -> None:
+    with pytest.raises(ExtractionError) as info:
+        extract_workloads(tvm.IRModule({}), cpu_target)
+    assert isinstance(info.value, TunefleetError)
+
+
+def test_unknown_weight_names_are_rejected(mlp_mod: Any, cpu_target: Any) -> None:
+    with pytest.raises(ExtractionError, match="not parameters"):
+        prepare_for_tuning(mlp_mod, cpu_target, {"fc9.weight": [[1.0]]})
+
+
+def test_random_params_skip_inputs(mlp_mod: Any) -> None:
+    params = random_params(mlp_mod)
+    assert sorted(params) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    assert params["fc1.weight"].shape == (128, 64)
+    assert str(params["fc2.bias"].dtype) == "float32"
+
+
+def test_build_pipeline_sees_the_same_workloads(
+    mlp_mod: Any,
+    mlp_params: dict[str, Any],
+    mlp_workloads: list[ExtractedWorkload],
+    cpu_target: Any,
+) -> None:
+    # compile_relax runs dispatch + LegalizeOps..FuseTIR itself on what it is given; fed
+    # prepare_for_build's output it must produce the PrimFuncs we extracted.
+    built = prepare_for_build(mlp_mod, cpu_target, mlp_params)
+    seq = tvm.transform.Sequential(
+        [
+            *relax.pipeline.library_dispatch_passes(cpu_target),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
+    with cpu_target, tvm.transform.PassContext(opt_level=3):
+        fused = seq(built)
+    hashes = {
+        workload_hash(ms.tune_context._normalize_mod(func))
+        for _, func in fused.functions.items()
+        if isinstance(func, tvm.tirx.PrimFunc)
+    }
+    assert hashes == {w.structural_hash for w in mlp_workloads}
+
+
+def test_prepare_for_tuning_is_not_idempotent(
+    mlp_mod: Any,
+    mlp_params: dict[str, Any],
+    mlp_workloads: list[ExtractedWorkload],
+    cpu_target: Any,
+) -> None:
+    # Why compile_relax must get prepare_for_build's output, not prepare_for_tuning's: a
+    # second AnnotateTIROpPattern stamps op_pattern on the fused functions and the hash moves.
+    prepared = prepare_for_tuning(mlp_mod, cpu_target, mlp_params)
+    again = extract_workloads(prepare_for_tuning(prepared, cpu_target), cpu_target, prepared=True)
+    assert {w.structural_hash for w in again}.isdisjoint(
+        {w.structural_hash for w in mlp_workloads}
+    )
+    same = extract_workloads(prepared, cpu_target, prepared=True)
+    assert [w.structural_hash for w in same] == [w.structural_hash for w in mlp_workloads]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("fused_conv2d_add_relu", "conv2d"),
+        ("fused_conv2d3_add7_relu2", "conv2d"),
+        ("conv2d_transpose", "conv_transpose"),
+        ("fused_matmul1_add1", "dense/matmul"),
+        ("batch_matmul", "dense/matmul"),
+        ("max_pool2d", "pool"),
+        ("adaptive_avg_pool2d", "pool"),
+        ("softmax", "softmax"),
+        ("fused_layer_norm", "norm"),
+        ("mean", "reduce"),
+        ("fused_max", "reduce"),
+        ("transpose1", "injective"),
+        ("fused_reshape_transpose", "injective"),
+    ],
+)
+def test_classify_op_kind_by_name(name: str, kind: str) -> None:
+    assert classify_op_kind(name) == kind
+
+
+def test_classify_op_kind_falls_back_to_op_pattern(
+    mlp_workloads: list[ExtractedWorkload],
+) -> None:
+    assert classify_op_kind("fused_add_multiply") == "unknown"
+    # A nameless matmul+bias (OutEWiseFusable) is "complex" by its TIR pattern.
+    assert classify_op_kind("mystery", mlp_workloads[0].mod) == "complex"
+
+
+def test_hashes_are_stable_across_processes(mlp_workloads: list[ExtractedWorkload]) -> None:
+    expected = sorted([w.name, w.structural_hash] for w in mlp_workloads)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HASH_SCRIPT, str(seed)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1]) == expected

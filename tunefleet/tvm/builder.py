@@ -1,0 +1,699 @@
+"""A MetaSchedule builder that keeps one worker pool alive across batches.
+
+Why
+---
+The stock ``ms.builder.LocalBuilder`` creates a fresh ``PopenPoolExecutor`` for every batch
+(and once more in its constructor for a sanity check), and every fresh worker pays for
+``import tvm`` plus ``import tvm.s_tir.tensor_intrin`` - which ``default_build`` imports and
+which parses hundreds of TVMScript intrinsics. On the 2-core development VM that import alone
+took 50-80 s of CPU per process (``inspect.getmodule`` scanning ~2,000 modules, because
+``tvm_ffi`` imports torch when it is installed). :class:`PersistentBuilder` pays it once.
+
+How
+---
+* One :class:`concurrent.futures.ProcessPoolExecutor` for the builder's lifetime. The default
+  start method is ``forkserver`` with ``tvm``, ``tvm.s_tir.tensor_intrin`` and this module
+  preloaded in the fork server: the heavy import happens once per parent process, and every
+  worker (including those that replace a killed one) forks ready in milliseconds. ``spawn`` is
+  available too; each worker then imports TVM in the pool initializer. (The fork server is a
+  process-wide singleton: if something else started it first, the preload does not apply and
+  the initializer imports instead.)
+* Each :class:`~tvm.s_tir.meta_schedule.builder.BuilderInput` is shipped as JSON
+  (``tvm.ir.save_json`` of the module, the target's ``export()``, params via
+  ``save_param_dict``) and built with the same functions as ``LocalBuilder``:
+  ``ms.builder.local_builder.default_build`` then ``default_export`` (a ``.tar`` in a fresh
+  temporary directory), or the ``f_build`` / ``f_export`` given (a registered global function
+  name or a picklable top-level callable).
+* At most ``max_workers`` builds are in flight, so a build starts when it is submitted and its
+  deadline is ``timeout_s`` from then. A build past its deadline gets an error result; the pool
+  is killed and recreated and the other in-flight builds are resubmitted. A build that kills its
+  worker (segfault, ``os._exit``) breaks the pool: it is recreated, and the builds that were in
+  flight are retried one at a time so the culprit alone gets the error. ``build`` never hangs
+  and never raises for a bad candidate.
+* Build seconds (measured in the worker around build + export) are kept per artifact path in
+  :attr:`build_times` (``pop_build_time`` for a measure callback) and passed to ``on_build``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
+from tvm.target import Target
+
+from tunefleet.errors import TunefleetError
+from tunefleet.tvm.targets import target_fingerprint
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BuildStat",
+    "BuilderStartupError",
+    "BuilderStats",
+    "PersistentBuilder",
+    "import_tensor_intrinsics",
+]
+
+# The fork server imports these once; importing this module there (``_PRELOAD_ENV`` set) also
+# imports the tensor intrinsics the fast way (see the end of this module).
+_PRELOAD_MODULES = ["tvm", "tvm.s_tir.meta_schedule", __name__]
+_PRELOAD_ENV = "TUNEFLEET_BUILDER_FORKSERVER"
+_IPC_SLACK_S = 1.0
+_POLL_S = 0.05
+
+StartMethod = Literal["forkserver", "spawn"]
+BuildFunc = Callable[..., Any]
+
+
+class BuilderStartupError(TunefleetError):
+    """The build worker pool could not start (workers failed to import TVM or timed out)."""
+
+
+@dataclass(frozen=True)
+class BuildStat:
+    """What one build cost.
+
+    Attributes
+    ----------
+    index : int
+        Position of the input in its batch.
+    artifact_path : str or None
+        The exported module, or None when the build failed.
+    build_seconds : float
+        Worker-side seconds for deserialisation + build + export (0.0 when not measured, e.g.
+        a timeout or a crashed worker: see ``wall_seconds``).
+    wall_seconds : float
+        Parent-side seconds from submission to result (includes IPC and, for a timeout, the
+        whole wait).
+    error : str or None
+        The error message given to MetaSchedule, when the build failed.
+    worker_pid : int or None
+        The worker that built it.
+    """
+
+    index: int
+    artifact_path: str | None
+    build_seconds: float
+    wall_seconds: float
+    error: str | None
+    worker_pid: int | None
+
+
+@dataclass
+class BuilderStats:
+    """Counters over the builder's lifetime."""
+
+    batches: int = 0
+    built: int = 0
+    failed: int = 0
+    timeouts: int = 0
+    crashes: int = 0
+    pool_starts: int = 0
+    build_seconds: float = 0.0
+    startup_seconds: list[float] = field(default_factory=list)
+
+
+_INTRIN_LOCK = threading.Lock()
+
+
+def import_tensor_intrinsics() -> float:
+    """Import ``tvm.s_tir.tensor_intrin`` (once per process), 5-10x faster than a plain import.
+
+    MetaSchedule needs the tensor intrinsics registered: ``default_build`` and the first
+    ``TuneContext`` import them. Each of the ~500 ``@T.prim_func`` definitions in that package
+    calls ``inspect.stack()``, and for every ``<frozen importlib...>`` frame on the stack
+    (an import is in progress) ``inspect.getmodule`` rescans all of ``sys.modules`` looking
+    for a module whose file is ``<frozen ...>`` - which never matches. With torch loaded
+    (``tvm_ffi`` imports it) that is ~2,000 modules x ~30,000 calls: 80 s of CPU on the
+    development VM, the whole "first TuneContext" cost. During this import only,
+    ``inspect.getmodule`` returns None at once for a frame whose file name starts with ``<``
+    (what the full scan returns for it anyway); it is restored afterwards.
+
+    Returns
+    -------
+    float
+        Seconds spent (0.0 when already imported).
+    """
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return 0.0
+    import inspect
+
+    start = time.perf_counter()
+    with _INTRIN_LOCK:
+        original = inspect.getmodule
+
+        def _getmodule(obj: Any, _filename: str | None = None) -> Any:
+            if _filename is not None and _filename.startswith("<") and inspect.isframe(obj):
+                return None
+            return original(obj, _filename)
+
+        inspect.getmodule = _getmodule  # type: ignore[assignment]
+        try:
+            import tvm.s_tir.tensor_intrin  # noqa: F401
+        finally:
+            inspect.getmodule = original  # type: ignore[assignment]
+    seconds = time.perf_counter() - start
+    logger.debug("imported tvm.s_tir.tensor_intrin in %.1f s", seconds)
+    return seconds
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side (runs in the pool processes).
+
+
+def _worker_init(
+    ready: Any, initializer: Callable[[], None] | None
+) -> None:  # pragma: no cover - runs in the worker
+    """Pool initializer: import what ``default_build`` needs once, then report ready."""
+    global _WORKER_INIT_SECONDS
+    start = time.perf_counter()
+    import_tensor_intrinsics()
+    from tvm.s_tir.meta_schedule.builder import local_builder  # noqa: F401
+
+    if initializer is not None:
+        initializer()
+    _WORKER_INIT_SECONDS = time.perf_counter() - start
+    with ready.get_lock():
+        ready.value += 1
+
+
+_WORKER_INIT_SECONDS = 0.0
+
+
+def _worker_pid() -> tuple[int, float]:  # pragma: no cover - runs in the worker
+    return os.getpid(), _WORKER_INIT_SECONDS
+
+
+def _build_in_worker(
+    f_build: str | BuildFunc | None,
+    f_export: str | BuildFunc | None,
+    mod_json: str,
+    target_json: str,
+    params_blob: bytes | None,
+) -> tuple[str | None, float, str | None, int]:  # pragma: no cover - runs in the worker
+    """Build and export one candidate; never raises for a bad candidate."""
+    start = time.perf_counter()
+    try:
+        from tvm.runtime import load_param_dict
+        from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
+        from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
+
+        build = get_global_func_with_default_on_worker(f_build, default_build)
+        export = get_global_func_with_default_on_worker(f_export, default_export)
+        mod = tvm.ir.load_json(mod_json)
+        target = Target(json.loads(target_json))
+        params = load_param_dict(bytearray(params_blob)) if params_blob is not None else None
+        rt_mod = build(mod, target, params)
+        artifact_path = str(export(rt_mod))
+        return artifact_path, time.perf_counter() - start, None, os.getpid()
+    except Exception:  # noqa: BLE001 - the message goes to MetaSchedule as the build error
+        return (
+            None,
+            time.perf_counter() - start,
+            "PersistentBuilder: An exception occurred\n" + traceback.format_exc(),
+            os.getpid(),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side.
+
+
+def _ensure_forkserver(ctx: Any) -> None:
+    """Start the process-wide fork server with TVM preloaded, unless it already runs."""
+    from multiprocessing import forkserver
+
+    ctx.set_forkserver_preload(list(_PRELOAD_MODULES))
+    previous = os.environ.get(_PRELOAD_ENV)
+    os.environ[_PRELOAD_ENV] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if previous is None:
+            os.environ.pop(_PRELOAD_ENV, None)
+        else:
+            os.environ[_PRELOAD_ENV] = previous
+
+
+class _Pool:
+    """One ProcessPoolExecutor plus what is needed to wait for and kill its workers."""
+
+    def __init__(
+        self,
+        max_workers: int,
+        start_method: StartMethod,
+        initializer: Callable[[], None] | None,
+    ) -> None:
+        ctx = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":
+            _ensure_forkserver(ctx)
+        self.max_workers = max_workers
+        self.started_at = time.monotonic()
+        self.ready = ctx.Value("i", 0)
+        self.executor = ProcessPoolExecutor(
+            max_workers=max_workers,
+            mp_context=ctx,
+            initializer=_worker_init,
+            initargs=(self.ready, initializer),
+        )
+        # With spawn/forkserver, each submit spawns one more worker up to max_workers.
+        self.warmups = [self.executor.submit(_worker_pid) for _ in range(max_workers)]
+        self.processes: list[Any] = []
+        self.worker_init_seconds: dict[int, float] = {}
+        self.is_ready = False
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Block until every worker has run the initializer; return the seconds it took."""
+        deadline = self.started_at + timeout_s
+        while True:
+            if self.ready.value >= self.max_workers:
+                break
+            for fut in self.warmups:
+                if fut.done() and fut.exception() is not None:
+                    raise BuilderStartupError(
+                        f"PersistentBuilder workers failed to start: {fut.exception()!r}"
+                    )
+            if time.monotonic() > deadline:
+                raise BuilderStartupError(
+                    f"PersistentBuilder workers did not start within {timeout_s:.0f} s "
+                    f"({self.ready.value}/{self.max_workers} ready)."
+                )
+            time.sleep(_POLL_S)
+        wait(self.warmups, timeout=max(0.0, deadline - time.monotonic()))
+        self.worker_init_seconds = {}
+        for fut in self.warmups:
+            if fut.done() and fut.exception() is None:
+                pid, seconds = fut.result()
+                self.worker_init_seconds[pid] = max(seconds, self.worker_init_seconds.get(pid, 0))
+        self.processes = list(getattr(self.executor, "_processes", {}).values())
+        self.is_ready = True
+        return time.monotonic() - self.started_at
+
+    def exit_codes(self) -> list[int]:
+        codes = []
+        for proc in self.processes:
+            try:
+                code = proc.exitcode
+            except Exception:  # noqa: BLE001
+                code = None
+            if code is not None:
+                codes.append(int(code))
+        return codes
+
+    def close(self, kill: bool) -> None:
+        """Shut the pool down; with ``kill``, SIGKILL the workers first (never blocks long)."""
+        procs = list(getattr(self.executor, "_processes", {}).values()) or self.processes
+        if kill:
+            for proc in procs:
+                try:
+                    proc.kill()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        try:
+            self.executor.shutdown(wait=not kill, cancel_futures=True)
+        except Exception:  # noqa: BLE001
+            logger.debug("executor shutdown failed", exc_info=True)
+        for proc in procs:
+            try:
+                proc.join(timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _close_pool_holder(holder: dict[str, _Pool | None]) -> None:
+    pool = holder.get("pool")
+    holder["pool"] = None
+    if pool is not None:
+        pool.close(kill=True)
+
+
+@derived_object
+class PersistentBuilder(PyBuilder):
+    """A MetaSchedule builder with a persistent process pool (see the module docstring).
+
+    Usable wherever MetaSchedule takes a builder (``ms.tune_tasks(builder=...)``) and as a
+    context manager (``with PersistentBuilder() as builder: ...``) that shuts the pool down.
+
+    Parameters
+    ----------
+    max_workers : int, optional
+        Worker processes; defaults to the cores this process may use.
+    timeout_s : float
+        Seconds one build may take before it is killed and reported as an error.
+    start_method : {"forkserver", "spawn"}
+        How workers start (see the module docstring).
+    startup_timeout_s : float
+        Seconds the pool may take to start (importing TVM); past that :meth:`build` raises
+        :class:`BuilderStartupError`.
+    f_build, f_export : str or callable, optional
+        As in ``LocalBuilder``: a registered global function name or a picklable callable;
+        None means ``default_build`` / ``default_export``.
+    initializer : callable, optional
+        Extra per-worker initialisation (after the TVM imports), e.g. registering functions.
+    on_build : callable, optional
+        Called in the parent with a :class:`BuildStat` for every input, in input order, at the
+        end of each batch.
+    eager : bool
+        Start the pool in the constructor (in the background), so worker start-up overlaps
+        with task extraction and the first TuneContext.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        timeout_s: float = 30.0,
+        *,
+        start_method: StartMethod = "forkserver",
+        startup_timeout_s: float = 600.0,
+        f_build: str | BuildFunc | None = None,
+        f_export: str | BuildFunc | None = None,
+        initializer: Callable[[], None] | None = None,
+        on_build: Callable[[BuildStat], None] | None = None,
+        eager: bool = True,
+    ) -> None:
+        super().__init__()
+        if max_workers is None:
+            try:
+                max_workers = len(os.sched_getaffinity(0))
+            except (AttributeError, OSError):  # pragma: no cover - non-Linux
+                max_workers = os.cpu_count() or 1
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if start_method not in ("forkserver", "spawn"):
+            raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+        self.max_workers = int(max_workers)
+        self.timeout_s = float(timeout_s)
+        self.start_method: StartMethod = start_method
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.f_build = f_build
+        self.f_export = f_export
+        self.initializer = initializer
+        self.on_build = on_build
+        self.stats = BuilderStats()
+        self.build_times: dict[str, float] = {}
+        self.last_batch: list[BuildStat] = []
+        self._lock = threading.Lock()
+        self._pool_lock = threading.Lock()
+        self._closed = False
+        self._holder: dict[str, _Pool | None] = {"pool": None}
+        self._finalizer = weakref.finalize(self, _close_pool_holder, self._holder)
+        logger.info(
+            "PersistentBuilder: max_workers=%d timeout_s=%.1f start_method=%s",
+            self.max_workers,
+            self.timeout_s,
+            self.start_method,
+        )
+        if eager:
+            # Starting workers blocks until the fork server has imported TVM: do it off-thread.
+            self._start_pool_in_background()
+
+    # -- pool management ---------------------------------------------------------------------
+
+    def _start_pool(self, background: bool = False) -> _Pool | None:
+        with self._pool_lock:
+            pool = self._holder["pool"]
+            if pool is None and background and self._closed:
+                return None
+            if pool is None:
+                pool = _Pool(self.max_workers, self.start_method, self.initializer)
+                self._holder["pool"] = pool
+                self.stats.pool_starts += 1
+            return pool
+
+    def _start_pool_in_background(self) -> None:
+        def _run() -> None:
+            try:
+                self._start_pool(background=True)
+            except Exception:  # noqa: BLE001 - build() retries and reports
+                logger.warning("PersistentBuilder: background pool start failed", exc_info=True)
+
+        threading.Thread(target=_run, name="PersistentBuilder-start", daemon=True).start()
+
+    def _ready_pool(self) -> _Pool:
+        self._closed = False
+        pool = self._start_pool()
+        assert pool is not None
+        if not pool.is_ready:
+            try:
+                seconds = pool.wait_ready(self.startup_timeout_s)
+            except BaseException:
+                self._discard_pool()
+                raise
+            self.stats.startup_seconds.append(seconds)
+            logger.info(
+                "PersistentBuilder: %d workers ready in %.1f s (worker init seconds: %s)",
+                self.max_workers,
+                seconds,
+                {pid: round(sec, 2) for pid, sec in pool.worker_init_seconds.items()},
+            )
+        return pool
+
+    def _discard_pool(self) -> None:
+        with self._pool_lock:
+            _close_pool_holder(self._holder)
+
+    def warmup(self) -> float:
+        """Start the workers (if needed) and wait until they are ready.
+
+        Returns
+        -------
+        float
+            Seconds from pool creation to ready (0.0 if it was already ready).
+        """
+        self._closed = False
+        pool = self._start_pool()
+        assert pool is not None
+        if pool.is_ready:
+            return 0.0
+        self._ready_pool()
+        return self.stats.startup_seconds[-1]
+
+    def shutdown(self) -> None:
+        """Stop the worker processes (idempotent). A later :meth:`build` starts a new pool."""
+        with self._pool_lock:
+            self._closed = True
+            pool = self._holder["pool"]
+            self._holder["pool"] = None
+        if pool is not None:
+            pool.close(kill=False)
+
+    # -- build ---------------------------------------------------------------------------------
+
+    def pop_build_time(self, artifact_path: str) -> float | None:
+        """Remove and return the build seconds recorded for an artifact (None if unknown)."""
+        return self.build_times.pop(str(artifact_path), None)
+
+    @staticmethod
+    def _payload(build_input: BuilderInput) -> tuple[str, str, bytes | None]:
+        from tvm.runtime import save_param_dict
+
+        params = build_input.params
+        blob = None
+        if params is not None:
+            blob = bytes(save_param_dict({str(k): v for k, v in params.items()}))
+        return (
+            tvm.ir.save_json(build_input.mod),
+            target_fingerprint(build_input.target),
+            blob,
+        )
+
+    def build(self, build_inputs: Sequence[BuilderInput]) -> list[BuilderResult]:
+        """Build a batch of candidates.
+
+        Parameters
+        ----------
+        build_inputs : sequence of BuilderInput
+            The candidates.
+
+        Returns
+        -------
+        list of BuilderResult
+            One per input, in order: ``(artifact_path, None)`` or ``(None, error_msg)``.
+
+        Raises
+        ------
+        BuilderStartupError
+            Only if the worker pool cannot start at all.
+        """
+        with self._lock:
+            stats = self._build_locked(list(build_inputs))
+        self.last_batch = stats
+        if self.on_build is not None:
+            for stat in stats:
+                try:
+                    self.on_build(stat)
+                except Exception:  # noqa: BLE001 - a callback must not break tuning
+                    logger.exception("PersistentBuilder on_build callback failed")
+        return [BuilderResult(s.artifact_path, s.error) for s in stats]
+
+    def _build_locked(self, inputs: list[BuilderInput]) -> list[BuildStat]:
+        n = len(inputs)
+        self.stats.batches += 1
+        if n == 0:
+            return []
+        payloads = [self._payload(bi) for bi in inputs]
+        outcome: list[BuildStat | None] = [None] * n
+        queue: deque[int] = deque(range(n))
+        solo: deque[int] = deque()
+        # future -> (index, submitted_at, deadline, ran_solo)
+        in_flight: dict[Future[Any], tuple[int, float, float, bool]] = {}
+        try:
+            while queue or solo or in_flight:
+                pool = self._ready_pool()
+
+                def submit(index: int, ran_solo: bool, pool: _Pool = pool) -> bool:
+                    try:
+                        fut = pool.executor.submit(
+                            _build_in_worker, self.f_build, self.f_export, *payloads[index]
+                        )
+                    except BrokenProcessPool:  # a worker died while idle
+                        return False
+                    now = time.monotonic()
+                    in_flight[fut] = (index, now, now + self.timeout_s + _IPC_SLACK_S, ran_solo)
+                    return True
+
+                pool_broken = False
+                if solo:
+                    if not in_flight:
+                        index = solo.popleft()
+                        if not submit(index, True):
+                            solo.appendleft(index)
+                            pool_broken = True
+                else:
+                    while queue and len(in_flight) < self.max_workers:
+                        index = queue.popleft()
+                        if not submit(index, False):
+                            queue.appendleft(index)
+                            pool_broken = True
+                            break
+                if pool_broken and not in_flight:
+                    logger.warning("PersistentBuilder: the pool broke while idle; replacing it")
+                    self._discard_pool()
+                    continue
+
+                next_deadline = min(entry[2] for entry in in_flight.values())
+                done, _ = wait(
+                    list(in_flight),
+                    timeout=max(0.0, next_deadline - time.monotonic()),
+                    return_when=FIRST_COMPLETED,
+                )
+                broken: list[tuple[int, float, bool]] = []
+                for fut in done:
+                    index, submitted, _, ran_solo = in_flight.pop(fut)
+                    wall = time.monotonic() - submitted
+                    try:
+                        path, seconds, error, pid = fut.result()
+                    except BrokenProcessPool:
+                        broken.append((index, submitted, ran_solo))
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable f_build
+                        outcome[index] = BuildStat(
+                            index, None, 0.0, wall,
+                            f"PersistentBuilder: An exception occurred\n{exc!r}", None,
+                        )
+                        continue
+                    outcome[index] = BuildStat(index, path, float(seconds), wall, error, pid)
+
+                if broken:
+                    codes = [c for c in pool.exit_codes() if c not in (0, -9, -15)]
+                    # The rest of the in-flight builds died with the pool too.
+                    for fut, (index, submitted, _, ran_solo) in in_flight.items():
+                        broken.append((index, submitted, ran_solo))
+                    in_flight.clear()
+                    self._discard_pool()
+                    self.stats.crashes += 1
+                    if len(broken) == 1 or all(entry[2] for entry in broken):
+                        code_text = f" (exit code {codes[0]})" if codes else ""
+                        for index, submitted, _ in broken:
+                            outcome[index] = BuildStat(
+                                index, None, 0.0, time.monotonic() - submitted,
+                                f"PersistentBuilder: the build worker died{code_text} while "
+                                "building this candidate",
+                                None,
+                            )
+                        logger.warning(
+                            "PersistentBuilder: a build killed its worker%s; pool replaced",
+                            code_text,
+                        )
+                    else:
+                        logger.warning(
+                            "PersistentBuilder: a worker died with %d builds in flight; "
+                            "retrying them one at a time",
+                            len(broken),
+                        )
+                        solo.extend(index for index, _, _ in sorted(broken))
+                    continue
+
+                now = time.monotonic()
+                expired = [fut for fut, entry in in_flight.items() if entry[2] <= now]
+                if expired:
+                    for fut in expired:
+                        index, submitted, _, _ = in_flight.pop(fut)
+                        outcome[index] = BuildStat(
+                            index, None, 0.0, now - submitted,
+                            f"PersistentBuilder: Timeout, killed after {self.timeout_s} seconds",
+                            None,
+                        )
+                        self.stats.timeouts += 1
+                    requeue = sorted(entry[0] for entry in in_flight.values())
+                    in_flight.clear()
+                    self._discard_pool()
+                    queue.extendleft(reversed(requeue))
+                    logger.warning(
+                        "PersistentBuilder: %d build(s) timed out after %.1f s; pool replaced",
+                        len(expired),
+                        self.timeout_s,
+                    )
+        except BaseException:
+            # KeyboardInterrupt, startup failure: leave no busy worker behind.
+            self._discard_pool()
+            raise
+
+        stats = [s for s in outcome if s is not None]
+        assert len(stats) == n
+        for stat in stats:
+            if stat.artifact_path is not None:
+                self.stats.built += 1
+                self.stats.build_seconds += stat.build_seconds
+                self.build_times[stat.artifact_path] = stat.build_seconds
+            else:
+                self.stats.failed += 1
+        return stats
+
+
+def _enter(self: Any) -> Any:
+    return self
+
+
+def _exit(self: Any, *exc_info: object) -> None:
+    self.shutdown()
+
+
+# ``derived_object`` returns a TVM object class wrapping our class; special methods are looked
+# up on that class, so the context-manager protocol is attached there.
+PersistentBuilder.__enter__ = _enter  # type: ignore[attr-defined]
+PersistentBuilder.__exit__ = _exit  # type: ignore[attr-defined]
+
+
+if os.environ.get(_PRELOAD_ENV) == "1" and "tvm.s_tir.tensor_intrin" not in sys.modules:
+    # We are being preloaded by the fork server that _ensure_forkserver started: import the
+    # intrinsics here once, so every worker forks with them.
+    import_tensor_intrinsics()

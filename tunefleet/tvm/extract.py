@@ -1,0 +1,476 @@
+"""Extract tuning workloads from a Relax model, keyed exactly as MetaSchedule keys them.
+
+Pass order
+----------
+``ms.relax_integration.extract_tasks`` only collects ``call_tir`` targets, so on a raw Relax
+graph it silently returns ``[]``. :func:`prepare_for_tuning` first runs what TVM 0.27 runs
+before looking tuned schedules up at build time (``ms.relax_integration.compile_relax``, and
+the ``static_shape_tuning`` pipeline in ``python/tvm/relax/pipeline.py``), under
+``with target, PassContext(opt_level=3)`` as ``compile_relax`` does:
+
+1. ``BindParams`` (when weights are given) - ``compile_relax`` binds ``params`` first;
+2. ``DecomposeOpsForInference`` - from ``static_shape_tuning_pipeline``; without it BatchNorm
+   and friends stay composite and become separate tasks;
+3. the target's library-dispatch passes (``DispatchSampling``, ``DispatchSortScan`` on CPU and
+   CUDA) - ``compile_relax`` runs ``relax.pipeline.library_dispatch_passes(target)`` first;
+4. ``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``, ``FuseOps``, ``FuseTIR``.
+
+``compile_relax`` itself does not run ``DecomposeOpsForInference``, and it must NOT be given the
+output of :func:`prepare_for_tuning`: the passes are not idempotent (a second
+``AnnotateTIROpPattern`` adds an ``op_pattern`` attribute to the fused PrimFuncs, which changes
+their structural hash, so no tuned record would match). To build with tuned schedules, hand
+``compile_relax(database, prepare_for_build(mod, target, params), target, None)`` the module
+from :func:`prepare_for_build` (weights bound + ``DecomposeOpsForInference`` only); it then
+runs steps 3-4 itself and its fused PrimFuncs hash like the tuned ones.
+
+Workload identity
+-----------------
+:attr:`ExtractedWorkload.structural_hash` is the 16-digit hex form of
+``tvm_ffi.structural_hash(task.dispatched[0])``. ``task.dispatched[0]`` is the module
+``extracted_tasks_to_tune_contexts`` hands to ``TuneContext`` (already normalised: one PrimFunc
+named ``main`` with ``global_symbol`` and ``tirx.noalias``), which is what the task scheduler
+commits to the database; ``Workload(mod)`` in C++ (``database.cc``) stores
+``ModuleEquality::Create("structural")->Hash(mod)``, i.e. the same structural hash, printed in
+decimal in ``Workload.as_json()[0]``. ``MetaScheduleApplyDatabase`` looks PrimFuncs up at build
+time after the same normalisation. So our key and MetaSchedule's are one number.
+
+Weights
+-------
+``nn.Module.export_tvm`` gives parameter *specs*; the weights are extra function inputs. We bind
+weights (:func:`random_params` makes random ones) as constants, as a deployed model has them:
+``FoldConstant`` then folds weight-only ops (e.g. the transpose of a Linear's weight), which
+would otherwise become their own (useless) tuning tasks. Weight *values* never reach the TIR
+(constants are ``call_tir`` arguments), so workload hashes do not depend on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax import pipeline as relax_pipeline
+from tvm.ir import IRModule
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from tunefleet.errors import TunefleetError
+from tunefleet.tvm.targets import make_target
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ExtractedWorkload",
+    "ExtractionError",
+    "classify_op_kind",
+    "extract_workloads",
+    "prepare_for_build",
+    "prepare_for_tuning",
+    "random_params",
+    "workload_hash",
+]
+
+_HASH_MASK = (1 << 64) - 1
+
+# relax.transform.AnnotateTIROpPattern values (tvm/relax/op_attr_types.h OpPatternKind)
+_OP_PATTERN_KIND = {
+    0: "elemwise",
+    1: "broadcast",
+    2: "injective",
+    3: "reduce",
+    4: "complex",  # kOutEWiseFusable: e.g. conv2d/matmul followed by elementwise ops
+    7: "tuple",
+    8: "opaque",
+}
+
+# Name-based classification, first match wins; matched on the task name with "fused_" and
+# the numeric suffixes TVM adds to repeated ops ("matmul1", "add2") removed.
+_NAME_RULES: list[tuple[str, str]] = [
+    (r"conv\dd_transpose", "conv_transpose"),
+    (r"conv1d", "conv1d"),
+    (r"conv2d", "conv2d"),
+    (r"conv3d", "conv3d"),
+    (r"(^|_)(batch_)?(matmul|dense|linear|einsum)(_|$)", "dense/matmul"),
+    (r"pool\dd", "pool"),
+    (r"(^|_)(log_)?softmax(_|$)", "softmax"),
+    (r"(^|_)(layer|group|batch|rms|instance)_norm(_|$)", "norm"),
+    (r"(^|_)(attention|flash_attn)", "attention"),
+    (r"(^|_)(sum|mean|prod|variance|std|argmax|argmin|max|min|cumsum|cumprod)(_|$)", "reduce"),
+    (
+        r"(^|_)(take|gather|gather_nd|scatter|scatter_nd|strided_slice|dynamic_strided_slice|"
+        r"reshape|transpose|permute_dims|concatenate|split|broadcast_to|expand_dims|squeeze|"
+        r"flatten|resize\dd|image_resize\dd|pad|tile|repeat|flip|layout_transform)(_|$)",
+        "injective",
+    ),
+]
+
+
+class ExtractionError(TunefleetError):
+    """The model cannot be turned into tuning workloads."""
+
+
+@dataclass(frozen=True)
+class ExtractedWorkload:
+    """One tuning task: a TIR function and where it comes from.
+
+    Attributes
+    ----------
+    structural_hash : str
+        16 hex digits of the structural hash MetaSchedule's database uses for this workload
+        (see the module docstring); stable across processes and machines.
+    name : str
+        The task name, e.g. ``"fused_matmul_add_relu"`` (not unique across models).
+    op_kind : str
+        A coarse kind: ``"conv2d"``, ``"dense/matmul"``, ``"pool"``, ``"softmax"``, ``"norm"``,
+        ``"reduce"``, ``"injective"``, ``"elemwise"``, ``"complex"``, ``"opaque"``, ...
+    flops : float
+        Floating-point operations of one call (``tvm.s_tir.analysis.estimate_tir_flops``);
+        0.0 when TVM cannot estimate them (e.g. symbolic shapes).
+    weight : int
+        How many times the model calls it (MetaSchedule's task weight).
+    mod : tvm.ir.IRModule
+        The module to tune (``task.dispatched[0]``).
+    tir_json : str
+        ``tvm.ir.save_json(mod)``; ``tvm.ir.load_json`` restores an equal module.
+    task : ExtractedTask
+        The MetaSchedule task, for ``extracted_tasks_to_tune_contexts``.
+    """
+
+    structural_hash: str
+    name: str
+    op_kind: str
+    flops: float
+    weight: int
+    mod: IRModule = field(repr=False, compare=False)
+    tir_json: str = field(repr=False)
+    task: Any = field(default=None, repr=False, compare=False)
+
+
+def workload_hash(mod: IRModule) -> str:
+    """The 16-hex-digit workload key of a (normalised) TIR module.
+
+    Equal to MetaSchedule's ``Workload(mod)`` hash (its JSON prints it in decimal).
+
+    Parameters
+    ----------
+    mod : tvm.ir.IRModule
+        A module as MetaSchedule tunes it (one PrimFunc named ``main``).
+
+    Returns
+    -------
+    str
+        ``format(tvm_ffi.structural_hash(mod), "016x")``.
+    """
+    return format(int(tvm_ffi.structural_hash(mod)) & _HASH_MASK, "016x")
+
+
+def _relax_function_name(mod: IRModule, func_name: str | None) -> str:
+    names = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    if func_name is not None:
+        if func_name not in names:
+            raise ExtractionError(
+                f"The module has no Relax function {func_name!r}; it has {sorted(names)}."
+            )
+        return func_name
+    if "main" in names:
+        return "main"
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise ExtractionError("The module has no Relax function to extract workloads from.")
+    raise ExtractionError(
+        f"The module has several Relax functions {sorted(names)}; name the one to bind "
+        "weights to with func_name=."
+    )
+
+
+def _param_name(var: Any) -> str:
+    # TVM 0.27 unified Var: ``.name``; older relax.Var: ``.name_hint``.
+    return str(getattr(var, "name", None) or var.name_hint)
+
+
+def random_params(
+    mod: IRModule, func_name: str | None = None, seed: int = 0, scale: float = 0.1
+) -> dict[str, np.ndarray]:
+    """Random weights for every weight parameter of a Relax function.
+
+    The first ``num_input`` parameters (the ``num_input`` function attribute that
+    ``nn.Module.export_tvm`` sets; 1 when absent) are model inputs and get no value.
+
+    Parameters
+    ----------
+    mod : tvm.ir.IRModule
+        The Relax module (e.g. from ``export_tvm``).
+    func_name : str, optional
+        The function; ``"main"`` or the only Relax function by default.
+    seed : int
+        Seed of the numpy generator.
+    scale : float
+        Standard deviation of the normal distribution for float weights.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Parameter name to value, ready for :func:`prepare_for_tuning`.
+    """
+    name = _relax_function_name(mod, func_name)
+    func = mod[name]
+    attrs = dict(func.attrs) if func.attrs is not None else {}
+    num_input = int(attrs.get("num_input", 1))
+    rng = np.random.default_rng(seed)
+    params: dict[str, np.ndarray] = {}
+    for var in list(func.params)[num_input:]:
+        ty = var.ty
+        shape = getattr(ty, "shape", None)
+        dtype = str(getattr(ty, "dtype", ""))
+        if shape is None or not dtype:
+            raise ExtractionError(
+                f"Parameter {_param_name(var)!r} of {name!r} is not a tensor with a known "
+                "shape and dtype; bind it yourself."
+            )
+        try:
+            dims = [int(d) for d in shape]
+        except (TypeError, ValueError):
+            raise ExtractionError(
+                f"Parameter {_param_name(var)!r} of {name!r} has a symbolic shape {shape}; "
+                "bind it yourself."
+            ) from None
+        if dtype.startswith(("float", "bfloat")):
+            value = (rng.standard_normal(dims) * scale).astype(dtype)
+        elif dtype == "bool":
+            value = rng.integers(0, 2, size=dims).astype(dtype)
+        else:
+            value = rng.integers(0, 8, size=dims).astype(dtype)
+        params[_param_name(var)] = value
+    return params
+
+
+def _bind_params(
+    mod: IRModule, params: Mapping[str, Any], func_name: str | None
+) -> IRModule:
+    name = _relax_function_name(mod, func_name)
+    known = {_param_name(v) for v in mod[name].params}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ExtractionError(
+            f"Weights {unknown} are not parameters of {name!r} (it has {sorted(known)})."
+        )
+    values = {
+        k: (v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(v)))
+        for k, v in params.items()
+    }
+    return relax.transform.BindParams(name, values)(mod)
+
+
+def _library_dispatch_passes(target: Target) -> list[Any]:
+    # Same fallback as ms.relax_integration.compile_relax.
+    try:
+        return list(relax_pipeline.library_dispatch_passes(target))
+    except (ValueError, AttributeError):
+        return []
+
+
+def prepare_for_build(
+    mod: IRModule,
+    target: Target | Mapping[str, Any] | str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    func_name: str | None = None,
+) -> IRModule:
+    """The module to give ``ms.relax_integration.compile_relax`` so tuned records apply.
+
+    Binds ``params`` and runs ``DecomposeOpsForInference`` - the steps of
+    :func:`prepare_for_tuning` that ``compile_relax`` does not run itself. Pass ``params=None``
+    to ``compile_relax`` afterwards.
+
+    Parameters
+    ----------
+    mod : tvm.ir.IRModule
+        The Relax module.
+    target : tvm.target.Target or dict or str
+        The target.
+    params : mapping of str to array, optional
+        Weights to bind as constants, by parameter name.
+    func_name : str, optional
+        The Relax function to bind ``params`` to.
+
+    Returns
+    -------
+    tvm.ir.IRModule
+        The bound, decomposed (still unfused) Relax module.
+    """
+    target = make_target(target) if not isinstance(target, Target) else target
+    if params:
+        mod = _bind_params(mod, params, func_name)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return relax.transform.DecomposeOpsForInference()(mod)
+
+
+def prepare_for_tuning(
+    mod: IRModule,
+    target: Target | Mapping[str, Any] | str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    func_name: str | None = None,
+) -> IRModule:
+    """Lower a Relax module to fused TIR the way ``compile_relax`` does before its DB lookup.
+
+    Parameters
+    ----------
+    mod : tvm.ir.IRModule
+        The Relax module, e.g. from ``nn.Module.export_tvm`` or a frontend.
+    target : tvm.target.Target or dict or str
+        The target (legalization may depend on it).
+    params : mapping of str to array, optional
+        Weights to bind as constants, by parameter name (numpy arrays or TVM tensors).
+    func_name : str, optional
+        The Relax function to bind ``params`` to; ``"main"`` or the only one by default.
+
+    Returns
+    -------
+    tvm.ir.IRModule
+        The module with fused PrimFuncs called through ``call_tir``, for task extraction only
+        (not idempotent: never feed it to ``compile_relax`` or to this function again).
+
+    Raises
+    ------
+    ExtractionError
+        If ``params`` names parameters the function does not have.
+    """
+    target = make_target(target) if not isinstance(target, Target) else target
+    mod = prepare_for_build(mod, target, params, func_name=func_name)
+    passes = [
+        *_library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def _normalized_name(task_name: str) -> str:
+    name = task_name[len("fused_") :] if task_name.startswith("fused_") else task_name
+    return "_".join(re.sub(r"(?<=[a-z])\d+$", "", tok) for tok in name.split("_"))
+
+
+def classify_op_kind(task_name: str, mod: IRModule | None = None) -> str:
+    """A coarse operator kind for a task, from its name, else from TVM's op pattern.
+
+    Parameters
+    ----------
+    task_name : str
+        The MetaSchedule task name (the fused PrimFunc's name).
+    mod : tvm.ir.IRModule, optional
+        The task's module; when the name says nothing, ``AnnotateTIROpPattern`` classifies its
+        ``main`` (``elemwise``, ``broadcast``, ``injective``, ``reduce``, ``complex``, ...).
+
+    Returns
+    -------
+    str
+        The kind; ``"unknown"`` when neither gives an answer.
+    """
+    name = _normalized_name(task_name)
+    for pattern, kind in _NAME_RULES:
+        if re.search(pattern, name):
+            return kind
+    if mod is not None:
+        try:
+            annotated = relax.transform.AnnotateTIROpPattern()(mod)
+            pattern_id = annotated["main"].attrs.get("op_pattern")
+            if pattern_id is not None:
+                kind = _OP_PATTERN_KIND.get(int(pattern_id), "opaque")
+                return "elemwise" if kind == "broadcast" else kind
+        except Exception:  # classification is best effort
+            logger.debug("op pattern analysis failed for %s", task_name, exc_info=True)
+    return "unknown"
+
+
+def _estimate_flops(mod: IRModule, task_name: str) -> float:
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(mod))
+    except Exception:  # symbolic shapes, opaque externs
+        logger.warning("cannot estimate FLOPs of %s; recording 0", task_name, exc_info=True)
+        return 0.0
+
+
+def extract_workloads(
+    mod: IRModule,
+    target: Target | Mapping[str, Any] | str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    func_name: str | None = None,
+    prepared: bool = False,
+) -> list[ExtractedWorkload]:
+    """The tuning workloads of a Relax model for a target.
+
+    Parameters
+    ----------
+    mod : tvm.ir.IRModule
+        The Relax module (raw, or already through :func:`prepare_for_tuning` when
+        ``prepared`` is true).
+    target : tvm.target.Target or dict or str
+        The target the tasks are for.
+    params : mapping of str to array, optional
+        Weights to bind as constants (see :func:`random_params`).
+    func_name : str, optional
+        The Relax function to bind ``params`` to.
+    prepared : bool
+        Skip :func:`prepare_for_tuning` (``params`` must then be None).
+
+    Returns
+    -------
+    list of ExtractedWorkload
+        One per distinct workload, in MetaSchedule's order, with weights summed over
+        duplicates.
+
+    Raises
+    ------
+    ExtractionError
+        If no task is found.
+    """
+    target = make_target(target) if not isinstance(target, Target) else target
+    if prepared:
+        if params:
+            raise ExtractionError("params cannot be bound to an already prepared module.")
+    else:
+        mod = prepare_for_tuning(mod, target, params, func_name=func_name)
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    if not tasks:
+        raise ExtractionError(
+            "No tuning tasks found: the module has no call_tir to a PrimFunc after "
+            "legalization and fusion (is it empty, or already built?)."
+        )
+    workloads: list[ExtractedWorkload] = []
+    for task in tasks:
+        task_mod = task.dispatched[0]
+        name = str(task.task_name)
+        workloads.append(
+            ExtractedWorkload(
+                structural_hash=workload_hash(task_mod),
+                name=name,
+                op_kind=classify_op_kind(name, task_mod),
+                flops=_estimate_flops(task_mod, name),
+                weight=int(task.weight),
+                mod=task_mod,
+                tir_json=tvm.ir.save_json(task_mod),
+                task=task,
+            )
+        )
+    logger.info(
+        "extracted %d workloads (%d calls) for %s",
+        len(workloads),
+        sum(w.weight for w in workloads),
+        target.kind.name,
+    )
+    return workloads

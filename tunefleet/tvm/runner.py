@@ -1,0 +1,148 @@
+"""Factory for the MetaSchedule runner tunefleet measures candidates with.
+
+One serial ``ms.runner.LocalRunner`` (a single persistent Popen worker that loads each built
+artifact and times it with ``time_evaluator``); a parallel runner comes later.
+
+Evaluator defaults
+------------------
+TVM's ``time_evaluator`` runs the kernel once to warm up, then ``repeat`` times a batch of
+``number`` runs (``number`` grows until a batch lasts ``min_repeat_ms``), and returns
+``repeat`` averages. MetaSchedule records those ``repeat`` figures as ``run_secs``.
+
+* CPU (``llvm``): ``number=1, repeat=5, min_repeat_ms=0, enable_cpu_cache_flush=True``. The cache
+  flush (``cache_flush_cpu_non_first_arg``) runs before each *repeat*, so only the first run of
+  a batch is cold: with ``number > 1`` or ``min_repeat_ms > 0`` the later runs hit a warm cache
+  and the flush is pointless. One cold run per repeat measures what a layer sees inside a whole
+  model (its weights are not in cache) and keeps a trial to milliseconds; five repeats give a
+  spread to judge noise with.
+* CUDA and other GPUs: ``number=3, repeat=3, min_repeat_ms=10, enable_cpu_cache_flush=False``.
+  Flushing host caches says nothing about a GPU kernel; GPU kernels are short, so runs are
+  batched (``min_repeat_ms``) to rise above timer resolution and launch jitter. The runner is
+  the same ``LocalRunner``: the device comes from each candidate's ``RunnerInput.device_type``,
+  so it measures on GPU 0 of the node it runs on.
+
+The ``LocalRunner`` constructor starts its worker and checks it (that worker imports TVM:
+seconds); create the runner once per tuning session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from tunefleet.tvm.targets import make_target
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["default_evaluator_config", "make_runner"]
+
+_CPU_DEFAULTS: dict[str, Any] = {
+    "number": 1,
+    "repeat": 5,
+    "min_repeat_ms": 0,
+    "enable_cpu_cache_flush": True,
+}
+_GPU_DEFAULTS: dict[str, Any] = {
+    "number": 3,
+    "repeat": 3,
+    "min_repeat_ms": 10,
+    "enable_cpu_cache_flush": False,
+}
+
+
+def _is_cpu(target: Target) -> bool:
+    return "cpu" in [str(key) for key in target.keys] and "gpu" not in [
+        str(key) for key in target.keys
+    ]
+
+
+def default_evaluator_config(
+    target: Target | Mapping[str, Any] | str,
+    *,
+    number: int | None = None,
+    repeat: int | None = None,
+    min_repeat_ms: int | None = None,
+    enable_cpu_cache_flush: bool | None = None,
+) -> ms.runner.EvaluatorConfig:
+    """The evaluator configuration for a target (see the module docstring for the defaults).
+
+    Parameters
+    ----------
+    target : tvm.target.Target or dict or str
+        The target candidates are built for.
+    number, repeat, min_repeat_ms, enable_cpu_cache_flush : optional
+        Overrides of the per-target defaults.
+
+    Returns
+    -------
+    ms.runner.EvaluatorConfig
+        The configuration.
+    """
+    target = target if isinstance(target, Target) else make_target(target)
+    values = dict(_CPU_DEFAULTS if _is_cpu(target) else _GPU_DEFAULTS)
+    overrides = {
+        "number": number,
+        "repeat": repeat,
+        "min_repeat_ms": min_repeat_ms,
+        "enable_cpu_cache_flush": enable_cpu_cache_flush,
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if values["number"] < 1 or values["repeat"] < 1 or values["min_repeat_ms"] < 0:
+        raise ValueError(f"invalid evaluator configuration {values}")
+    return ms.runner.EvaluatorConfig(
+        number=int(values["number"]),
+        repeat=int(values["repeat"]),
+        min_repeat_ms=int(values["min_repeat_ms"]),
+        enable_cpu_cache_flush=bool(values["enable_cpu_cache_flush"]),
+    )
+
+
+def make_runner(
+    target: Target | Mapping[str, Any] | str,
+    *,
+    timeout_s: float = 30.0,
+    number: int | None = None,
+    repeat: int | None = None,
+    min_repeat_ms: int | None = None,
+    enable_cpu_cache_flush: bool | None = None,
+    cooldown_s: float = 0.0,
+    alloc_repeat: int = 1,
+) -> ms.runner.LocalRunner:
+    """A ``ms.runner.LocalRunner`` configured for the target.
+
+    Parameters
+    ----------
+    target : tvm.target.Target or dict or str
+        The target candidates are built for (CPU or GPU defaults follow from its keys).
+    timeout_s : float
+        Seconds one measurement may take before it is reported as an error.
+    number, repeat, min_repeat_ms, enable_cpu_cache_flush : optional
+        Overrides of :func:`default_evaluator_config`.
+    cooldown_s : float
+        Pause between measurements.
+    alloc_repeat : int
+        How many sets of random inputs to measure with (each gives ``repeat`` figures).
+
+    Returns
+    -------
+    ms.runner.LocalRunner
+        The runner (its worker process is already started).
+    """
+    config = default_evaluator_config(
+        target,
+        number=number,
+        repeat=repeat,
+        min_repeat_ms=min_repeat_ms,
+        enable_cpu_cache_flush=enable_cpu_cache_flush,
+    )
+    logger.info("LocalRunner for %s: %s, timeout %.0f s", target, config, timeout_s)
+    return ms.runner.LocalRunner(
+        timeout_sec=timeout_s,
+        evaluator_config=config,
+        cooldown_sec=cooldown_s,
+        alloc_repeat=alloc_repeat,
+    )
