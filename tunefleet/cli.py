@@ -441,9 +441,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         settings = load_settings()
         level = logging.DEBUG if args.verbose else getattr(logging, settings.log_level)
+        from rich.console import Console
         from rich.logging import RichHandler
 
-        logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(show_path=False)])
+        # Logs go to stderr so that --json output on stdout stays parseable.
+        handler_ = RichHandler(show_path=False, console=Console(stderr=True))
+        logging.basicConfig(level=level, format="%(message)s", handlers=[handler_])
         logging.getLogger("alembic").setLevel(logging.WARNING)
         handler: Handler = args.handler
         return int(handler(args, settings) or 0)

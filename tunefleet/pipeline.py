@@ -78,6 +78,7 @@ def drain(
     owner: str | None = None,
     on_shard: Any = None,
     on_batch: Any = None,
+    builder: Any = None,
 ) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left."""
     import time
@@ -91,7 +92,9 @@ def drain(
     threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
     started = time.monotonic()
     done = failed = measured = errors = skipped = 0
-    builder = PersistentBuilder(max_workers=threads)
+    own_builder = builder is None
+    if builder is None:
+        builder = PersistentBuilder(max_workers=threads)
     try:
         from tunefleet.tvm.runner import make_runner
 
@@ -111,7 +114,8 @@ def drain(
             if on_shard is not None:
                 on_shard(result)
     finally:
-        builder.shutdown()
+        if own_builder:
+            builder.shutdown()
     return TuneSummary(hardware, done, failed, measured, errors, skipped, time.monotonic() - started)
 
 

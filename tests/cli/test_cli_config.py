@@ -19,6 +19,14 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           env=full_env, timeout=120)
 
 
+def error_line(stderr: str) -> str:
+    """The CLI's error: exactly one line, the last one on stderr (logs may precede it)."""
+    lines = stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("tunefleet: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
+    return errors[0]
+
+
 def test_defaults_are_embedded(tunefleet_home) -> None:  # type: ignore[no-untyped-def]
     settings = load_settings()
     assert settings.effective_database_url == f"sqlite:///{tunefleet_home / 'tunefleet.db'}"
@@ -87,5 +95,4 @@ def test_unreachable_database_is_one_line(tmp_path) -> None:  # type: ignore[no-
            "TUNEFLEET_DATABASE_URL": f"postgresql+psycopg2://u:p@127.0.0.1:{free_port()}/x"}
     out = run_cli("db", "current", env=env)
     assert out.returncode == 2
-    assert len(out.stderr.strip().splitlines()) == 1
-    assert "cannot connect to database" in out.stderr
+    assert "cannot connect to database" in error_line(out.stderr)
