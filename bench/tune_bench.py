@@ -81,7 +81,9 @@ def stock_arm(loaded: Any, target: Any, trials: int, per_iter: int, seed: int, t
     found = extract_workloads(loaded.mod, target, params=loaded.params)
     with tempfile.TemporaryDirectory() as work:
         start = time.perf_counter()
-        builder = _timed_builder(ms.builder.LocalBuilder())
+        # The stock default timeout (30 s) fails every build here: each fresh worker spends 40-80 s
+        # importing tensor intrinsics (see tunefleet/tvm/builder.py). 600 s lets the stock arm finish.
+        builder = _timed_builder(ms.builder.LocalBuilder(timeout_sec=600))
         ctxs = ms.relax_integration.extracted_tasks_to_tune_contexts(
             [w.task for w in found], work, space="post-order-apply", strategy="evolutionary",
             num_threads=threads, seed=seed)

@@ -281,3 +281,14 @@ def test_tune_tasks_with_persistent_builder_produces_records(
     np.testing.assert_allclose(
         out, np.maximum(x @ w1.T + b1, 0) @ w2.T + b2, rtol=1e-4, atol=1e-4
     )
+
+
+def test_spawn_start_method_builds(
+    mlp_workloads: list[ExtractedWorkload], cpu_target: Any
+) -> None:
+    # Each spawned worker imports TVM itself (no fork server): slower to start, same results.
+    with PersistentBuilder(max_workers=1, timeout_s=60, start_method="spawn") as b:
+        results = b.build([ms.builder.BuilderInput(mlp_workloads[0].mod, cpu_target)])
+        _cleanup([r.artifact_path for r in results])
+        assert results[0].error_msg is None
+        assert b.stats.startup_seconds and b.stats.startup_seconds[0] > 0
