@@ -283,7 +283,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         task = progress.add_task("", total=pending)
 
         def on_shard(result: Any) -> None:
-            best = f"best {result.best_s * 1e3:.3f} ms" if result.best_s else "no valid candidate"
+            best = f"best {result.best_s * 1e3:.3g} ms" if result.best_s else "no valid candidate"
             progress.update(task, advance=1, description=f"shard {result.shard_id}: {result.measured} measured, {best}")
 
         summary = drain(ctx.db, args.hardware, seed=args.seed, on_shard=on_shard)
@@ -448,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler_ = RichHandler(show_path=False, console=Console(stderr=True))
         logging.basicConfig(level=level, format="%(message)s", handlers=[handler_])
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        # MetaSchedule logs every design space and batch at INFO: keep it for --verbose.
+        logging.getLogger("tvm").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
         handler: Handler = args.handler
         return int(handler(args, settings) or 0)
     except TunefleetError as exc:

@@ -125,6 +125,7 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str,
 
     settings = Settings(**settings_data)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
+    logging.getLogger("tvm").setLevel(logging.WARNING)
     db = Database.from_settings(settings)
     drain(db, hardware, **kwargs)
 
