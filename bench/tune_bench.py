@@ -50,7 +50,8 @@ def _timed_builder(inner: Any) -> Any:
 
 
 def _search_seconds(profiler: Any) -> float:
-    return sum(v for k, v in profiler.get().items() if k.startswith("EvoSearch/") and "/" not in k[len("EvoSearch/"):])
+    return float(sum(float(v) for k, v in profiler.get().items()
+                     if k.startswith("EvoSearch/") and "/" not in k[len("EvoSearch/"):]))
 
 
 def _latency_ms(db_factory: Any, loaded: Any, target: Any, threads: int) -> float:
@@ -84,12 +85,12 @@ def stock_arm(loaded: Any, target: Any, trials: int, per_iter: int, seed: int, t
         # The stock default timeout (30 s) fails every build here: each fresh worker spends 40-80 s
         # importing tensor intrinsics (see tunefleet/tvm/builder.py). 600 s lets the stock arm finish.
         builder = _timed_builder(ms.builder.LocalBuilder(timeout_sec=600))
-        ctxs = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             [w.task for w in found], work, space="post-order-apply", strategy="evolutionary",
             num_threads=threads, seed=seed)
         database = ms.database.JSONDatabase(work_dir=work)
         with ms.Profiler() as prof:
-            ms.tune_tasks(tasks=ctxs, task_weights=[float(w.weight) for w in found], work_dir=work,
+            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work,
                           max_trials_global=trials * len(found), max_trials_per_task=trials,
                           num_trials_per_iter=per_iter, builder=builder, runner=ms.runner.LocalRunner(),
                           database=database, cost_model="xgb", task_scheduler="round-robin")
