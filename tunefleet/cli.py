@@ -98,10 +98,10 @@ class Context:
     @property
     def db(self) -> Database:
         if self._db is None:
-            from tunefleet.hardware import seed_hardware_classes
+            from tunefleet.hardware import ensure_hardware_classes
 
             self._db = _open_db(self.settings)
-            seed_hardware_classes(self._db, self.settings)
+            ensure_hardware_classes(self._db, self.settings)
         return self._db
 
     @property

@@ -199,7 +199,7 @@ def build_model(
     untuned_exec = tvm.compile(prepared, target=target)
     dev = tvm.cpu()
     inputs_np = loaded.random_inputs(seed=0)
-    inputs = [tvm.runtime.tensor(x, dev) if hasattr(tvm.runtime, "tensor") else tvm.nd.array(x, dev) for x in inputs_np]
+    inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
     vms = {"tuned": relax.VirtualMachine(tuned_exec, dev), "untuned": relax.VirtualMachine(untuned_exec, dev)}
     outs = {k: _to_numpy(vm["main"](*inputs)) for k, vm in vms.items()}
     diffs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(outs["tuned"], outs["untuned"], strict=True)]

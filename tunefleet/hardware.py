@@ -83,6 +83,16 @@ def configured_classes(settings: Settings) -> dict[str, dict[str, Any]]:
     return classes
 
 
+def ensure_hardware_classes(db: Database, settings: Settings) -> None:
+    """Seed the classes into a database that has none, or when ``hardware`` overrides are set.
+
+    Detecting the built-in targets imports TVM (seconds), so commands that only read the
+    database do not pay for it once the classes exist.
+    """
+    if settings.hardware or not db.hardware_classes():
+        seed_hardware_classes(db, settings)
+
+
 def seed_hardware_classes(db: Database, settings: Settings) -> list[HardwareClass]:
     """Upsert every configured class into the database (idempotent)."""
     out = []

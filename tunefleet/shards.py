@@ -21,6 +21,7 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, select, update
 
@@ -258,14 +259,22 @@ def fail(db: Database, shard_id: int, owner: str, error: str) -> str:
     return new_state
 
 
+def _select(db: Database, states: Sequence[str] | None, shard_ids: Sequence[int] | None,
+            hardware: str | None) -> Any:
+    stmt = select(Shard).order_by(Shard.id)
+    if states is not None:
+        stmt = stmt.where(Shard.state.in_(list(states)))
+    if shard_ids:
+        stmt = stmt.where(Shard.id.in_(list(shard_ids)))
+    if hardware is not None:
+        stmt = stmt.where(Shard.hardware_class_id == db.hardware_class(hardware).id)
+    return stmt
+
+
 def retry(db: Database, shard_ids: Sequence[int] | None = None, *, hardware: str | None = None) -> list[int]:
     """Put failed or cancelled shards back to pending with a fresh attempt budget."""
+    stmt = _select(db, [FAILED, CANCELLED], shard_ids, hardware)
     with db.session() as s:
-        stmt = select(Shard).where(Shard.state.in_([FAILED, CANCELLED]))
-        if shard_ids:
-            stmt = stmt.where(Shard.id.in_(list(shard_ids)))
-        if hardware is not None:
-            stmt = stmt.where(Shard.hardware_class_id == db.hardware_class(hardware).id)
         shards = list(s.scalars(stmt))
         for shard in shards:
             shard.history = _event(shard, "retry", previous=shard.state)
@@ -275,12 +284,8 @@ def retry(db: Database, shard_ids: Sequence[int] | None = None, *, hardware: str
 
 def cancel(db: Database, shard_ids: Sequence[int] | None = None, *, hardware: str | None = None) -> list[int]:
     """Cancel pending, leased or failed shards (a leased worker loses its lease at next heartbeat)."""
+    stmt = _select(db, [PENDING, LEASED, FAILED], shard_ids, hardware)
     with db.session() as s:
-        stmt = select(Shard).where(Shard.state.in_([PENDING, LEASED, FAILED]))
-        if shard_ids:
-            stmt = stmt.where(Shard.id.in_(list(shard_ids)))
-        if hardware is not None:
-            stmt = stmt.where(Shard.hardware_class_id == db.hardware_class(hardware).id)
         shards = list(s.scalars(stmt))
         for shard in shards:
             shard.history = _event(shard, "cancel", previous=shard.state)
@@ -291,12 +296,8 @@ def cancel(db: Database, shard_ids: Sequence[int] | None = None, *, hardware: st
 def list_shards(db: Database, *, hardware: str | None = None, state: str | None = None) -> list[Shard]:
     if state is not None and state not in STATES:
         raise TunefleetError(f"unknown shard state {state!r}; one of {', '.join(STATES)}")
+    stmt = _select(db, [state] if state is not None else None, None, hardware)
     with db.session() as s:
-        stmt = select(Shard).order_by(Shard.id)
-        if hardware is not None:
-            stmt = stmt.where(Shard.hardware_class_id == db.hardware_class(hardware).id)
-        if state is not None:
-            stmt = stmt.where(Shard.state == state)
         return list(s.scalars(stmt))
 
 

@@ -35,7 +35,7 @@ def test_corrupt_onnx_is_one_clear_line_and_stores_nothing(engine, tmp_path) -> 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_onnx_file_round_trip(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    torch = pytest.importorskip("torch")
+    import torch
     _, db, store = engine
     path = tmp_path / "tiny.onnx"
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())

@@ -209,8 +209,6 @@ def test_nn_source_bytes_deterministic() -> None:
 
 @pytest.fixture(scope="module")
 def resnet18_small() -> ZooModel:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
     return build_zoo_model("resnet18", image_size=64)
 
 
@@ -257,7 +255,6 @@ def test_resnet18_source_bytes_reimport(resnet18_small: ZooModel) -> None:
 @pytest.mark.slow
 def test_resnet18_default_tasks_and_cross_process_determinism() -> None:
     """Full-size ResNet-18: compiles, has the expected tasks, same sha256 in a fresh process."""
-    pytest.importorskip("torch")
     model = build_zoo_model("resnet18")
     assert model.input_info == [("pixel_values", (1, 3, 224, 224), "float32")]
     out = _run(model.loaded, model.loaded.random_inputs())

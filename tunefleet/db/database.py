@@ -192,12 +192,16 @@ class Database:
                 setattr(hw, key, value)
             return hw
 
-    def hardware_class(self, name: str) -> HardwareClass:
+    def hardware_class(self, ref: int | str) -> HardwareClass:
+        """A hardware class by name (or by id)."""
         with self.session() as s:
-            hw = s.scalars(select(HardwareClass).where(HardwareClass.name == name)).one_or_none()
+            if isinstance(ref, int):
+                hw = s.get(HardwareClass, ref)
+            else:
+                hw = s.scalars(select(HardwareClass).where(HardwareClass.name == ref)).one_or_none()
             if hw is None:
                 known = ", ".join(s.scalars(select(HardwareClass.name).order_by(HardwareClass.name))) or "none"
-                raise NotFoundError(f"unknown hardware class {name!r} (known: {known})")
+                raise NotFoundError(f"unknown hardware class {ref!r} (known: {known})")
             return hw
 
     def hardware_classes(self) -> list[HardwareClass]:
@@ -346,11 +350,22 @@ class Database:
             hw_id = self._hw_ids[name] = self.hardware_class(name).id
         return hw_id
 
-    def count_measurements(self, workload_id: int, hardware_class_id: int, *, errors: bool = True) -> int:
+    def count_measurements(
+        self,
+        workload_id: int | None = None,
+        hardware_class_id: int | None = None,
+        *,
+        shard_id: int | None = None,
+        errors: bool = True,
+    ) -> int:
+        """Measurements matching every filter given (errors included unless ``errors=False``)."""
         with self.session() as s:
-            stmt = select(func.count()).select_from(Measurement).where(
-                Measurement.workload_id == workload_id, Measurement.hardware_class_id == hardware_class_id
-            )
+            stmt = select(func.count()).select_from(Measurement)
+            for column, value in ((Measurement.workload_id, workload_id),
+                                  (Measurement.hardware_class_id, hardware_class_id),
+                                  (Measurement.shard_id, shard_id)):
+                if value is not None:
+                    stmt = stmt.where(column == value)
             if not errors:
                 stmt = stmt.where(Measurement.mean_run_s.is_not(None))
             return int(s.scalar(stmt) or 0)

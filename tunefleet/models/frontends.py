@@ -125,24 +125,23 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
-def _require_torch(what: str) -> Any:
+def _require(module: str, label: str, extra: str, what: str) -> Any:
+    import importlib
+
     try:
-        import torch
+        return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(
-            f"{what} needs PyTorch, which is not installed: pip install 'tunefleet[torch]'"
+            f"{what} needs {label}, which is not installed: pip install 'tunefleet[{extra}]'"
         ) from exc
-    return torch
+
+
+def _require_torch(what: str) -> Any:
+    return _require("torch", "PyTorch", "torch", what)
 
 
 def _require_onnx(what: str) -> Any:
-    try:
-        import onnx
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"{what} needs the onnx package, which is not installed: pip install 'tunefleet[onnx]'"
-        ) from exc
-    return onnx
+    return _require("onnx", "the onnx package", "onnx", what)
 
 
 def _var_name(var: Any) -> str:

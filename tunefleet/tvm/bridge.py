@@ -121,13 +121,7 @@ class FleetDatabase(ms.database.PyDatabase):
         return records
 
     def __len__(self) -> int:
-        from sqlalchemy import func, select
-
-        from tunefleet.db.models import Measurement
-
-        with self.db.session() as s:
-            stmt = select(func.count()).select_from(Measurement).where(Measurement.hardware_class_id == self.hw.id)
-            return int(s.scalar(stmt) or 0)
+        return self.db.count_measurements(hardware_class_id=self.hw.id)
 
 
 def _func_name(mod: IRModule) -> str:

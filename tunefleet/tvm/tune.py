@@ -30,8 +30,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from tunefleet import shards
 from tunefleet.db import Database, NewMeasurement
-from tunefleet.db.models import HardwareClass, Shard
-from tunefleet.errors import DatabaseError, NotFoundError
+from tunefleet.db.models import Shard
+from tunefleet.errors import DatabaseError
 from tunefleet.shards import LeaseLostError
 from tunefleet.tvm.bridge import FleetDatabase
 
@@ -50,8 +50,6 @@ def to_python(obj: Any) -> Any:
     """Plain JSON values from what TVM's ``as_json`` returns (FFI arrays, maps, IntImm, ...)."""
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    if isinstance(obj, tvm.tirx.IntImm) if hasattr(tvm, "tirx") else False:
-        return int(obj.value)
     if hasattr(obj, "value") and type(obj).__name__ in {"IntImm", "FloatImm", "StringImm"}:
         return obj.value
     if hasattr(obj, "items"):
@@ -241,7 +239,8 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> Any:
-        return ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default)
+        return ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default,
+                              progress=self.progress)
 
 
 def _entry_func(mod: Any) -> Any:
@@ -258,23 +257,6 @@ class ShardResult:
     skipped_known: int
     best_s: float | None
     seconds: float
-
-
-def _hardware_by_id(db: Database, hardware_class_id: int) -> HardwareClass:
-    with db.session() as s:
-        hw = s.get(HardwareClass, hardware_class_id)
-        if hw is None:
-            raise NotFoundError(f"no hardware class id {hardware_class_id}")
-        return hw
-
-
-def measured_in_shard(db: Database, shard_id: int) -> int:
-    from sqlalchemy import func, select
-
-    from tunefleet.db.models import Measurement
-
-    with db.session() as s:
-        return int(s.scalar(select(func.count()).select_from(Measurement).where(Measurement.shard_id == shard_id)) or 0)
 
 
 def tune_shard(
@@ -299,10 +281,10 @@ def tune_shard(
     from tunefleet.tvm.targets import make_target, target_fingerprint
 
     started = time.monotonic()
-    hw = _hardware_by_id(db, shard.hardware_class_id)
+    hw = db.hardware_class(shard.hardware_class_id)
     wl = db.workload(shard.workload_id)
     target = make_target(hw.target)
-    done_before = measured_in_shard(db, shard.id)
+    done_before = db.count_measurements(shard_id=shard.id)
     remaining = shard.trials - done_before
     progress = ShardProgress()
     if remaining <= 0:
