@@ -1,1 +1,1 @@
-"""Prefect flows (importable as ``tunefleet.flows``) chaining the tunefleet tasks."""
+"""Prefect flows: ``pipeline`` and one flow per step; deployments live in ``prefect.yaml`` here."""

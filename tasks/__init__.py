@@ -1,1 +1,5 @@
-"""Prefect tasks (importable as ``tunefleet.tasks``): thin wrappers over the tunefleet core."""
+"""Prefect tasks: one per pipeline step, thin wrappers over the ``tunefleet`` core."""
+
+from tunefleet.tasks.steps import build, extract, hardware_tag, ingest, plan, retry_if_transient, tune_shard
+
+__all__ = ["build", "extract", "hardware_tag", "ingest", "plan", "retry_if_transient", "tune_shard"]

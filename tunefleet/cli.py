@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tunefleet import __version__
+from tunefleet.context import Context
 from tunefleet.errors import TunefleetError
 
 if TYPE_CHECKING:
@@ -84,33 +85,6 @@ def cmd_db_current(args: argparse.Namespace, settings: Settings) -> int:
     current = current_revision(db.engine)
     print(f"current: {current or 'none (empty database)'}  head: {head_revision()}")
     return 0
-
-
-# -- context ---------------------------------------------------------------------------------
-class Context:
-    """Lazily opened database and store, with hardware classes seeded once."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._db: Database | None = None
-        self._store: Any = None
-
-    @property
-    def db(self) -> Database:
-        if self._db is None:
-            from tunefleet.hardware import ensure_hardware_classes
-
-            self._db = _open_db(self.settings)
-            ensure_hardware_classes(self._db, self.settings)
-        return self._db
-
-    @property
-    def store(self) -> Any:
-        if self._store is None:
-            from tunefleet.store import open_store
-
-            self._store = open_store(self.settings)
-        return self._store
 
 
 # -- models, workloads, hardware ------------------------------------------------------------
@@ -255,44 +229,68 @@ def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def prefect_environment(settings: Settings) -> None:
+    """Environment Prefect reads at import: no analytics, tunefleet's logs in run logs, and a home.
+
+    Without a Prefect server (no PREFECT_API_URL) and no Prefect profile of the user's own,
+    Prefect's ephemeral database goes under the tunefleet home rather than ``~/.prefect``.
+    """
+    import os
+    from pathlib import Path
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tunefleet")
+    if not ({"PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"} & set(os.environ)) and \
+            not (Path.home() / ".prefect" / "profiles.toml").exists():
+        home = Path(settings.home) / "prefect"
+        home.mkdir(parents=True, exist_ok=True)
+        os.environ["PREFECT_HOME"] = str(home)
+
+
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    """The ``pipeline`` flow on one model, in Prefect's ephemeral mode unless PREFECT_API_URL is set."""
+    from types import SimpleNamespace
+
     from rich.console import Console
 
-    from tunefleet import shards
-    from tunefleet.deliver import build_model
-    from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import drain, extract
+    prefect_environment(settings)
+    from tunefleet.flows.pipeline import pipeline
 
     console = Console()
-    ctx = Context(settings)
     console.rule(f"[bold]tunefleet run[/]: {args.model} on {args.hardware}, {args.trials} trials per workload")
-    res = ingest(ctx.db, ctx.store, args.model, batch_size=args.batch_size, image_size=args.image_size,
-                 seq_len=args.seq_len)
-    console.print(f"1/5 ingest: model {res.model.id} ({'new' if res.created else 'already stored'}, sha256 {res.model.sha256[:12]})")
-    ex = extract(ctx.db, ctx.store, res.model, args.hardware)
-    console.print(f"2/5 extract: {ex.workloads} workloads ({ex.new_workloads} new)")
-    created, view = shards.plan(ctx.db, args.hardware, target_trials=args.trials, shard_trials=args.shard_trials,
-                                model=res.model.id)
-    console.print(f"3/5 plan: {len(created)} new shard(s); "
-                  f"{sum(1 for v in view if v.new_trials == 0)} workload(s) already at target")
-    pending = len(shards.list_shards(ctx.db, hardware=args.hardware, state="pending"))
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("4/5 tune"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
-                  TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as progress:
-        task = progress.add_task("", total=pending)
-
-        def on_shard(result: Any) -> None:
-            best = f"best {result.best_s * 1e3:.3g} ms" if result.best_s else "no valid candidate"
-            progress.update(task, advance=1, description=f"shard {result.shard_id}: {result.measured} measured, {best}")
-
-        summary = drain(ctx.db, args.hardware, seed=args.seed, on_shard=on_shard)
-    console.print(f"4/5 tune: {summary.shards_done} shard(s) done, {summary.shards_failed} failed, "
-                  f"{summary.measured} candidates measured ({summary.errors} errors) in {summary.seconds:.0f}s")
-    report = build_model(ctx.db, ctx.store, res.model, args.hardware, output=args.output)
+    result = pipeline(models=[args.model], hardware=[args.hardware], trials=args.trials,
+                      shard_trials=args.shard_trials, batch_size=args.batch_size, image_size=args.image_size,
+                      seq_len=args.seq_len, seed=args.seed, output_dir=args.output_dir)
+    model, ex, pl = result["models"][0], result["extracted"][0], result["planned"][0]
+    tuned = result["tuned"][args.hardware]
+    console.print(f"1/5 ingest: model {model['model_id']} ({'new' if model['created'] else 'already stored'}, "
+                  f"sha256 {model['sha256'][:12]})")
+    console.print(f"2/5 extract: {ex['workloads']} workloads ({ex['new_workloads']} new)")
+    console.print(f"3/5 plan: {pl['new_shards']} new shard(s), {pl['new_trials']} trials over {pl['workloads']} workload(s)")
+    console.print(f"4/5 tune: {tuned['shards_done']} shard(s) done, {tuned['shards_failed']} failed, "
+                  f"{tuned['measured']} candidates measured ({tuned['errors']} errors) in {tuned['seconds']:.0f}s")
     console.print("5/5 build:")
-    _report_table(report)
-    return 0 if not summary.shards_failed else 1
+    _report_table(SimpleNamespace(**result["builds"][0]))
+    return 0 if not tuned["shards_failed"] else 1
+
+
+def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
+    prefect_environment(settings)
+    from tunefleet.deploy import deploy
+
+    ctx = Context(settings)
+    classes = [ctx.db.hardware_class(n) for n in args.hardware] if args.hardware else ctx.db.hardware_classes()
+    res = deploy({h.name: h.node_pool for h in classes}, pool_type=args.pool_type, concurrency=args.concurrency)
+    print(f"Prefect server {res.api_url}")
+    if res.pools_created:
+        print(f"created work pool(s): {', '.join(res.pools_created)} ({args.pool_type})")
+    if res.pools_updated:
+        print(f"updated work pool(s): {', '.join(res.pools_updated)} ({args.pool_type})")
+    for tag, limit in res.concurrency_limits.items():
+        print(f"concurrency limit {tag}: {limit}")
+    print(f"registered {len(res.deployments)} deployment(s): {', '.join(res.deployments)}")
+    print("start a worker per pool, e.g.: prefect worker start --pool tunefleet-x86")
+    return 0
 
 
 def _zoo_options(p: argparse.ArgumentParser) -> None:
@@ -360,9 +358,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trials", type=int, default=8, help="target trials per workload (default 8)")
     run.add_argument("--shard-trials", type=int, default=64)
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("-o", "--output", default=None, help="write the tuned library here")
+    run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
     _zoo_options(run)
     run.set_defaults(handler=cmd_run)
+
+    dep = sub.add_parser("deploy", help="create a Prefect work pool per hardware class and register the deployments")
+    dep.add_argument("--pool-type", choices=["process", "kubernetes"], default="process")
+    dep.add_argument("--hardware", action="append", default=None,
+                     help="hardware class to create a pool for (repeatable; default: every class)")
+    dep.add_argument("--concurrency", type=int, default=None,
+                     help="at most this many tuning tasks at once per hardware class (a Prefect tag limit)")
+    dep.set_defaults(handler=cmd_deploy)
 
     ing = sub.add_parser("ingest", help="store a model (zoo name, ONNX file, .pt2 file or s3:// URI)")
     ing.add_argument("source")
@@ -448,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler_ = RichHandler(show_path=False, console=Console(stderr=True))
         logging.basicConfig(level=level, format="%(message)s", handlers=[handler_])
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # Prefect's client logs every request at INFO
         # MetaSchedule logs every design space and batch at INFO: keep it for --verbose.
         logging.getLogger("tvm").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
         handler: Handler = args.handler

@@ -15,8 +15,19 @@ class ConfigError(TunefleetError):
     """A setting is invalid."""
 
 
+class TransientError(TunefleetError):
+    """A failure that may pass when retried: a lost connection, a lease taken over.
+
+    Prefect tasks retry these (with backoff) and nothing else; see :func:`is_transient`.
+    """
+
+
 class DatabaseError(TunefleetError):
     """The database cannot be reached or used."""
+
+
+class DatabaseUnavailableError(DatabaseError, TransientError):
+    """The database connection failed or was lost (server down, network cut, lock timeout)."""
 
 
 class SchemaOutdatedError(DatabaseError):
@@ -39,5 +50,14 @@ class ArtifactNotFoundError(ArtifactStoreError, NotFoundError):
     """No artifact under that key."""
 
 
+class ArtifactStoreUnavailableError(ArtifactStoreError, TransientError):
+    """The artifact store could not be reached or answered with a server error."""
+
+
 class NotSupportedError(TunefleetError):
     """A feature or input that tunefleet does not support (yet)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying: connection problems and lease conflicts, never bad input."""
+    return isinstance(exc, TransientError)

@@ -110,3 +110,31 @@ def seed_hardware_classes(db: Database, settings: Settings) -> list[HardwareClas
             )
         )
     return out
+
+
+def check_runs_here(name: str, target: dict[str, Any]) -> None:
+    """Raise :class:`NotSupportedError` if this machine cannot measure candidates for a target.
+
+    Tuning measures every candidate on the node that tunes it, so an ``arm`` shard must run on an
+    ARM node and a ``gpu`` shard on a node with a CUDA device: their workers run in their own
+    node pools (the ``tune`` deployment of each class).
+    """
+    from tunefleet.errors import NotSupportedError
+
+    kind = str(target.get("kind", ""))
+    host = platform.machine().lower()
+    if kind == "llvm":
+        triple = str(target.get("mtriple") or "")
+        arch = triple.split("-", 1)[0].lower() if triple else host
+        same = {arch, host} <= {"x86_64", "amd64"} or {arch, host} <= {"aarch64", "arm64"}
+        if not same:
+            raise NotSupportedError(f"not supported: tuning hardware class {name!r} ({arch}) on this {host} "
+                                    f"machine; run its shards on a {arch} node (its tune deployment's work pool)")
+    elif kind == "cuda":
+        import tvm
+
+        if not tvm.cuda(0).exist:
+            raise NotSupportedError(f"not supported: tuning hardware class {name!r} (cuda) on a machine without "
+                                    f"a CUDA device; run its shards on a GPU node (its tune deployment's work pool)")
+    else:
+        raise NotSupportedError(f"not supported: tuning targets of kind {kind!r} (hardware class {name!r})")

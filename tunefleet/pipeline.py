@@ -67,6 +67,70 @@ class TuneSummary:
     seconds: float
 
 
+class Tuner:
+    """The builder and runner of one hardware class, kept alive from shard to shard.
+
+    Both start worker processes (seconds each), so a worker creates one Tuner per hardware class
+    and leases shard after shard through it. Refuses a class this machine cannot measure.
+    """
+
+    def __init__(self, db: Database, hardware: str, *, builder: Any = None) -> None:
+        from tunefleet.hardware import check_runs_here
+
+        hw = db.hardware_class(hardware)
+        check_runs_here(hw.name, hw.target)
+        self.hardware = hw.name
+        self.target = dict(hw.target)
+        self.threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+        self._own_builder = builder is None
+        self._builder = builder
+        self._runner: Any = None
+
+    @property
+    def builder(self) -> Any:
+        if self._builder is None:
+            from tunefleet.tvm.builder import PersistentBuilder
+
+            self._builder = PersistentBuilder(max_workers=self.threads)
+        return self._builder
+
+    @property
+    def runner(self) -> Any:
+        if self._runner is None:
+            from tunefleet.tvm.runner import make_runner
+            from tunefleet.tvm.targets import make_target
+
+            self._runner = make_runner(make_target(self.target))
+        return self._runner
+
+    def tune_next(
+        self,
+        db: Database,
+        owner: str,
+        *,
+        lease_s: float = shards.DEFAULT_LEASE_S,
+        num_trials_per_iter: int = 64,
+        seed: int | None = None,
+        shard_id: int | None = None,
+        on_batch: Any = None,
+    ) -> Any:
+        """Lease the next shard (the owner's own first), tune it; its ShardResult, or None if none is left."""
+        from tunefleet.tvm.tune import tune_shard
+
+        shard = shards.lease(db, self.hardware, owner, lease_s=lease_s, shard_id=shard_id, reclaim=True)
+        if shard is None:
+            return None
+        return tune_shard(db, shard, owner, builder=self.builder, runner=self.runner, lease_s=lease_s,
+                          num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
+                          on_batch=on_batch)
+
+    def close(self) -> None:
+        if self._own_builder and self._builder is not None:
+            self._builder.shutdown()
+        self._builder = None
+        self._runner = None
+
+
 def drain(
     db: Database,
     hardware: str,
@@ -83,29 +147,16 @@ def drain(
     """Lease and tune pending shards of one hardware class in this process until none are left."""
     import time
 
-    from tunefleet.tvm.builder import PersistentBuilder
-    from tunefleet.tvm.targets import make_target
-    from tunefleet.tvm.tune import tune_shard
-
     owner = owner or worker_owner()
-    hw = db.hardware_class(hardware)
-    threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
     started = time.monotonic()
     done = failed = measured = errors = skipped = 0
-    own_builder = builder is None
-    if builder is None:
-        builder = PersistentBuilder(max_workers=threads)
+    tuner = Tuner(db, hardware, builder=builder)
     try:
-        from tunefleet.tvm.runner import make_runner
-
-        runner = make_runner(make_target(hw.target))
         while max_shards is None or done + failed < max_shards:
-            shard = shards.lease(db, hardware, owner, lease_s=lease_s)
-            if shard is None:
+            result = tuner.tune_next(db, owner, lease_s=lease_s, num_trials_per_iter=num_trials_per_iter,
+                                     seed=seed, on_batch=on_batch)
+            if result is None:
                 break
-            result = tune_shard(db, shard, owner, builder=builder, runner=runner, lease_s=lease_s,
-                                num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=threads,
-                                on_batch=on_batch)
             done += result.state == "done"
             failed += result.state != "done"
             measured += result.measured
@@ -114,9 +165,8 @@ def drain(
             if on_shard is not None:
                 on_shard(result)
     finally:
-        if own_builder:
-            builder.shutdown()
-    return TuneSummary(hardware, done, failed, measured, errors, skipped, time.monotonic() - started)
+        tuner.close()
+    return TuneSummary(tuner.hardware, done, failed, measured, errors, skipped, time.monotonic() - started)
 
 
 def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str, Any]) -> None:

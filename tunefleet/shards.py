@@ -27,7 +27,7 @@ from sqlalchemy import func, select, update
 
 from tunefleet.db import Database
 from tunefleet.db.models import Measurement, ModelWorkload, Shard, Workload, utcnow
-from tunefleet.errors import NotFoundError, TunefleetError
+from tunefleet.errors import NotFoundError, TransientError, TunefleetError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ STATES = (PENDING, LEASED, DONE, FAILED, CANCELLED)
 DEFAULT_LEASE_S = 120.0
 
 
-class LeaseLostError(TunefleetError):
+class LeaseLostError(TransientError):
     """The worker no longer holds the shard's lease (expired and taken, cancelled, or done)."""
 
 
@@ -175,10 +175,20 @@ def lease(
     lease_s: float = DEFAULT_LEASE_S,
     shard_id: int | None = None,
     now: dt.datetime | None = None,
+    reclaim: bool = False,
 ) -> Shard | None:
-    """Lease the highest-priority pending shard of a hardware class (or a given one); None if none."""
-    requeue_expired(db, now=now)
+    """Lease the highest-priority pending shard of a hardware class (or a given one); None if none.
+
+    With ``reclaim``, a shard still leased by ``owner`` itself comes first: an owner that retries
+    after a lost connection (a Prefect task retry keeps its owner string) takes its own shard
+    back at once, with its attempt count unchanged, instead of waiting for the lease to expire.
+    """
     hw = db.hardware_class(hardware)
+    if reclaim:
+        reclaimed = _reclaim(db, hw.id, owner, lease_s=lease_s, shard_id=shard_id, now=now)
+        if reclaimed is not None:
+            return reclaimed
+    requeue_expired(db, now=now)
     for _ in range(20):  # lost races retry with the next candidate
         now_ = now or utcnow()
         with db.session() as s:
@@ -208,6 +218,31 @@ def lease(
                 log.info("shard %d leased by %s (attempt %d)", shard.id, owner, shard.attempts)
                 return shard
     return None
+
+
+def _reclaim(db: Database, hardware_class_id: int, owner: str, *, lease_s: float, shard_id: int | None,
+             now: dt.datetime | None) -> Shard | None:
+    now_ = now or utcnow()
+    with db.session() as s:
+        stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == LEASED,
+                                   Shard.lease_owner == owner)
+        if shard_id is not None:
+            stmt = stmt.where(Shard.id == shard_id)
+        own = s.scalars(stmt.order_by(Shard.id).limit(1)).first()
+        if own is None:
+            return None
+        res = s.execute(
+            update(Shard)
+            .where(Shard.id == own.id, Shard.state == LEASED, Shard.lease_owner == owner)
+            .values(lease_expires_at=now_ + dt.timedelta(seconds=lease_s), heartbeat_at=now_,
+                    history=_event(own, "reclaimed", owner=owner, attempt=own.attempts), updated_at=now_)
+        )
+        if res.rowcount != 1:
+            return None
+        s.expire(own)
+        shard = s.get(Shard, own.id)
+        log.info("shard %d reclaimed by its owner %s (attempt %d)", own.id, owner, own.attempts)
+        return shard
 
 
 def _owned_update(db: Database, shard_id: int, owner: str, **values: object) -> None:

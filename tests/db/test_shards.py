@@ -100,6 +100,21 @@ def test_expired_lease_requeues_then_fails_with_error(db: Database) -> None:
     assert shards.get_shard(db, first.id).state == "pending"
 
 
+def test_owner_reclaims_its_own_lease(db: Database) -> None:
+    shards.plan(db, "x86", target_trials=8)
+    s = shards.lease(db, "x86", "task-run-1", lease_s=30)
+    assert s is not None
+    # a retry of the same owner (e.g. after a lost connection) gets its shard back, same attempt
+    again = shards.lease(db, "x86", "task-run-1", lease_s=30, reclaim=True)
+    assert again is not None and again.id == s.id and again.attempts == 1 and again.state == "leased"
+    assert [h["event"] for h in again.history][-1] == "reclaimed"
+    # without reclaim, or for another owner, the shard stays taken: they get the next one
+    other = shards.lease(db, "x86", "task-run-2", lease_s=30, reclaim=True)
+    assert other is not None and other.id != s.id
+    plain = shards.lease(db, "x86", "task-run-1", lease_s=30)
+    assert plain is not None and plain.id not in {s.id, other.id}
+
+
 def test_fail_requeues_until_max_attempts(db: Database) -> None:
     shards.plan(db, "x86", target_trials=8, max_attempts=2)
     s = shards.lease(db, "x86", "w")

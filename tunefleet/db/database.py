@@ -22,7 +22,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunefleet.db.engine import describe_db_error, ensure_schema, make_engine, masked_url
+from tunefleet.db.engine import describe_db_error, ensure_schema, is_connection_problem, make_engine, masked_url
 from tunefleet.db.models import (
     CostModel,
     Dataset,
@@ -33,7 +33,7 @@ from tunefleet.db.models import (
     Prediction,
     Workload,
 )
-from tunefleet.errors import DatabaseError, NotFoundError
+from tunefleet.errors import DatabaseError, DatabaseUnavailableError, NotFoundError
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -155,7 +155,8 @@ class Database:
             with self._sessions.begin() as sess:
                 yield sess
         except OperationalError as exc:
-            raise DatabaseError(f"database {masked_url(self.url)} failed: {describe_db_error(exc)}") from exc
+            cls = DatabaseUnavailableError if is_connection_problem(exc) else DatabaseError
+            raise cls(f"database {masked_url(self.url)} failed: {describe_db_error(exc)}") from exc
 
     def _insert(self, table: Any) -> Any:
         return (pg_dialect.insert if self.dialect == "postgresql" else sqlite_dialect.insert)(table)

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
-from tunefleet.errors import DatabaseError, SchemaOutdatedError, SchemaTooNewError
+from tunefleet.errors import DatabaseError, DatabaseUnavailableError, SchemaOutdatedError, SchemaTooNewError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -35,6 +35,21 @@ def describe_db_error(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
     return text[0].strip() if text else type(orig).__name__
+
+
+_PERMANENT = ("authentication failed", "does not exist", "permission denied", "no password supplied",
+              "role \"", "unable to open database file", "not a database", "disk i/o error", "readonly database")
+
+
+def is_connection_problem(exc: BaseException) -> bool:
+    """Whether a driver error looks transient (server unreachable, connection dropped, lock timeout).
+
+    Wrong credentials, a missing database or an unusable file are permanent: retrying cannot help.
+    """
+    if getattr(exc, "connection_invalidated", False):
+        return True
+    text = describe_db_error(exc).lower()
+    return not any(p in text for p in _PERMANENT)
 
 
 def make_engine(url: str, *, connect_timeout_s: float = 5.0, statement_timeout_s: float = 0.0) -> Engine:
@@ -105,7 +120,8 @@ def current_revision(engine: Engine) -> str | None:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     except (OperationalError, DBAPIError) as exc:
-        raise DatabaseError(
+        cls = DatabaseUnavailableError if is_connection_problem(exc) else DatabaseError
+        raise cls(
             f"cannot connect to database {masked_url(str(engine.url))}: {describe_db_error(exc)}"
         ) from None
 

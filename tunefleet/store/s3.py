@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from tunefleet.errors import ArtifactStoreError
+from tunefleet.errors import ArtifactStoreError, ArtifactStoreUnavailableError
 from tunefleet.store.base import CHUNK_SIZE, ArtifactStore, check_key, check_prefix
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class S3Store(ArtifactStore):
         except S3Error as exc:
             raise self._s3_error(exc, action, key) from None
         except (InvalidResponseError, ServerError, ParseError) as exc:
-            raise ArtifactStoreError(
+            raise ArtifactStoreUnavailableError(
                 f"S3 at {self.endpoint} gave an unexpected response when asked to {action}"
                 f"{'' if key is None else f' {key!r}'}: {_one_line(exc)}"
             ) from None
@@ -207,7 +207,7 @@ class S3Store(ArtifactStore):
             reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
             text = _CONNECTION_PREFIX.sub("", _one_line(reason))
             attempts = self.retries + 1
-            raise ArtifactStoreError(
+            raise ArtifactStoreUnavailableError(
                 f"cannot reach S3 at {self.endpoint} within {self.timeout_s:g}s "
                 f"({attempts} attempt{'s' if attempts > 1 else ''}): {text}"
             ) from None

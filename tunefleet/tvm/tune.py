@@ -31,7 +31,7 @@ from tvm.s_tir import meta_schedule as ms
 from tunefleet import shards
 from tunefleet.db import Database, NewMeasurement
 from tunefleet.db.models import Shard
-from tunefleet.errors import DatabaseError
+from tunefleet.errors import DatabaseError, TransientError
 from tunefleet.shards import LeaseLostError
 from tunefleet.tvm.bridge import FleetDatabase
 
@@ -135,9 +135,19 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
         self.heartbeat = heartbeat
         self.on_batch = on_batch
         self.progress = progress or ShardProgress()
+        self.failure: BaseException | None = None
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: list[Any],
               builder_results: list[Any], runner_results: list[Any]) -> None:
+        try:
+            self._apply(measure_candidates, builder_results, runner_results)
+        except BaseException as exc:
+            # MetaSchedule calls this through its C++ FFI, which may re-wrap what we raise; keep
+            # the original so tune_shard can tell a lost connection from a crashed search.
+            self.failure = exc
+            raise
+
+    def _apply(self, measure_candidates: list[Any], builder_results: list[Any], runner_results: list[Any]) -> None:
         records = []
         for cand, built, ran in zip(measure_candidates, builder_results, runner_results, strict=True):
             build_err = built.error_msg
@@ -312,6 +322,7 @@ def tune_shard(
         from tunefleet.tvm.runner import make_runner
 
         runner = make_runner(target)
+    callback: CommitCallback | None = None
     try:
         with Heartbeat(db, shard.id, owner, lease_s) as hb, tempfile.TemporaryDirectory(dir=work_dir) as tmp:
             callback = CommitCallback(
@@ -330,6 +341,9 @@ def tune_shard(
     except (LeaseLostError, DatabaseError):
         raise  # not this shard's fault: the caller (or Prefect's retry) decides
     except Exception as exc:  # a crashed tuning attempt: record it on the shard, keep what was committed
+        cause = callback.failure if callback is not None else None
+        if isinstance(cause, (TransientError, DatabaseError)):
+            raise cause from None
         log.debug("shard %d traceback", shard.id, exc_info=True)
         state = shards.fail(db, shard.id, owner, f"{type(exc).__name__}: {exc}")
         log.error("shard %d failed: %s", shard.id, exc)

@@ -1,0 +1,111 @@
+"""The ``pipeline`` flow: ingest → extract → plan → tune → build for models × hardware classes.
+
+Run in-process (``tunefleet run`` uses Prefect's ephemeral mode), from the ``pipeline``
+deployment, or from the UI. Tuning happens either here (``tune_on="here"``: this process tunes
+each class, so only classes this machine can measure) or through the ``tune-<class>``
+deployments (``tune_on="deployments"``: the runs land in each class's work pool, i.e. its node
+pool, and this flow waits for them). Every step is idempotent: running the pipeline twice
+ingests, extracts and tunes nothing twice. The ``account``, ``export`` and ``retrain`` steps slot
+in after ``tune`` as further subflows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from tunefleet.errors import TunefleetError
+from tunefleet.flows import steps as step_flows
+from tunefleet.flows.steps import ParameterError, artifact_key, check_hardware, check_positive
+from tunefleet.tasks import steps
+
+
+def tune_through_deployments(hardware: list[str], parameters: dict[str, Any],
+                             timeout_s: float | None = None) -> dict[str, dict[str, Any]]:
+    """Start the ``tune-<class>`` deployment of every class at once and wait for all of them.
+
+    Their results stay on the workers that ran them; what comes back is each run's name and
+    final state (the measurements themselves are in the database).
+    """
+    from prefect.deployments import run_deployment
+    from prefect.flow_runs import wait_for_flow_run
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    runs = {hw: run_deployment(f"tune/tune-{hw}", parameters={"hardware": hw, **parameters}, timeout=0,
+                               as_subflow=True)
+            for hw in hardware}
+    out: dict[str, dict[str, Any]] = {}
+    for hw, run in runs.items():
+        final = run_coro_as_sync(wait_for_flow_run(run.id, timeout=timeout_s, log_states=True))
+        state = final.state
+        if state is None or not state.is_completed():
+            raise TunefleetError(f"tune run {final.name} on {hw} ended {state.name if state else 'without a state'}")
+        out[hw] = {"hardware": hw, "flow_run": final.name, "state": state.name}
+    return out
+
+
+@flow(name="pipeline")
+def pipeline(
+    models: list[str] = ["resnet18"],  # noqa: B006 - Prefect parameters are copied per run
+    hardware: list[str] = ["x86"],  # noqa: B006
+    trials: int = 8,
+    shard_trials: int = 64,
+    batch_size: int = 1,
+    image_size: int | None = None,
+    seq_len: int | None = None,
+    tune_on: Literal["here", "deployments"] = "here",
+    lease_s: float = 120.0,
+    trials_per_iter: int = 64,
+    seed: int | None = None,
+    build: bool = True,
+    output_dir: str | None = None,
+) -> dict[str, Any]:
+    """Tune every workload of ``models`` to ``trials`` trials on each of ``hardware``, then build.
+
+    Returns ``{"models", "extracted", "planned", "tuned", "builds"}`` (plain dicts).
+    """
+    logger = get_run_logger()
+    if not models:
+        raise ParameterError("invalid parameter models: give at least one model")
+    check_hardware(hardware)
+    check_positive(trials=trials, shard_trials=shard_trials, lease_s=lease_s, trials_per_iter=trials_per_iter,
+                   batch_size=batch_size, image_size=image_size, seq_len=seq_len)
+
+    ingested = step_flows.ingest(models, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
+    model_ids = [m["model_id"] for m in ingested]
+    extracted = step_flows.extract(model_ids, hardware)
+    planned = step_flows.plan(hardware, trials=trials, model_ids=model_ids, shard_trials=shard_trials)
+    tune_params = {"lease_s": lease_s, "trials_per_iter": trials_per_iter, "seed": seed}
+    if tune_on == "deployments":
+        tuned = tune_through_deployments(hardware, tune_params)
+    else:
+        tuned = {hw: step_flows.tune(hardware=hw, **tune_params) for hw in hardware}
+    builds = step_flows.build(model_ids, hardware, output_dir=output_dir) if build else []
+
+    rows = []
+    for m in ingested:
+        for hw in hardware:
+            ext = next(e for e in extracted if e["model_id"] == m["model_id"] and e["hardware"] == hw)
+            rep = next((b for b in builds if b["model"] == m["name"] and b["hardware"] == hw), None)
+            rows.append({
+                "model": m["name"], "hardware": hw, "workloads": ext["workloads"],
+                "new workloads": ext["new_workloads"],
+                "untuned (ms)": _round(rep and rep.get("untuned_ms")), "tuned (ms)": _round(rep and rep.get("tuned_ms")),
+                "torch eager (ms)": _round(rep and rep.get("torch_ms")),
+            })
+    for hw, t in tuned.items():
+        if "measured" in t:
+            logger.info("tune %s: %d shard(s) done, %d failed, %d candidates measured", hw, t["shards_done"],
+                        t["shards_failed"], t["measured"])
+        else:
+            logger.info("tune %s: run %s %s", hw, t["flow_run"], t["state"])
+    create_table_artifact(key=artifact_key("pipeline", "summary"), table=rows,
+                          description=f"tunefleet pipeline: {len(models)} model(s) x {len(hardware)} hardware "
+                                      f"class(es), {trials} trials per workload")
+    return {"models": ingested, "extracted": extracted, "planned": planned, "tuned": tuned, "builds": builds}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 3)

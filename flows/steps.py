@@ -1,0 +1,128 @@
+"""One Prefect flow per pipeline step, each usable alone (from a deployment, the UI or Python).
+
+``tune`` is the workhorse of the fleet: each run drains pending shards of one hardware class on
+the node it runs on, so N concurrent runs of the ``tune-<class>`` deployment (N Kubernetes Jobs
+in that class's node pool) are N workers. Parameters are validated by Prefect against the type
+hints and here against the database (unknown hardware class, non-positive budgets) with one clear
+error before any work starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, tags
+from prefect.artifacts import create_table_artifact
+
+from tunefleet.context import shared_context
+from tunefleet.errors import TunefleetError
+from tunefleet.tasks import steps
+
+
+class ParameterError(TunefleetError):
+    """A flow parameter is invalid."""
+
+
+def check_hardware(hardware: list[str]) -> None:
+    """Every name must be a hardware class in the database (seeded from configuration)."""
+    if not hardware:
+        raise ParameterError("invalid parameter hardware: give at least one hardware class")
+    db = shared_context().db
+    for name in hardware:
+        db.hardware_class(name)  # NotFoundError lists the known classes
+
+
+def check_positive(**values: float | None) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise ParameterError(f"invalid parameter {name}: {value} (must be positive)")
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes) made of ``parts``."""
+    import re
+
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+
+
+@flow(name="ingest")
+def ingest(models: list[str], batch_size: int = 1, image_size: int | None = None,
+           seq_len: int | None = None) -> list[dict[str, Any]]:
+    """Store models (zoo names, ONNX/.pt2 paths, s3:// URIs) content-addressed; returns their ids."""
+    if not models:
+        raise ParameterError("invalid parameter models: give at least one model")
+    check_positive(batch_size=batch_size, image_size=image_size, seq_len=seq_len)
+    return [steps.ingest(m, batch_size=batch_size, image_size=image_size, seq_len=seq_len) for m in models]
+
+
+@flow(name="extract")
+def extract(model_ids: list[int], hardware: list[str]) -> list[dict[str, Any]]:
+    """Extract the workloads of stored models for hardware classes."""
+    check_hardware(hardware)
+    return [steps.extract(m, hw) for hw in hardware for m in model_ids]
+
+
+@flow(name="plan")
+def plan(hardware: list[str], trials: int = 8, model_ids: list[int] | None = None,
+         shard_trials: int = 64) -> list[dict[str, Any]]:
+    """Cut the untuned shortfall into shards (trials = target trials per workload)."""
+    check_hardware(hardware)
+    check_positive(trials=trials, shard_trials=shard_trials)
+    return [steps.plan(hw, trials, model_ids=model_ids, shard_trials=shard_trials) for hw in hardware]
+
+
+@flow(name="tune")
+def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float = 120.0,
+         trials_per_iter: int = 64, seed: int | None = None) -> dict[str, Any]:
+    """Lease and tune pending shards of one hardware class on this node until none is left.
+
+    A shard whose worker died is taken over once its lease (``lease_s``) expires and resumes from
+    what was committed; a shard leased by another live worker is left alone.
+    """
+    check_hardware([hardware])
+    check_positive(max_shards=max_shards, lease_s=lease_s, trials_per_iter=trials_per_iter)
+    results: list[dict[str, Any]] = []
+    with tags(steps.hardware_tag(hardware)):
+        while max_shards is None or len(results) < max_shards:
+            result = steps.tune_shard(hardware, lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
+            if result is None:
+                break
+            results.append(result)
+    summary = {
+        "hardware": hardware,
+        "shards_done": sum(r["state"] == "done" for r in results),
+        "shards_failed": sum(r["state"] != "done" for r in results),
+        "measured": sum(r["measured"] for r in results),
+        "errors": sum(r["errors"] for r in results),
+        "skipped_known": sum(r["skipped_known"] for r in results),
+        "seconds": round(sum(r["seconds"] for r in results), 3),
+        "shards": results,
+    }
+    if results:
+        create_table_artifact(
+            key=artifact_key("tune", hardware),
+            table=[{"shard": r["shard_id"], "state": r["state"], "measured": r["measured"], "errors": r["errors"],
+                    "best (ms)": None if r["best_s"] is None else round(r["best_s"] * 1e3, 4),
+                    "seconds": round(r["seconds"], 1)} for r in results],
+            description=f"Shards tuned on {hardware}: {summary['shards_done']} done, "
+                        f"{summary['shards_failed']} failed, {summary['measured']} candidates measured",
+        )
+    return summary
+
+
+@flow(name="build")
+def build(model_ids: list[int], hardware: list[str], output_dir: str | None = None) -> list[dict[str, Any]]:
+    """Compile models with the best stored schedules and compare latency against the untuned build.
+
+    With ``output_dir``, each tuned library is written there as ``<model>-<class>.so``.
+    """
+    import os
+
+    check_hardware(hardware)
+    db = shared_context().db
+    reports = []
+    for hw in hardware:
+        for m in model_ids:
+            out = os.path.join(output_dir, f"{artifact_key(db.model(m).name, hw)}.so") if output_dir else None
+            reports.append(steps.build(m, hw, output=out))
+    return reports

@@ -1,0 +1,118 @@
+"""One thin Prefect task per pipeline step over the ``tunefleet`` core.
+
+The logic lives in :mod:`tunefleet.pipeline`, :mod:`tunefleet.shards`, :mod:`tunefleet.deliver`
+and :mod:`tunefleet.models.ingest`; these tasks only add what Prefect is for: retries with backoff
+for transient failures (a lost database or S3 connection, a lease conflict — never a corrupt
+model or an invalid target), names, and plain-dict results. Every task opens the process's
+shared :class:`~tunefleet.context.Context` from the environment (``TUNEFLEET_*``), so the same
+task runs in-process, in a process worker's subprocess or in a Kubernetes Job.
+
+Tags: the flows run tuning tasks under ``tunefleet-hw:<class>``, so a Prefect tag concurrency
+limit (``prefect concurrency-limit create tunefleet-hw:gpu 4``) caps parallel tuning per class.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect import task
+from prefect.tasks import exponential_backoff
+
+from tunefleet.context import shared_context
+from tunefleet.errors import is_transient
+
+log = logging.getLogger("tunefleet.tasks")
+
+RETRIES = 4
+"""Task retries for transient failures; with the backoff below they span about 75 s (5+10+20+40)."""
+
+
+def hardware_tag(hardware: str) -> str:
+    """The tag tuning tasks of a hardware class carry (for tag-based concurrency limits)."""
+    return f"tunefleet-hw:{hardware}"
+
+
+def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry connection losses and lease conflicts only."""
+    try:
+        state.result()
+    except Exception as exc:  # the task's own exception, re-raised by the failed state
+        return is_transient(exc)
+    return False
+
+
+_RETRY = {
+    "retries": RETRIES,
+    "retry_delay_seconds": exponential_backoff(backoff_factor=5),
+    "retry_jitter_factor": 0.5,
+    "retry_condition_fn": retry_if_transient,
+}
+
+
+@task(name="ingest", **_RETRY)
+def ingest(source: str, batch_size: int = 1, image_size: int | None = None, seq_len: int | None = None) -> dict[str, Any]:
+    """Store a model (zoo name, ONNX/.pt2 path or s3:// URI); the same bytes again return the same id."""
+    from tunefleet.models.ingest import ingest as ingest_model
+
+    ctx = shared_context()
+    res = ingest_model(ctx.db, ctx.store, source, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
+    return {"model_id": res.model.id, "name": res.model.name, "sha256": res.model.sha256, "created": res.created}
+
+
+@task(name="extract", **_RETRY)
+def extract(model_id: int, hardware: str) -> dict[str, Any]:
+    """Extract and store a model's workloads for one hardware class."""
+    from dataclasses import asdict
+
+    from tunefleet.pipeline import extract as extract_workloads
+
+    ctx = shared_context()
+    return asdict(extract_workloads(ctx.db, ctx.store, ctx.db.model(model_id), hardware))
+
+
+@task(name="plan", **_RETRY)
+def plan(hardware: str, trials: int, model_ids: list[int] | None = None, shard_trials: int = 64) -> dict[str, Any]:
+    """Cut the untuned shortfall of the models' workloads (all workloads if none given) into shards."""
+    from tunefleet import shards
+
+    ctx = shared_context()
+    created: list[Any] = []
+    workloads: set[int] = set()
+    for model_id in model_ids or [None]:
+        new, view = shards.plan(ctx.db, hardware, target_trials=trials, shard_trials=shard_trials, model=model_id)
+        created += new
+        workloads.update(v.workload_id for v in view)
+    return {"hardware": hardware, "new_shards": len(created), "new_trials": sum(s.trials for s in created),
+            "workloads": len(workloads)}
+
+
+@task(name="tune_shard", **_RETRY)
+def tune_shard(hardware: str, lease_s: float = 120.0, trials_per_iter: int = 64, seed: int | None = None,
+               shard_id: int | None = None) -> dict[str, Any] | None:
+    """Lease the next shard of a hardware class, tune it (heartbeating, committing every batch).
+
+    Returns the shard's result, or None when no shard is pending. The lease owner includes the
+    task run id: a retry after a lost connection reclaims its own shard at once, while a run
+    whose worker died leaves the shard to whoever leases it after the lease expires.
+    """
+    from dataclasses import asdict
+
+    from prefect.runtime import task_run
+
+    from tunefleet.pipeline import worker_owner
+
+    ctx = shared_context()
+    owner = f"{worker_owner()}:{task_run.id}"
+    result = ctx.tuner(hardware).tune_next(ctx.db, owner, lease_s=lease_s, num_trials_per_iter=trials_per_iter,
+                                           seed=seed, shard_id=shard_id)
+    return None if result is None else asdict(result)
+
+
+@task(name="build", **_RETRY)
+def build(model_id: int, hardware: str, output: str | None = None) -> dict[str, Any]:
+    """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager."""
+    from tunefleet.deliver import build_model
+
+    ctx = shared_context()
+    return build_model(ctx.db, ctx.store, ctx.db.model(model_id), hardware, output=output).as_dict()

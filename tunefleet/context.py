@@ -1,0 +1,100 @@
+"""The resources one process works with: settings, database, artifact store, tuners.
+
+The CLI builds one :class:`Context` per command; Prefect tasks share one per process (and per
+settings) through :func:`shared_context`, so consecutive tasks of a flow run reuse the database
+connection pool and the tuner's builder and runner processes instead of starting them again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+    from tunefleet.pipeline import Tuner
+    from tunefleet.store import ArtifactStore
+
+
+class Context:
+    """Lazily opened database and store (hardware classes seeded once), and one tuner per class."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._db: Database | None = None
+        self._store: ArtifactStore | None = None
+        self._tuners: dict[str, Tuner] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def db(self) -> Database:
+        with self._lock:
+            if self._db is None:
+                from tunefleet.db import Database
+                from tunefleet.hardware import ensure_hardware_classes
+
+                db = Database.from_settings(self.settings)
+                ensure_hardware_classes(db, self.settings)
+                self._db = db
+            return self._db
+
+    @property
+    def store(self) -> ArtifactStore:
+        with self._lock:
+            if self._store is None:
+                from tunefleet.store import open_store
+
+                self._store = open_store(self.settings)
+            return self._store
+
+    def tuner(self, hardware: str) -> Tuner:
+        """The tuner of a hardware class, created on first use and kept until :meth:`close`."""
+        from tunefleet.pipeline import Tuner
+
+        db = self.db
+        with self._lock:
+            tuner = self._tuners.get(hardware)
+            if tuner is None:
+                tuner = self._tuners[hardware] = Tuner(db, hardware)
+            return tuner
+
+    def close(self) -> None:
+        with self._lock:
+            tuners, self._tuners = list(self._tuners.values()), {}
+            db, self._db = self._db, None
+        for tuner in tuners:
+            tuner.close()
+        if db is not None:
+            db.close()
+
+
+_SHARED: dict[str, Context] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_context(settings: Settings | None = None) -> Context:
+    """The process-wide context for these settings (loaded from the environment by default)."""
+    from tunefleet.config import load_settings
+
+    settings = settings or load_settings()
+    key = settings.model_dump_json()
+    with _SHARED_LOCK:
+        ctx = _SHARED.get(key)
+        if ctx is None:
+            if not _SHARED:
+                atexit.register(close_shared_contexts)
+            ctx = _SHARED[key] = Context(settings)
+        return ctx
+
+
+def close_shared_contexts() -> None:
+    """Stop every shared context's tuner processes and close its connections (also at exit)."""
+    with _SHARED_LOCK:
+        contexts = list(_SHARED.values())
+        _SHARED.clear()
+    for ctx in contexts:
+        ctx.close()
+
+
