@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,12 +118,16 @@ class Tuner:
         """Lease the next shard (the owner's own first), tune it; its ShardResult, or None if none is left."""
         from tunefleet.tvm.tune import tune_shard
 
+        t0 = time.perf_counter()
         shard = shards.lease(db, self.hardware, owner, lease_s=lease_s, shard_id=shard_id, reclaim=True)
+        leased_s = time.perf_counter() - t0
         if shard is None:
             return None
-        return tune_shard(db, shard, owner, builder=self.builder, runner=self.runner, lease_s=lease_s,
-                          num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
-                          on_batch=on_batch)
+        result = tune_shard(db, shard, owner, builder=self.builder, runner=self.runner, lease_s=lease_s,
+                            num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
+                            on_batch=on_batch)
+        result.lease_s = leased_s
+        return result
 
     def close(self) -> None:
         if self._own_builder and self._builder is not None:
@@ -145,8 +150,6 @@ def drain(
     builder: Any = None,
 ) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left."""
-    import time
-
     owner = owner or worker_owner()
     started = time.monotonic()
     done = failed = measured = errors = skipped = 0

@@ -73,6 +73,7 @@ class ShardProgress:
     best_s: float | None = None
     first_best_s: float | None = None
     batches: int = 0
+    commit_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -163,8 +164,10 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
                 shard_id=self.shard_id, attempt=self.attempt,
                 tvm_version=tvm.__version__, target=self.target,
             ))
+        t0 = time.perf_counter()
         self.db.commit_measurements(records)
         p = self.progress
+        p.commit_s += time.perf_counter() - t0
         p.batches += 1
         for rec in records:
             p.measured += 1
@@ -267,6 +270,10 @@ class ShardResult:
     skipped_known: int
     best_s: float | None
     seconds: float
+    commit_s: float = 0.0
+    """Of ``seconds``, the time spent committing measurements and marking the shard done."""
+    lease_s: float = 0.0
+    """Time spent leasing the shard (set by the caller that leased it)."""
 
 
 def tune_shard(
@@ -298,8 +305,10 @@ def tune_shard(
     remaining = shard.trials - done_before
     progress = ShardProgress()
     if remaining <= 0:
+        t0 = time.perf_counter()
         shards.complete(db, shard.id, owner)
-        return ShardResult(shard.id, "done", 0, 0, 0, None, time.monotonic() - started)
+        return ShardResult(shard.id, "done", 0, 0, 0, None, time.monotonic() - started,
+                           commit_s=time.perf_counter() - t0)
     if done_before:
         log.info("shard %d resumes: %d of %d trials already committed", shard.id, done_before, shard.trials)
 
@@ -348,10 +357,12 @@ def tune_shard(
         state = shards.fail(db, shard.id, owner, f"{type(exc).__name__}: {exc}")
         log.error("shard %d failed: %s", shard.id, exc)
         return ShardResult(shard.id, state, progress.measured, progress.errors, progress.skipped_known,
-                           progress.best_s, time.monotonic() - started)
+                           progress.best_s, time.monotonic() - started, commit_s=progress.commit_s)
     finally:
         if own_builder and hasattr(builder, "shutdown"):
             builder.shutdown()
+    t0 = time.perf_counter()
     shards.complete(db, shard.id, owner)
+    progress.commit_s += time.perf_counter() - t0
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
-                       progress.best_s, time.monotonic() - started)
+                       progress.best_s, time.monotonic() - started, commit_s=progress.commit_s)
