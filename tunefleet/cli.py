@@ -240,6 +240,7 @@ def prefect_environment(settings: Settings) -> None:
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tunefleet")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")  # CLI logs outside runs
     if not ({"PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"} & set(os.environ)) and \
             not (Path.home() / ".prefect" / "profiles.toml").exists():
         home = Path(settings.home) / "prefect"

@@ -105,23 +105,23 @@ def ensure_concurrency_limit(client: Any, tag: str, limit: int) -> None:
     client.create_concurrency_limit(tag=tag, concurrency_limit=limit)
 
 
-def deployment_names(path: Path | None = None) -> list[str]:
-    """``flow/deployment`` names declared in ``prefect.yaml`` (flow names read from the entry points)."""
+def deployments_for_pools(pools: set[str], path: Path | None = None) -> list[dict[str, Any]]:
+    """The deployments of ``prefect.yaml`` bound to one of ``pools`` (others would have no worker)."""
     import yaml
-    from prefect.flows import load_flow_from_entrypoint
 
     spec = yaml.safe_load((path or prefect_yaml()).read_text())
-    return [f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}" for d in spec["deployments"]]
+    return [d for d in spec["deployments"] if d.get("work_pool", {}).get("name") in pools]
 
 
-def register_deployments(path: Path | None = None, *, timeout_s: float = DEPLOY_TIMEOUT_S) -> None:
-    """``prefect --no-prompt deploy --all`` on the packaged prefect.yaml, from a scratch directory."""
+def register_deployments(names: list[str], path: Path | None = None, *, timeout_s: float = DEPLOY_TIMEOUT_S) -> None:
+    """``prefect --no-prompt deploy --name ...`` on the packaged prefect.yaml, from a scratch directory."""
     path = path or prefect_yaml()
+    args = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(path)]
+    for name in names:
+        args += ["--name", name]
     with tempfile.TemporaryDirectory(prefix="tunefleet-deploy-") as scratch:
-        proc = subprocess.run(
-            [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(path)],
-            cwd=scratch, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy(),
-        )
+        proc = subprocess.run(args, cwd=scratch, capture_output=True, text=True, timeout=timeout_s,
+                              env=os.environ.copy())
     if proc.returncode != 0:
         tail = [line for line in (proc.stdout + proc.stderr).strip().splitlines() if line.strip()][-5:]
         raise TunefleetError(f"prefect deploy failed (exit {proc.returncode}): {' | '.join(tail)}")
@@ -149,6 +149,12 @@ def deploy(hardware: Mapping[str, str], *, pool_type: PoolType = "process", conc
             if concurrency is not None:
                 ensure_concurrency_limit(client, hardware_tag(hw), concurrency)
                 result.concurrency_limits[hardware_tag(hw)] = concurrency
-    register_deployments()
-    result.deployments = deployment_names()
+    from prefect.flows import load_flow_from_entrypoint
+
+    selected = deployments_for_pools({pool_name(hw) for hw in hardware})
+    if not selected:
+        raise TunefleetError("no deployment in prefect.yaml runs on the pools of "
+                             f"{', '.join(hardware)}; deploy at least the x86 class (it runs pipeline and steps)")
+    register_deployments([d["name"] for d in selected])
+    result.deployments = [f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}" for d in selected]
     return result

@@ -12,11 +12,11 @@ from tunefleet.config import load_settings
 from tunefleet.errors import ConfigError
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFLEET_")}
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "tunefleet.cli", *args], capture_output=True, text=True,
-                          env=full_env, timeout=120)
+                          env=full_env, timeout=timeout)
 
 
 def error_line(stderr: str) -> str:

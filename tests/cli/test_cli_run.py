@@ -12,10 +12,13 @@ from tests.cli.test_cli_config import error_line, run_cli
 @pytest.mark.slow
 def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
-    out = run_cli("run", "--model", "mlp", "--trials", "6", "-o", str(tmp_path / "mlp.so"), env=env)
+    out = run_cli("run", "--model", "mlp", "--trials", "6", "-o", str(tmp_path / "out"), env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "5/5 build" in out.stdout and "tunefleet tuned (3/3 workloads tuned)" in out.stdout
-    assert (tmp_path / "mlp.so").exists()
+    assert (tmp_path / "out" / "mlp-x86.so").exists()
+    # it ran as the Prefect `pipeline` flow (ephemeral mode, Prefect's database under the tunefleet home)
+    assert "Beginning flow run" in out.stderr and "for flow 'pipeline'" in out.stderr
+    assert (tmp_path / "home" / "prefect").is_dir()
 
     workloads = json.loads(run_cli("workloads", "list", "--json", "--model", "mlp", env=env).stdout)
     assert len(workloads) == 3
@@ -26,7 +29,7 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
 
     shards = json.loads(run_cli("shards", "list", "--json", env=env).stdout)
     assert {s["state"] for s in shards} == {"done"}
-    again = run_cli("run", "--model", "mlp", "--trials", "6", env=env)  # idempotent: nothing new to tune
+    again = run_cli("run", "--model", "mlp", "--trials", "6", env=env, timeout=600)  # idempotent: nothing new to tune
     assert again.returncode == 0 and "3/5 plan: 0 new shard(s)" in again.stdout
 
 

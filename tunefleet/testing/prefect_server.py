@@ -67,6 +67,7 @@ class PrefectServer:
             "PREFECT_HOME": str(self.home),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_LOGGING_EXTRA_LOGGERS": "tunefleet",
+            "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         })
         env.update(extra)
         return env
@@ -131,7 +132,7 @@ class PrefectServer:
 
 
 class Worker:
-    """A Prefect worker process in its own process group (so its flow-run children can be killed with it)."""
+    """A Prefect worker process; :meth:`kill` takes its flow-run and builder processes with it."""
 
     def __init__(self, server: PrefectServer, pool: str, *, env: Mapping[str, str] | None = None,
                  log_path: Path | None = None, limit: int | None = None) -> None:
@@ -155,11 +156,26 @@ class Worker:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the worker and everything it started (flow-run processes, builder workers)."""
+        """Signal the worker and every process below it, as when its node dies.
+
+        Prefect starts each flow run in a session of its own, so the process group is not
+        enough: the descendants are collected first, then all are signalled.
+        """
+        import psutil
+
         if self.proc is None:
             return
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs = []
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(sig)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
+        psutil.wait_procs(procs, timeout=30)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
         self.proc = None
