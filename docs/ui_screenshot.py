@@ -245,23 +245,6 @@ def check_png(path: Path) -> str:
 
 
 # -- 2.-3. servers and the flow run ------------------------------------------------------------------
-def ui_server_class():  # type: ignore[no-untyped-def]
-    """``PrefectServer`` whose UI talks to its own port.
-
-    ``prefect server start --port P`` serves the UI on P, but the UI's API URL defaults to
-    ``PREFECT_SERVER_API_PORT`` (4200), so the pages say "Can't connect to Server API at
-    http://127.0.0.1:4200/api" and stay empty. ``start()`` picks the port before it builds the
-    server's environment with ``env()``, so adding ``PREFECT_UI_API_URL`` there fixes it.
-    """
-    from tunefleet.testing.prefect_server import PrefectServer
-
-    class UIPrefectServer(PrefectServer):
-        def env(self, **extra: str) -> dict[str, str]:
-            return super().env(**{"PREFECT_UI_API_URL": self.api_url, **extra})
-
-    return UIPrefectServer
-
-
 def run_flow(server, params: dict, home: Path, timeout_s: float) -> tuple[str, str]:  # type: ignore[no-untyped-def]
     env = server.env(TUNEFLEET_HOME=str(home), PREFECT_LOGGING_EXTRA_LOGGERS="tunefleet")
     for key in [k for k in env if k.startswith("TUNEFLEET_") and k != "TUNEFLEET_HOME"]:
@@ -307,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     chromium = ensure_chromium()
 
     from tunefleet.testing.postgres import PostgresServer
+    from tunefleet.testing.prefect_server import PrefectServer
 
     pg = PostgresServer() if args.postgres else None
     server = None
@@ -316,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             pg.start()
             database_url = pg.url(pg.create_database("prefect"), driver="asyncpg")
             log(f"PostgreSQL on 127.0.0.1:{pg.port}")
-        server = ui_server_class()(database_url).start()
+        server = PrefectServer(database_url).start()
         log(f"Prefect server {server.ui_url} ({'PostgreSQL' if pg else 'SQLite'})")
         with tempfile.TemporaryDirectory(prefix="tunefleet-home-") as tmp:
             home = Path(tmp)

@@ -64,6 +64,8 @@ class PrefectServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update({
             "PREFECT_API_URL": self.api_url,
+            # the UI served on this port must call this port's API (it defaults to port 4200)
+            "PREFECT_UI_API_URL": self.api_url,
             "PREFECT_HOME": str(self.home),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_LOGGING_EXTRA_LOGGERS": "tunefleet",
