@@ -1,12 +1,12 @@
-"""The ``pipeline`` flow: ingest → extract → plan → tune → build for models × hardware classes.
+"""The ``pipeline`` flow: ingest → extract → plan → tune → account → build for models × hardware classes.
 
 Run in-process (``tunefleet run`` uses Prefect's ephemeral mode), from the ``pipeline``
 deployment, or from the UI. Tuning happens either here (``tune_on="here"``: this process tunes
 each class, so only classes this machine can measure) or through the ``tune-<class>``
 deployments (``tune_on="deployments"``: the runs land in each class's work pool, i.e. its node
 pool, and this flow waits for them). Every step is idempotent: running the pipeline twice
-ingests, extracts and tunes nothing twice. The ``account``, ``export`` and ``retrain`` steps slot
-in after ``tune`` as further subflows.
+ingests, extracts and tunes nothing twice. ``account`` follows ``tune``; the ``export`` and
+``retrain`` steps slot in after it as further subflows.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from prefect.artifacts import create_table_artifact
 from tunefleet.errors import TunefleetError
 from tunefleet.flows import steps as step_flows
 from tunefleet.flows.steps import ParameterError, artifact_key, check_hardware, check_positive
-from tunefleet.tasks import steps
 
 
 def tune_through_deployments(hardware: list[str], parameters: dict[str, Any],
@@ -64,7 +63,7 @@ def pipeline(
 ) -> dict[str, Any]:
     """Tune every workload of ``models`` to ``trials`` trials on each of ``hardware``, then build.
 
-    Returns ``{"models", "extracted", "planned", "tuned", "builds"}`` (plain dicts).
+    Returns ``{"models", "extracted", "planned", "tuned", "energy", "builds"}`` (plain dicts).
     """
     logger = get_run_logger()
     if not models:
@@ -82,6 +81,7 @@ def pipeline(
         tuned = tune_through_deployments(hardware, tune_params)
     else:
         tuned = {hw: step_flows.tune(hardware=hw, **tune_params) for hw in hardware}
+    energy = step_flows.account(model_ids, hardware)
     builds = step_flows.build(model_ids, hardware, output_dir=output_dir) if build else []
 
     rows = []
@@ -104,7 +104,8 @@ def pipeline(
     create_table_artifact(key=artifact_key("pipeline", "summary"), table=rows,
                           description=f"tunefleet pipeline: {len(models)} model(s) x {len(hardware)} hardware "
                                       f"class(es), {trials} trials per workload")
-    return {"models": ingested, "extracted": extracted, "planned": planned, "tuned": tuned, "builds": builds}
+    return {"models": ingested, "extracted": extracted, "planned": planned, "tuned": tuned, "energy": energy,
+            "builds": builds}
 
 
 def _round(value: float | None) -> float | None:

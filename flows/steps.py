@@ -110,6 +110,25 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float = 
     return summary
 
 
+@flow(name="account")
+def account(model_ids: list[int] | None = None, hardware: list[str] | None = None) -> list[dict[str, Any]]:
+    """Energy (labelled with its source), money and wasted share per model x hardware class."""
+    if hardware:
+        check_hardware(hardware)
+    rows = steps.account(model_ids, hardware)
+    if rows:
+        create_table_artifact(
+            key=artifact_key("energy"),
+            table=[{"model": r["model"], "hardware": r["hardware"], "joules": round(r["joules"], 1),
+                    "kWh": round(r["kwh"], 6), "money": round(r["cost"], 4),
+                    "wasted %": None if r["wasted_pct"] is None else round(r["wasted_pct"], 1),
+                    "trials": r["trials"], "source": r["sources"]} for r in rows],
+            description="Tuning energy and cost per model and hardware class (wasted = candidates that did not "
+                        "beat the best so far)",
+        )
+    return rows
+
+
 @flow(name="build")
 def build(model_ids: list[int], hardware: list[str], output_dir: str | None = None) -> list[dict[str, Any]]:
     """Compile models with the best stored schedules and compare latency against the untuned build.

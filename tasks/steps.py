@@ -109,6 +109,24 @@ def tune_shard(hardware: str, lease_s: float = 120.0, trials_per_iter: int = 64,
     return None if result is None else asdict(result)
 
 
+@task(name="account", **_RETRY)
+def account(model_ids: list[int] | None = None, hardware: list[str] | None = None) -> list[dict[str, Any]]:
+    """Energy, money and wasted share per model x hardware class; pushes the fleet gauges if configured."""
+    from tunefleet.accounting import energy_report, publish_fleet_metrics
+
+    ctx = shared_context()
+    rows = [r for m in (model_ids or [None]) for r in energy_report(ctx.db, model=m)
+            if hardware is None or r.hardware in hardware]
+    gateway = ctx.settings.metrics_pushgateway
+    if gateway:
+        from tunefleet.metrics import FleetMetrics
+
+        metrics = FleetMetrics()
+        publish_fleet_metrics(ctx.db, metrics)
+        metrics.push(gateway, grouping_key={"instance": "accounting"})
+    return [r.as_dict() for r in rows]
+
+
 @task(name="build", **_RETRY)
 def build(model_id: int, hardware: str, output: str | None = None) -> dict[str, Any]:
     """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager."""

@@ -46,7 +46,7 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
         table.add_column(col)
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 # -- config ---------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
         print(f"workers exited with {codes}")
         return 0 if not any(codes) else 1
     summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed, lease_s=args.lease_s,
-                    num_trials_per_iter=args.trials_per_iter)
+                    num_trials_per_iter=args.trials_per_iter, pushgateway=settings.metrics_pushgateway)
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known) in {summary.seconds:.0f}s")
     return 0 if not summary.shards_failed else 1
@@ -270,9 +270,56 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     console.print(f"3/5 plan: {pl['new_shards']} new shard(s), {pl['new_trials']} trials over {pl['workloads']} workload(s)")
     console.print(f"4/5 tune: {tuned['shards_done']} shard(s) done, {tuned['shards_failed']} failed, "
                   f"{tuned['measured']} candidates measured ({tuned['errors']} errors) in {tuned['seconds']:.0f}s")
+    for row in result["energy"]:
+        wasted = "-" if row["wasted_pct"] is None else f"{row['wasted_pct']:.1f}%"
+        console.print(f"   energy: {row['joules']:,.0f} J ({row['kwh']:.6f} kWh, source {row['sources']}), "
+                      f"{row['cost']:.4f} in node time, {wasted} wasted on candidates that did not improve")
     console.print("5/5 build:")
     _report_table(SimpleNamespace(**result["builds"][0]))
     return 0 if not tuned["shards_failed"] else 1
+
+
+def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.accounting import energy_report
+
+    ctx = Context(settings)
+    rows = energy_report(ctx.db, model=args.model, hardware=args.hardware)
+    if args.json:
+        _print_json([r.as_dict() for r in rows])
+        return 0
+    if not rows:
+        print("no measurements yet")
+        return 0
+    _table("tuning energy and cost per model and hardware class",
+           ["model", "hardware", "joules", "kWh", "money", "wasted %", "trials", "errors",
+            "best latency (ms)", "tuned workloads", "source"],
+           [(r.model, r.hardware, f"{r.joules:,.0f}", f"{r.kwh:.6f}", f"{r.cost:.4f}",
+             "-" if r.wasted_pct is None else f"{r.wasted_pct:.1f}", r.trials, r.errors,
+             "-" if r.best_latency_ms is None else f"{r.best_latency_ms:.3f}", f"{r.tuned_workloads}/{r.workloads}",
+             r.sources) for r in rows])
+    if any("estimate" in r.sources for r in rows):
+        print("estimate: CPU-seconds x the class's W per busy core + idle W x node time (no RAPL/NVML counter here)")
+    return 0
+
+
+def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> int:
+    """A long-running exporter of the fleet gauges (per-model energy and cost, shard states)."""
+    import time
+
+    from tunefleet.accounting import publish_fleet_metrics
+    from tunefleet.metrics import FleetMetrics
+
+    ctx = Context(settings)
+    metrics = FleetMetrics()
+    publish_fleet_metrics(ctx.db, metrics)
+    server = metrics.serve(args.port, addr=args.addr)
+    print(f"serving http://{args.addr}:{server.server_port}/metrics (refreshed every {args.interval:g}s)", flush=True)
+    while True:
+        time.sleep(args.interval)
+        try:
+            publish_fleet_metrics(ctx.db, metrics)
+        except TunefleetError as exc:  # keep serving the last values through a database outage
+            log.warning("metrics not refreshed: %s", exc)
 
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
@@ -362,6 +409,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
     _zoo_options(run)
     run.set_defaults(handler=cmd_run)
+
+    rep = sub.add_parser("report", help="reports from the database").add_subparsers(dest="sub", required=True)
+    ren = rep.add_parser("energy", help="joules, kWh, money, wasted %% per model and hardware class")
+    ren.add_argument("--model", default=None)
+    ren.add_argument("--hardware", default=None)
+    ren.add_argument("--json", action="store_true")
+    ren.set_defaults(handler=cmd_report_energy)
+
+    met = sub.add_parser("metrics", help="Prometheus metrics").add_subparsers(dest="sub", required=True)
+    mse = met.add_parser("serve", help="serve the fleet's gauges from the database on /metrics")
+    mse.add_argument("--port", type=int, default=9464)
+    mse.add_argument("--addr", default="127.0.0.1")
+    mse.add_argument("--interval", type=float, default=15.0, help="seconds between refreshes from the database")
+    mse.set_defaults(handler=cmd_metrics_serve)
 
     dep = sub.add_parser("deploy", help="create a Prefect work pool per hardware class and register the deployments")
     dep.add_argument("--pool-type", choices=["process", "kubernetes"], default="process")

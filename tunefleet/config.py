@@ -77,6 +77,9 @@ class Settings(BaseSettings):
         "target, node_pool, watts_per_core, idle_watts, watts_per_gpu, price_per_hour.",
     )
 
+    metrics_pushgateway: str | None = Field(
+        default=None,
+        description="Prometheus Pushgateway (host:port or URL) that tuning shards push their metrics to.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -57,7 +57,7 @@ class Context:
         with self._lock:
             tuner = self._tuners.get(hardware)
             if tuner is None:
-                tuner = self._tuners[hardware] = Tuner(db, hardware)
+                tuner = self._tuners[hardware] = Tuner(db, hardware, pushgateway=self.settings.metrics_pushgateway)
             return tuner
 
     def close(self) -> None:

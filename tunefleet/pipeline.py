@@ -75,7 +75,7 @@ class Tuner:
     and leases shard after shard through it. Refuses a class this machine cannot measure.
     """
 
-    def __init__(self, db: Database, hardware: str, *, builder: Any = None) -> None:
+    def __init__(self, db: Database, hardware: str, *, builder: Any = None, pushgateway: str | None = None) -> None:
         from tunefleet.hardware import check_runs_here
 
         hw = db.hardware_class(hardware)
@@ -83,6 +83,7 @@ class Tuner:
         self.hardware = hw.name
         self.target = dict(hw.target)
         self.threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+        self.pushgateway = pushgateway
         self._own_builder = builder is None
         self._builder = builder
         self._runner: Any = None
@@ -125,7 +126,7 @@ class Tuner:
             return None
         result = tune_shard(db, shard, owner, builder=self.builder, runner=self.runner, lease_s=lease_s,
                             num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
-                            on_batch=on_batch)
+                            on_batch=on_batch, pushgateway=self.pushgateway)
         result.lease_s = leased_s
         return result
 
@@ -148,12 +149,13 @@ def drain(
     on_shard: Any = None,
     on_batch: Any = None,
     builder: Any = None,
+    pushgateway: str | None = None,
 ) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left."""
     owner = owner or worker_owner()
     started = time.monotonic()
     done = failed = measured = errors = skipped = 0
-    tuner = Tuner(db, hardware, builder=builder)
+    tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway)
     try:
         while max_shards is None or done + failed < max_shards:
             result = tuner.tune_next(db, owner, lease_s=lease_s, num_trials_per_iter=num_trials_per_iter,
@@ -180,7 +182,7 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str,
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
     db = Database.from_settings(settings)
-    drain(db, hardware, **kwargs)
+    drain(db, hardware, pushgateway=settings.metrics_pushgateway, **kwargs)
 
 
 def tune_with_workers(settings: Settings, hardware: str, *, workers: int = 1, **kwargs: Any) -> list[int]:

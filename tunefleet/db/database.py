@@ -64,6 +64,7 @@ class NewMeasurement:
     attempt: int = 0
     energy_j: float | None = None
     energy_source: str | None = None
+    useful: bool | None = None
     tvm_version: str = ""
     target: str = ""
     trace_sha256: str = field(default="")
@@ -94,6 +95,7 @@ class NewMeasurement:
             "error_msg": self.error_msg,
             "energy_j": self.energy_j,
             "energy_source": self.energy_source,
+            "useful": self.useful,
             "tvm_version": self.tvm_version,
             "target": self.target,
         }

@@ -120,6 +120,12 @@ class Shard(Base):
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Accounting, summed over the shard's attempts (see tunefleet.accounting).
+    energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    energy_source: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    node_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
 
@@ -155,6 +161,7 @@ class Measurement(Base):
     error_msg: Mapped[str | None] = mapped_column(Text, nullable=True)
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    useful: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # beat the best so far when committed
     tvm_version: Mapped[str] = mapped_column(String(64), default="")
     target: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tvm
 from tvm.ir.utils import derived_object
@@ -34,6 +34,9 @@ from tunefleet.db.models import Shard
 from tunefleet.errors import DatabaseError, TransientError
 from tunefleet.shards import LeaseLostError
 from tunefleet.tvm.bridge import FleetDatabase
+
+if TYPE_CHECKING:
+    from tunefleet.accounting import ShardAccountant
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +131,10 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
         heartbeat: Heartbeat | None = None,
         on_batch: CandidateHook | None = None,
         progress: ShardProgress | None = None,
+        accountant: ShardAccountant | None = None,
     ) -> None:
         self.db = db
+        self.accountant = accountant
         self.workload_id, self.hardware_class_id, self.shard_id = workload_id, hardware_class_id, shard_id
         self.target, self.attempt = target, attempt
         self.build_seconds = build_seconds
@@ -164,6 +169,8 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
                 shard_id=self.shard_id, attempt=self.attempt,
                 tvm_version=tvm.__version__, target=self.target,
             ))
+        if self.accountant is not None:
+            self.accountant.annotate(records)
         t0 = time.perf_counter()
         self.db.commit_measurements(records)
         p = self.progress
@@ -289,12 +296,17 @@ def tune_shard(
     num_threads: int | None = None,
     on_batch: CandidateHook | None = None,
     work_dir: str | None = None,
+    pushgateway: str | None = None,
 ) -> ShardResult:
     """Tune a leased shard to its trial budget, committing as it goes; mark it done or failed.
 
     A shard leased again after its worker died resumes: its budget is reduced by what it already
-    committed, and no committed candidate is measured again.
+    committed, and no committed candidate is measured again. Every candidate is committed with
+    its share of the round's energy and its useful flag, and the attempt's energy, node time and
+    money are added to the shard (:mod:`tunefleet.accounting`); with ``pushgateway`` its metrics
+    are pushed there as it goes.
     """
+    from tunefleet.accounting import ShardAccountant, add_shard_energy
     from tunefleet.tvm.targets import make_target, target_fingerprint
 
     started = time.monotonic()
@@ -332,12 +344,13 @@ def tune_shard(
 
         runner = make_runner(target)
     callback: CommitCallback | None = None
+    accountant = ShardAccountant(db, hw, wl, pushgateway=pushgateway, shard_id=shard.id, attempt=shard.attempts)
     try:
         with Heartbeat(db, shard.id, owner, lease_s) as hb, tempfile.TemporaryDirectory(dir=work_dir) as tmp:
             callback = CommitCallback(
                 db, wl.id, hw.id, shard.id, target=target_fingerprint(target), attempt=0,
                 build_seconds=getattr(builder, "pop_build_time", None), heartbeat=hb, on_batch=on_batch,
-                progress=progress,
+                progress=progress, accountant=accountant,
             )
             ms.tune_tasks(
                 tasks=[ctx], task_weights=[1.0], work_dir=tmp,
@@ -354,6 +367,7 @@ def tune_shard(
         if isinstance(cause, (TransientError, DatabaseError)):
             raise cause from None
         log.debug("shard %d traceback", shard.id, exc_info=True)
+        add_shard_energy(db, shard.id, accountant.finish())
         state = shards.fail(db, shard.id, owner, f"{type(exc).__name__}: {exc}")
         log.error("shard %d failed: %s", shard.id, exc)
         return ShardResult(shard.id, state, progress.measured, progress.errors, progress.skipped_known,
@@ -362,6 +376,7 @@ def tune_shard(
         if own_builder and hasattr(builder, "shutdown"):
             builder.shutdown()
     t0 = time.perf_counter()
+    add_shard_energy(db, shard.id, accountant.finish())
     shards.complete(db, shard.id, owner)
     progress.commit_s += time.perf_counter() - t0
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,

@@ -1,0 +1,292 @@
+"""Energy and money of tuning: per shard, per tuning round, per candidate; useful vs wasted.
+
+A :class:`ShardAccountant` meters one shard attempt with the best energy source of the node
+(:func:`tunefleet.energy.probe`: RAPL, NVML, or an estimate from CPU time, always labelled). At
+each tuning round (a measured batch) it reads the meter, splits the round's joules over the
+batch's candidates by their build + run seconds, and marks each candidate **useful** if, when
+committed, it strictly beat the best latency measured so far for its workload on that hardware
+class — every other candidate, errors included, is **wasted** (Trimmer's measure). The shard's
+total energy, node time, CPU time and money (price per hour x node time) are added to the shard
+row when the attempt ends; what a worker spends after its last commit before dying is lost with
+it (the next attempt is metered afresh).
+
+:func:`energy_report` adds it all up per model and hardware class. A workload shared by several
+models is split between them by their call counts (weights).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select, update
+
+from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, Workload
+
+if TYPE_CHECKING:
+    from tunefleet.db import Database, NewMeasurement
+    from tunefleet.energy import EnergyMeter, EnergyReading
+    from tunefleet.metrics import FleetMetrics
+
+log = logging.getLogger(__name__)
+
+J_PER_KWH = 3.6e6
+
+
+@dataclass
+class RoundEnergy:
+    """One tuning round (batch): its energy and how its candidates split."""
+
+    joules: float
+    useful: int
+    wasted: int
+    useful_joules: float
+    wasted_joules: float
+    build_errors: int
+    run_errors: int
+
+
+@dataclass
+class ShardEnergy:
+    """What one shard attempt cost."""
+
+    joules: float
+    source: str
+    node_s: float
+    cpu_s: float
+    cost: float
+
+
+class ShardAccountant:
+    """Meters one shard attempt and annotates its measurements before they are committed.
+
+    Parameters
+    ----------
+    db, hardware, workload_id:
+        Where the shard's measurements go; the best latency so far is read from ``db``.
+    meter:
+        An unstarted energy meter; by default the node's best source for the class's target.
+    pushgateway, shard_id:
+        With a Pushgateway address, the attempt's metrics (a registry of its own) are pushed under
+        the grouping key ``{shard, attempt}`` when it starts, after every round and at its end,
+        so concurrent shards never overwrite each other and the final values stay for Prometheus.
+        A failed push is logged, never fatal: metrics must not stop tuning.
+    """
+
+    def __init__(self, db: Database, hardware: HardwareClass, workload: Workload, *,
+                 meter: EnergyMeter | None = None, pushgateway: str | None = None,
+                 shard_id: int | None = None, attempt: int = 0) -> None:
+        from tunefleet.energy import probe
+
+        self.hardware = hardware
+        self.workload_hash = workload.structural_hash
+        best = db.best_measurements(workload.id, hardware.id, 1)
+        self.best_s: float | None = float(best[0].mean_run_s) if best else None
+        self.meter = meter or probe(hardware.target, watts_per_core=hardware.watts_per_core,
+                                    idle_watts=hardware.idle_watts, watts_per_gpu=hardware.watts_per_gpu)
+        self.pushgateway = pushgateway
+        self.grouping_key = {"shard": str(shard_id), "attempt": str(attempt)}
+        self.metrics: FleetMetrics | None = None
+        if pushgateway:
+            from tunefleet.metrics import FleetMetrics
+
+            self.metrics = FleetMetrics()
+        self._accounted_j = 0.0
+        self.meter.start()
+        if self.metrics is not None:
+            self.metrics.init_series(hardware.name, self.meter.source)
+            self.push()
+
+    def push(self) -> None:
+        if self.metrics is None or not self.pushgateway:
+            return
+        from tunefleet.errors import TunefleetError
+
+        try:
+            self.metrics.push(self.pushgateway, grouping_key=self.grouping_key)
+        except TunefleetError as exc:
+            log.warning("metrics not pushed: %s", exc)
+
+    @property
+    def source(self) -> str:
+        return self.meter.source
+
+    def _read(self) -> EnergyReading:
+        return self.meter.read()
+
+    def annotate(self, records: Sequence[NewMeasurement]) -> RoundEnergy:
+        """Give each candidate of a round its share of the round's energy and its useful flag."""
+        from tunefleet.energy import apportion
+
+        reading = self._read()
+        round_j = max(0.0, reading.joules - self._accounted_j)
+        self._accounted_j += round_j
+        weights = [(r.build_s or 0.0) + sum(r.run_secs or []) for r in records]
+        shares = apportion(round_j, weights) if records else []
+        out = RoundEnergy(round_j, 0, 0, 0.0, 0.0, 0, 0)
+        for rec, joules in zip(records, shares, strict=True):
+            mean = rec.mean_run_s
+            useful = mean is not None and (self.best_s is None or mean < self.best_s)
+            if useful:
+                self.best_s = mean
+            rec.energy_j, rec.energy_source, rec.useful = joules, reading.source, useful
+            if useful:
+                out.useful += 1
+                out.useful_joules += joules
+            else:
+                out.wasted += 1
+                out.wasted_joules += joules
+            out.build_errors += rec.error_kind == "build"
+            out.run_errors += rec.error_kind == "run"
+        if self.metrics is not None and records:
+            self.metrics.observe_batch(self.hardware.name, reading.source, out.useful_joules, out.wasted_joules,
+                                       out.useful, out.wasted, out.build_errors, out.run_errors)
+            if self.best_s is not None:
+                self.metrics.set_best_latency(self.workload_hash, self.hardware.name, self.best_s)
+            self.push()
+        return out
+
+    def finish(self) -> ShardEnergy:
+        """The attempt's totals (energy, node and CPU time, money); the meter stops counting here."""
+        from tunefleet.energy import money
+
+        reading = self._read()
+        energy = ShardEnergy(reading.joules, reading.source, reading.wall_s, reading.cpu_s,
+                             money(self.hardware.price_per_hour, reading.wall_s))
+        if self.metrics is not None:
+            self.metrics.observe_shard(self.hardware.name, reading.wall_s, energy.cost)
+            self.push()
+        return energy
+
+
+def add_shard_energy(db: Database, shard_id: int, energy: ShardEnergy) -> None:
+    """Add an attempt's totals to its shard (attempts of one shard are summed)."""
+    with db.session() as s:
+        s.execute(
+            update(Shard).where(Shard.id == shard_id).values(
+                energy_j=func.coalesce(Shard.energy_j, 0.0) + energy.joules,
+                energy_source=energy.source,
+                node_s=func.coalesce(Shard.node_s, 0.0) + energy.node_s,
+                cpu_s=func.coalesce(Shard.cpu_s, 0.0) + energy.cpu_s,
+                cost=func.coalesce(Shard.cost, 0.0) + energy.cost,
+            )
+        )
+
+
+# -- reports ----------------------------------------------------------------------------------
+@dataclass
+class EnergyRow:
+    """Energy and money of one model on one hardware class (shared workloads split by weight)."""
+
+    model: str
+    hardware: str
+    joules: float
+    kwh: float
+    useful_joules: float
+    wasted_joules: float
+    wasted_pct: float | None
+    cost: float
+    trials: int
+    errors: int
+    best_latency_ms: float | None
+    """Sum over the model's workloads of (best measured mean x calls): the tuned operators' time."""
+    tuned_workloads: int
+    workloads: int
+    sources: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def energy_report(db: Database, *, model: str | int | None = None, hardware: str | None = None) -> list[EnergyRow]:
+    """Per model x hardware class: joules, kWh, money, wasted %, trials, best latency, sources."""
+    m = Measurement.__table__
+    with db.session() as s:
+        hw_names = {h.id: h.name for h in s.scalars(select(HardwareClass))}
+        hw_filter = [m.c.hardware_class_id == db.hardware_class(hardware).id] if hardware else []
+        per_wl: dict[tuple[int, int], dict[str, Any]] = defaultdict(
+            lambda: {"j": 0.0, "useful": 0.0, "wasted": 0.0, "trials": 0, "errors": 0, "best": None, "sources": set()})
+        rows = s.execute(
+            select(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source,
+                   func.coalesce(func.sum(m.c.energy_j), 0.0), func.count(), func.count(m.c.error_kind),
+                   func.min(m.c.mean_run_s))
+            .where(*hw_filter)
+            .group_by(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source)
+        ).all()
+        for wl_id, hw_id, useful, source, joules, n, errors, best in rows:
+            agg = per_wl[(wl_id, hw_id)]
+            agg["j"] += float(joules)
+            agg["useful" if useful else "wasted"] += float(joules)
+            agg["trials"] += int(n)
+            agg["errors"] += int(errors)
+            if best is not None and (agg["best"] is None or best < agg["best"]):
+                agg["best"] = float(best)
+            if source:
+                agg["sources"].add(source)
+        costs = {(wl, hw): float(c) for wl, hw, c in s.execute(
+            select(Shard.workload_id, Shard.hardware_class_id, func.coalesce(func.sum(Shard.cost), 0.0))
+            .group_by(Shard.workload_id, Shard.hardware_class_id))}
+        links = s.execute(select(ModelWorkload.model_id, ModelWorkload.workload_id, ModelWorkload.weight)).all()
+        models = {mo.id: mo.name for mo in s.scalars(select(Model))}
+        n_workloads = dict(s.execute(select(ModelWorkload.model_id, func.count()).group_by(ModelWorkload.model_id)).all())
+    wanted_model = db.model(model).id if model is not None else None
+    total_weight: dict[int, int] = defaultdict(int)
+    for _, wl, weight in links:
+        total_weight[wl] += int(weight)
+    by_workload: dict[int, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for (wl_id, hw_id), agg in per_wl.items():
+        by_workload[wl_id].append((hw_id, agg))
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for model_id, wl, weight in links:
+        if wanted_model is not None and model_id != wanted_model:
+            continue
+        share = int(weight) / total_weight[wl] if total_weight[wl] else 0.0
+        for hw_id, agg in by_workload[wl]:
+            row = out.setdefault((model_id, hw_id), {"j": 0.0, "useful": 0.0, "wasted": 0.0, "cost": 0.0,
+                                                     "trials": 0, "errors": 0, "latency": 0.0, "tuned": 0,
+                                                     "sources": set()})
+            row["j"] += agg["j"] * share
+            row["useful"] += agg["useful"] * share
+            row["wasted"] += agg["wasted"] * share
+            row["cost"] += costs.get((wl, hw_id), 0.0) * share
+            row["trials"] += agg["trials"]
+            row["errors"] += agg["errors"]
+            row["sources"] |= agg["sources"]
+            if agg["best"] is not None:
+                row["latency"] += agg["best"] * int(weight)
+                row["tuned"] += 1
+    report = []
+    for (model_id, hw_id), row in sorted(out.items(), key=lambda kv: (models[kv[0][0]], hw_names[kv[0][1]])):
+        report.append(EnergyRow(
+            model=models[model_id], hardware=hw_names[hw_id], joules=row["j"], kwh=row["j"] / J_PER_KWH,
+            useful_joules=row["useful"], wasted_joules=row["wasted"],
+            wasted_pct=100.0 * row["wasted"] / row["j"] if row["j"] > 0 else None,
+            cost=row["cost"], trials=row["trials"], errors=row["errors"],
+            best_latency_ms=row["latency"] * 1e3 if row["tuned"] else None,
+            tuned_workloads=row["tuned"], workloads=int(n_workloads.get(model_id, 0)),
+            sources="+".join(sorted(row["sources"])) or "-",
+        ))
+    return report
+
+
+def shard_state_counts(db: Database) -> dict[str, dict[str, int]]:
+    """``{hardware: {state: count}}`` for the shard-state gauge."""
+    with db.session() as s:
+        names = {h.id: h.name for h in s.scalars(select(HardwareClass))}
+        rows = s.execute(select(Shard.hardware_class_id, Shard.state, func.count())
+                         .group_by(Shard.hardware_class_id, Shard.state)).all()
+    out: dict[str, dict[str, int]] = {name: {} for name in names.values()}
+    for hw_id, state, n in rows:
+        out[names[hw_id]][state] = int(n)
+    return out
+
+
+def publish_fleet_metrics(db: Database, metrics: FleetMetrics, rows: Sequence[EnergyRow] | None = None) -> None:
+    """Set the fleet-wide gauges (per-model energy and cost, shard states) from the database."""
+    for row in energy_report(db) if rows is None else rows:
+        metrics.set_model_totals(row.model, row.hardware, row.useful_joules, row.wasted_joules, row.cost)
+    for hardware, counts in shard_state_counts(db).items():
+        metrics.set_shard_states(hardware, counts)

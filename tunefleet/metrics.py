@@ -1,0 +1,320 @@
+"""Prometheus metrics for tuning: energy (useful vs wasted), money, trials, errors, shards.
+
+Nothing is registered at import time: every :class:`FleetMetrics` owns its own
+:class:`~prometheus_client.CollectorRegistry`, so tests, workers and the accounting step never
+share (or collide in) a process-global registry.
+
+Two ways out, as the architecture's "metrics" row says:
+
+* a long-lived process (embedded mode, a coordinator) calls :meth:`FleetMetrics.serve` and
+  Prometheus scrapes its ``/metrics``;
+* a short-lived shard job calls :meth:`FleetMetrics.push` when it finishes (and, if it likes,
+  after each batch) to a Prometheus Pushgateway, with a grouping key naming the shard, e.g.
+  ``{"shard": "123", "hardware": "x86"}``. The push is a PUT: it replaces that group only, so
+  concurrent shards never overwrite each other and the final values stay after the job exits.
+
+Semantics
+---------
+* A measured candidate is **useful** when it strictly beat the best latency measured so far for
+  its workload on that hardware class; everything else, errors included, is **wasted**
+  (Trimmer's definition). ``wasted_trials`` therefore *includes* the errored candidates; the
+  error counters break those down by stage.
+* Energy ``source`` says where joules came from: ``rapl``, ``nvml``, ``estimate`` (CPU time x the
+  hardware class's power figure) or a composite such as ``nvml+estimate`` (GPU measured, host
+  estimated).
+* Cost is in the hardware class's price units (``price_per_hour`` x node hours).
+
+Dashboards (``dashboards/``) must aggregate: with one Pushgateway group per shard, every shard's
+counters are separate series (the ``shard`` label survives because Prometheus scrapes the
+Pushgateway with ``honor_labels: true``), so panels use ``sum by (hardware, ...)``. Counters of a
+retried shard pushed under the same grouping key restart from zero; Prometheus sees that as a
+counter reset and ``increase()`` still counts both attempts.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, push_to_gateway, start_http_server
+
+from tunefleet.errors import TransientError
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+__all__ = [
+    "ENERGY_SOURCES",
+    "ERROR_STAGES",
+    "KINDS",
+    "METRIC_NAMES",
+    "SHARD_DURATION_BUCKETS",
+    "SHARD_STATES",
+    "FleetMetrics",
+    "PushgatewayError",
+]
+
+#: Values of the ``kind`` label.
+KINDS: Final = ("useful", "wasted")
+#: Values of the ``stage`` label of ``tunefleet_measure_errors_total``.
+ERROR_STAGES: Final = ("build", "run")
+#: Values of the ``state`` label of ``tunefleet_shards`` (the shard state machine).
+SHARD_STATES: Final = ("pending", "leased", "done", "failed", "cancelled")
+#: Atomic energy sources; a ``source`` label is one of these or several joined by ``+``.
+ENERGY_SOURCES: Final = ("rapl", "nvml", "estimate")
+#: Shard durations from 1 s to 2 h (upper bounds in seconds; +Inf is added).
+SHARD_DURATION_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 5400.0, 7200.0)
+#: Every metric family this module defines, as it appears in the exposition (counters with ``_total``).
+METRIC_NAMES: Final = (
+    "tunefleet_energy_joules_total",
+    "tunefleet_cost_total",
+    "tunefleet_trials_total",
+    "tunefleet_measure_errors_total",
+    "tunefleet_shard_duration_seconds",
+    "tunefleet_best_latency_seconds",
+    "tunefleet_shards",
+    "tunefleet_model_energy_joules",
+    "tunefleet_model_cost",
+    "tunefleet_last_push_timestamp_seconds",
+)
+
+_SOURCE_RE = re.compile(r"^(?:%s)(?:\+(?:%s))*$" % (("|".join(ENERGY_SOURCES),) * 2))
+_WORKLOAD_RE = re.compile(r"^[0-9a-f]{16,}$")
+#: Default seconds a push may take before it fails.
+PUSH_TIMEOUT_S: Final = 5.0
+
+
+class PushgatewayError(TransientError):
+    """Metrics could not be pushed to the Pushgateway (unreachable, timed out, or refused)."""
+
+
+def _nonempty(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string; got {value!r}")
+    return value
+
+
+def _nonneg(value: float, what: str) -> float:
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0; got {value!r}")
+    return float(value)
+
+
+def _check_source(source: str) -> str:
+    if not isinstance(source, str) or not _SOURCE_RE.match(source):
+        raise ValueError(f"source must be rapl, nvml, estimate or a '+'-joined mix of them; got {source!r}")
+    return source
+
+
+def workload_label(structural_hash: str) -> str:
+    """The ``workload`` label value: the first 16 hex digits of a workload's structural hash."""
+    text = structural_hash.lower()
+    if not _WORKLOAD_RE.match(text):
+        raise ValueError(f"workload must be a hex structural hash of at least 16 digits; got {structural_hash!r}")
+    return text[:16]
+
+
+class FleetMetrics:
+    """The tuning metrics of one process, in a registry of its own.
+
+    Parameters
+    ----------
+    registry
+        Where to register the metrics; a fresh :class:`CollectorRegistry` when omitted. Passing a
+        registry that already holds these metrics raises ``ValueError`` (duplicate timeseries).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.energy_joules = Counter(
+            "tunefleet_energy_joules", "Energy spent measuring candidates, by hardware class, energy source and "
+            "kind (useful: the candidate beat the best latency so far; wasted: it did not, or failed).",
+            ["hardware", "source", "kind"], registry=r)
+        self.cost = Counter(
+            "tunefleet_cost", "Money spent on tuning nodes in the hardware class's price units "
+            "(price per hour x node hours).", ["hardware"], registry=r)
+        self.trials = Counter(
+            "tunefleet_trials", "Candidates measured, by hardware class and kind (useful or wasted; errors are wasted).",
+            ["hardware", "kind"], registry=r)
+        self.measure_errors = Counter(
+            "tunefleet_measure_errors", "Candidates that failed to build or run.", ["hardware", "stage"], registry=r)
+        self.shard_duration = Histogram(
+            "tunefleet_shard_duration_seconds", "Wall-clock time of one tuning shard from lease to result.",
+            ["hardware"], buckets=SHARD_DURATION_BUCKETS, registry=r)
+        self.best_latency = Gauge(
+            "tunefleet_best_latency_seconds", "Best mean run time measured so far for a workload on a hardware class.",
+            ["workload", "hardware"], registry=r)
+        self.shards = Gauge(
+            "tunefleet_shards", "Shards per state (pending, leased, done, failed, cancelled).",
+            ["hardware", "state"], registry=r)
+        self.model_energy_joules = Gauge(
+            "tunefleet_model_energy_joules", "Tuning energy attributed to a model (workloads shared by models are "
+            "apportioned by weight), by hardware class and kind.", ["model", "hardware", "kind"], registry=r)
+        self.model_cost = Gauge(
+            "tunefleet_model_cost", "Tuning cost attributed to a model in the hardware class's price units "
+            "(workloads shared by models are apportioned by weight).", ["model", "hardware"], registry=r)
+        self.last_push = Gauge(
+            "tunefleet_last_push_timestamp_seconds", "Unix time of the last push of these metrics to a Pushgateway.",
+            registry=r)
+        self._last_push_at = 0.0
+
+    # -- observations ---------------------------------------------------------------------------
+
+    def init_series(self, hardware: str, source: str) -> None:
+        """Create every counter and histogram series of ``hardware`` (and ``source``) at zero.
+
+        Call it when a shard starts and push once: ``increase()`` and ``rate()`` ignore the first
+        sample of a series, so a per-shard series that first appears already holding its final
+        value (a cost counted only when the shard ends) would never show up on a dashboard.
+        """
+        _nonempty(hardware, "hardware")
+        _check_source(source)
+        for kind in KINDS:
+            self.energy_joules.labels(hardware, source, kind)
+            self.trials.labels(hardware, kind)
+        for stage in ERROR_STAGES:
+            self.measure_errors.labels(hardware, stage)
+        self.cost.labels(hardware)
+        self.shard_duration.labels(hardware)
+
+    def observe_batch(
+        self,
+        hardware: str,
+        source: str,
+        useful_joules: float,
+        wasted_joules: float,
+        useful_trials: int,
+        wasted_trials: int,
+        build_errors: int = 0,
+        run_errors: int = 0,
+    ) -> None:
+        """Count one measured batch of candidates.
+
+        ``wasted_trials`` includes the errored candidates, so ``build_errors + run_errors`` may
+        not exceed it. Zero amounts still create the series, so dashboards see both kinds.
+        """
+        _nonempty(hardware, "hardware")
+        _check_source(source)
+        values = {"useful_joules": useful_joules, "wasted_joules": wasted_joules, "useful_trials": useful_trials,
+                  "wasted_trials": wasted_trials, "build_errors": build_errors, "run_errors": run_errors}
+        for name, value in values.items():
+            _nonneg(value, name)
+        if build_errors + run_errors > wasted_trials:
+            raise ValueError(f"errors count as wasted trials: build_errors + run_errors ({build_errors + run_errors}) "
+                             f"> wasted_trials ({wasted_trials})")
+        self.energy_joules.labels(hardware, source, "useful").inc(useful_joules)
+        self.energy_joules.labels(hardware, source, "wasted").inc(wasted_joules)
+        self.trials.labels(hardware, "useful").inc(useful_trials)
+        self.trials.labels(hardware, "wasted").inc(wasted_trials)
+        self.measure_errors.labels(hardware, "build").inc(build_errors)
+        self.measure_errors.labels(hardware, "run").inc(run_errors)
+
+    def observe_shard(self, hardware: str, duration_s: float, cost: float) -> None:
+        """Record a finished shard: its wall-clock duration and what its node time cost."""
+        _nonempty(hardware, "hardware")
+        self.shard_duration.labels(hardware).observe(_nonneg(duration_s, "duration_s"))
+        self.cost.labels(hardware).inc(_nonneg(cost, "cost"))
+
+    def set_best_latency(self, workload: str, hardware: str, seconds: float) -> None:
+        """Set the best latency so far of ``workload`` (structural hash; its first 16 hex digits are kept)."""
+        if not seconds > 0:
+            raise ValueError(f"best latency must be > 0 seconds; got {seconds!r}")
+        self.best_latency.labels(workload_label(workload), _nonempty(hardware, "hardware")).set(seconds)
+
+    def set_shard_states(self, hardware: str, counts: Mapping[str, int]) -> None:
+        """Set the number of shards in every state for ``hardware``; states missing from ``counts`` get 0.
+
+        Shard counts come from the database, so one process (the coordinator, or the accounting
+        step) should set and export them; dashboards sum over every series that carries them.
+        """
+        _nonempty(hardware, "hardware")
+        unknown = set(counts) - set(SHARD_STATES)
+        if unknown:
+            raise ValueError(f"unknown shard state(s) {', '.join(sorted(unknown))}; states are {', '.join(SHARD_STATES)}")
+        for state in SHARD_STATES:
+            self.shards.labels(hardware, state).set(_nonneg(counts.get(state, 0), f"count of {state} shards"))
+
+    def set_model_totals(self, model: str, hardware: str, useful_joules: float, wasted_joules: float, cost: float) -> None:
+        """Set a model's accumulated tuning energy and cost on one hardware class (from the database)."""
+        _nonempty(model, "model")
+        _nonempty(hardware, "hardware")
+        self.model_energy_joules.labels(model, hardware, "useful").set(_nonneg(useful_joules, "useful_joules"))
+        self.model_energy_joules.labels(model, hardware, "wasted").set(_nonneg(wasted_joules, "wasted_joules"))
+        self.model_cost.labels(model, hardware).set(_nonneg(cost, "cost"))
+
+    # -- getting the numbers out ----------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+    def push(
+        self,
+        gateway: str,
+        job: str = "tunefleet",
+        *,
+        grouping_key: Mapping[str, str],
+        timeout: float = PUSH_TIMEOUT_S,
+    ) -> None:
+        """Replace this process's group on a Pushgateway with the current values (HTTP PUT).
+
+        Parameters
+        ----------
+        gateway
+            ``host:port`` or a URL (``http://host:port``).
+        job
+            The ``job`` label of the group.
+        grouping_key
+            Labels naming the group, e.g. ``{"shard": "123", "hardware": "x86"}``: one group per
+            shard keeps concurrent shards apart. Must not be empty (an empty key makes every
+            process of the job overwrite the others). The Pushgateway silently *replaces* a
+            metric label of the same name with the key's value, so a key label that is also a
+            metric label (``hardware``) must match every series that carries it: only put
+            ``hardware`` in the key when the process observes one class (checked here).
+        timeout
+            Seconds before the attempt fails.
+
+        Raises
+        ------
+        PushgatewayError
+            (a :class:`~tunefleet.errors.TransientError`) with a one-line message naming the
+            gateway, when it cannot be reached, times out, or refuses the push.
+        """
+        if not grouping_key:
+            raise ValueError("push needs a non-empty grouping_key (e.g. {'shard': '123'}) so that groups do not overwrite each other")
+        if "job" in grouping_key:
+            raise ValueError("grouping_key must not contain 'job'; pass job= instead")
+        self._check_grouping_key(grouping_key)
+        previous, self._last_push_at = self._last_push_at, time.time()
+        self.last_push.set(self._last_push_at)
+        try:
+            push_to_gateway(gateway, job=job, registry=self.registry, grouping_key=dict(grouping_key), timeout=timeout)
+        except OSError as exc:  # URLError, timeouts, refused connections, non-2xx answers
+            self._last_push_at = previous  # a failed push is no push
+            self.last_push.set(previous)
+            reason = getattr(exc, "reason", None) or exc
+            detail = " ".join(str(reason).split()) or type(exc).__name__
+            raise PushgatewayError(
+                f"cannot push metrics to the Pushgateway at {gateway} (job {job!r}, group {dict(grouping_key)}): {detail}"
+            ) from exc
+
+    def _check_grouping_key(self, grouping_key: Mapping[str, str]) -> None:
+        for family in self.registry.collect():
+            for sample in family.samples:
+                for key, value in grouping_key.items():
+                    if key in sample.labels and sample.labels[key] != str(value):
+                        raise ValueError(
+                            f"grouping_key {key}={value!r} would relabel {sample.name}{{{key}={sample.labels[key]!r}}} "
+                            f"(the Pushgateway overwrites metric labels with the grouping key); drop {key!r} from the key")
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> WSGIServer:
+        """Serve ``/metrics`` from this registry on ``addr:port`` in a daemon thread.
+
+        Returns the server: ``server.server_port`` is the port bound (useful with ``port=0``);
+        stop it with ``server.shutdown(); server.server_close()``.
+        """
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server
