@@ -16,7 +16,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from tunefleet.errors import TunefleetError
+from tunefleet.errors import NotSupportedError, TunefleetError
 from tunefleet.flows import steps as step_flows
 from tunefleet.flows.steps import ParameterError, artifact_key, check_hardware, check_positive
 
@@ -71,6 +71,16 @@ def pipeline(
     check_hardware(hardware)
     check_positive(trials=trials, shard_trials=shard_trials, lease_s=lease_s, trials_per_iter=trials_per_iter,
                    batch_size=batch_size, image_size=image_size, seq_len=seq_len)
+    if tune_on == "here":  # fail before any work, not after ingesting and planning
+        from tunefleet.context import shared_context
+        from tunefleet.hardware import check_runs_here
+
+        db = shared_context().db
+        for hw in hardware:
+            try:
+                check_runs_here(hw, db.hardware_class(hw).target)
+            except NotSupportedError as exc:
+                raise NotSupportedError(f"{exc}; or run the pipeline with tune_on='deployments'") from None
 
     ingested = step_flows.ingest(models, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
     model_ids = [m["model_id"] for m in ingested]

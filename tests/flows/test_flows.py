@@ -91,6 +91,8 @@ def test_flow_parameters_are_checked_before_any_work(flow_env) -> None:  # type:
         plan(hardware=["x86"], trials=0)
     with pytest.raises(NotSupportedError, match="not supported: tuning hardware class 'arm'"):
         tune(hardware="arm")
+    with pytest.raises(NotSupportedError, match="tune_on='deployments'"):
+        pipeline(models=["mlp"], hardware=["x86", "arm"])
     assert _count_measurements() == 0
 
 
