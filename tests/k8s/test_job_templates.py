@@ -214,19 +214,19 @@ def test_generate_name_only_object_validates_offline() -> None:
 
 @pytest.mark.parametrize("path", ["namespace.yaml", "rbac.yaml"])
 def test_cluster_manifests_validate_offline_strict(path) -> None:  # type: ignore[no-untyped-def]
-    docs = [doc for doc in yaml.safe_load_all((ROOT / "k8s" / path).read_text()) if doc]
+    docs = [doc for doc in yaml.safe_load_all((ROOT / "k8s" / "base" / path).read_text()) if doc]
     assert docs
     for doc in docs:
         k8s.validate_manifest(doc)
 
 
 def test_rbac_grants_what_the_worker_uses(templates) -> None:  # type: ignore[no-untyped-def]
-    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "k8s" / "rbac.yaml").read_text()) if d}
+    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "k8s" / "base" / "rbac.yaml").read_text()) if d}
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}
     props = templates["x86"]["variables"]["properties"]
     assert docs["ServiceAccount"]["metadata"]["name"] == props["service_account_name"]["default"]
     assert {d["metadata"]["namespace"] for d in docs.values()} == {props["namespace"]["default"]}
-    namespace = yaml.safe_load((ROOT / "k8s" / "namespace.yaml").read_text())
+    namespace = yaml.safe_load((ROOT / "k8s" / "base" / "namespace.yaml").read_text())
     assert namespace["metadata"]["name"] == props["namespace"]["default"]
 
     granted = {(group, res, verb) for rule in docs["Role"]["rules"] for group in rule["apiGroups"]

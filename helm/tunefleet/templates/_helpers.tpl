@@ -1,0 +1,227 @@
+{{/* Names. */}}
+{{- define "tunefleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tunefleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tunefleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tunefleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tunefleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tunefleet.labels" -}}
+helm.sh/chart: {{ include "tunefleet.chart" . }}
+{{ include "tunefleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tunefleet
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "tunefleet.serverName" -}}
+{{- printf "%s-prefect-server" (include "tunefleet.fullname" .) }}
+{{- end }}
+{{- define "tunefleet.configName" -}}
+{{- printf "%s-config" (include "tunefleet.fullname" .) }}
+{{- end }}
+{{- define "tunefleet.poolsName" -}}
+{{- printf "%s-pools" (include "tunefleet.fullname" .) }}
+{{- end }}
+{{- define "tunefleet.workerServiceAccount" -}}
+{{- printf "%s-worker" (include "tunefleet.fullname" .) }}
+{{- end }}
+{{- define "tunefleet.runServiceAccount" -}}
+{{- printf "%s-run" (include "tunefleet.fullname" .) }}
+{{- end }}
+
+{{/* The Secret every pod reads credentials from (after the install hooks). */}}
+{{- define "tunefleet.secretName" -}}
+{{- default (include "tunefleet.fullname" .) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* The Secret the pre-install/pre-upgrade migration hook reads: the chart's own Secret is not
+     there yet before install, so the hook gets a short-lived copy of the database URL. */}}
+{{- define "tunefleet.migrateSecretName" -}}
+{{- if .Values.secrets.existingSecret }}
+{{- .Values.secrets.existingSecret }}
+{{- else }}
+{{- printf "%s-migrate" (include "tunefleet.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "tunefleet.externalPrefect" -}}
+{{- if .Values.prefect.apiUrl }}true{{ end }}
+{{- end }}
+
+{{- define "tunefleet.prefectApiUrl" -}}
+{{- if .Values.prefect.apiUrl }}
+{{- .Values.prefect.apiUrl }}
+{{- else }}
+{{- printf "http://%s.%s.svc:%d/api" (include "tunefleet.serverName" .) .Release.Namespace (int .Values.prefect.server.port) }}
+{{- end }}
+{{- end }}
+
+{{- define "tunefleet.image" -}}
+{{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
+{{- end }}
+
+{{/* The database URLs, composed for the Secret the chart creates. */}}
+{{- define "tunefleet.databaseUrl" -}}
+{{- $db := .Values.database }}
+{{- $url := printf "postgresql+psycopg2://%s:%s@%s:%d/%s" (urlquery $db.user) (urlquery .Values.secrets.databasePassword) $db.host (int $db.port) $db.name }}
+{{- if $db.sslmode }}{{ $url = printf "%s?sslmode=%s" $url $db.sslmode }}{{ end }}
+{{- $url }}
+{{- end }}
+
+{{- define "tunefleet.prefectDatabaseUrl" -}}
+{{- $db := .Values.database }}
+{{- $url := printf "postgresql+asyncpg://%s:%s@%s:%d/%s" (urlquery $db.user) (urlquery .Values.secrets.databasePassword) $db.host (int $db.port) .Values.prefect.server.database.name }}
+{{- if has $db.sslmode (list "require" "verify-ca" "verify-full") }}{{ $url = printf "%s?ssl=%s" $url $db.sslmode }}{{ end }}
+{{- $url }}
+{{- end }}
+
+{{/* The enabled hardware classes, as a JSON list of names (sorted). */}}
+{{- define "tunefleet.enabledClasses" -}}
+{{- $out := list }}
+{{- range $name, $hw := .Values.hardware }}
+{{- if $hw.enabled }}{{ $out = append $out $name }}{{ end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* TUNEFLEET_HARDWARE: node-pool overrides and per-class settings; "" when nothing differs
+     from the built-in classes (setting it makes every command re-seed the classes). */}}
+{{- define "tunefleet.hardwareSetting" -}}
+{{- $out := dict }}
+{{- range $name, $hw := .Values.hardware }}
+{{- if $hw.enabled }}
+{{- $entry := deepCopy (default (dict) $hw.settings) }}
+{{- if ne $hw.nodePool $name }}{{ $_ := set $entry "node_pool" $hw.nodePool }}{{ end }}
+{{- if $entry }}{{ $_ := set $out $name $entry }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if $out }}{{ toJson $out }}{{ end }}
+{{- end }}
+
+{{/* Non-secret configuration (the ConfigMap's data; the migration hook gets it inline). */}}
+{{- define "tunefleet.configData" -}}
+HOME: /home/tunefleet
+TUNEFLEET_HOME: /home/tunefleet/.tunefleet
+PREFECT_HOME: /home/tunefleet/.prefect
+PYTHONDONTWRITEBYTECODE: "1"
+PREFECT_SERVER_ANALYTICS_ENABLED: "false"
+PREFECT_LOGGING_EXTRA_LOGGERS: tunefleet
+PREFECT_API_URL: {{ include "tunefleet.prefectApiUrl" . | quote }}
+TUNEFLEET_LOG_LEVEL: {{ .Values.logLevel | quote }}
+TUNEFLEET_DB_CONNECT_TIMEOUT_S: {{ .Values.database.connectTimeoutSeconds | toString | quote }}
+TUNEFLEET_DB_STATEMENT_TIMEOUT_S: {{ .Values.database.statementTimeoutSeconds | toString | quote }}
+TUNEFLEET_STORE: s3
+TUNEFLEET_S3_ENDPOINT: {{ .Values.s3.endpoint | quote }}
+TUNEFLEET_S3_BUCKET: {{ .Values.s3.bucket | quote }}
+TUNEFLEET_S3_PREFIX: {{ .Values.s3.prefix | quote }}
+TUNEFLEET_S3_SECURE: {{ .Values.s3.secure | toString | quote }}
+{{- with .Values.s3.region }}
+TUNEFLEET_S3_REGION: {{ . | quote }}
+{{- end }}
+TUNEFLEET_METRICS_PUSHGATEWAY: {{ .Values.metrics.pushgateway | quote }}
+{{- with (include "tunefleet.hardwareSetting" .) }}
+TUNEFLEET_HARDWARE: {{ . | quote }}
+{{- end }}
+{{- range $k, $v := .Values.extraEnv }}
+{{ $k }}: {{ $v | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/* tunefleet's credentials as secretKeyRef env entries (the deploy hook and, through the pools'
+     templates, every flow-run Job; a flow run's PREFECT_API_KEY is the worker's business). */}}
+{{- define "tunefleet.secretEnv" -}}
+{{- $secret := include "tunefleet.secretName" . -}}
+- name: TUNEFLEET_DATABASE_URL
+  valueFrom:
+    secretKeyRef: {name: {{ $secret }}, key: {{ .Values.secrets.keys.databaseUrl }}}
+- name: TUNEFLEET_S3_ACCESS_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ $secret }}, key: {{ .Values.secrets.keys.s3AccessKey }}}
+- name: TUNEFLEET_S3_SECRET_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ $secret }}, key: {{ .Values.secrets.keys.s3SecretKey }}}
+{{- end }}
+
+{{/* PREFECT_API_KEY for clients of an external Prefect API, when one is configured. */}}
+{{- define "tunefleet.prefectApiKeyEnv" -}}
+{{- if and (include "tunefleet.externalPrefect" .) (or .Values.secrets.existingSecret .Values.secrets.prefectApiKey) }}
+- name: PREFECT_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tunefleet.secretName" . }}
+      key: {{ .Values.secrets.keys.prefectApiKey }}
+      optional: true
+{{- end }}
+{{- end }}
+
+{{- define "tunefleet.podSecurityContext" -}}
+{{ toYaml .Values.podSecurityContext }}
+{{- end }}
+{{- define "tunefleet.containerSecurityContext" -}}
+{{ toYaml .Values.containerSecurityContext }}
+{{- end }}
+
+{{- define "tunefleet.scratchVolumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.tmpSizeLimit }}
+- name: home
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.homeSizeLimit }}
+{{- end }}
+
+{{- define "tunefleet.scratchMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: home
+  mountPath: /home/tunefleet
+{{- end }}
+
+{{- define "tunefleet.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Tolerations of a hardware class: its node-pool taint, the GPU taint with GPUs, extras. */}}
+{{- define "tunefleet.classTolerations" -}}
+{{- $hw := .hw -}}
+- key: tunefleet.io/hardware
+  operator: Equal
+  value: {{ $hw.nodePool | quote }}
+  effect: NoSchedule
+{{- if gt (int $hw.gpus) 0 }}
+- key: nvidia.com/gpu
+  operator: Exists
+  effect: NoSchedule
+{{- end }}
+{{- with $hw.tolerations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

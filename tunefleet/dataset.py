@@ -1,0 +1,733 @@
+"""Export measurements as a versioned Parquet dataset of program features and throughput labels.
+
+Pipeline step 6. Each :func:`export` writes one *version*::
+
+    datasets/v{N}/hardware={class}/part-0.parquet   one file per hardware class with new rows
+    datasets/v{N}/manifest.json                     written last: a version without it is incomplete
+
+through the artifact store's ``pyarrow.fs`` filesystem, and registers the version in the
+``datasets`` table. Exports are incremental: a version holds only the measurements committed
+after the previous versions' *high-water mark* (kept per hardware class in each manifest), so
+the dataset is the union of all versions (:func:`load` reads them with hive partitioning on
+``hardware``). When nothing is new, :func:`export` writes nothing and returns None.
+
+Rows and decisions
+------------------
+- One row per measurement, **errors included**: a candidate that failed to build or run has
+  ``mean_run_s`` NULL, ``error_kind`` set (``"build"`` or ``"run"``) and ``label`` 0.0 — the
+  convention of MetaSchedule's own cost models, which score failed candidates as zero
+  throughput, so a model trained on the dataset learns to avoid them. Filter on
+  ``error_kind IS NULL`` for successful rows only.
+- ``label`` is the normalised throughput ``best / mean_run_s`` where ``best`` (column
+  ``best_mean_run_s``) is the fastest successful ``mean_run_s`` of the same (workload,
+  hardware class) over *all* its measurements up to the version's high-water mark, older
+  versions included. So labels lie in (0, 1], 1.0 being the best known schedule at export time.
+  A later version may find a faster schedule, which makes older rows' labels stale; the raw
+  ``mean_run_s`` (and ``flops``) are kept so a reader can renormalise, and
+  :func:`renormalise` does it for a loaded table.
+- ``features`` are MetaSchedule's ``PerStoreFeature`` (default parameters): one 164-float
+  vector per buffer store of the scheduled program, stored as
+  ``list<fixed_size_list<float32, 164>>`` (one inner list per store; ``n_stores`` repeats its
+  length). The vector length is in the Arrow type and in the manifest. :func:`feature_matrix`
+  turns a column into one numpy array without copying per row.
+- A measurement whose trace cannot be replayed or featurised (a corrupt trace, a TVM change)
+  is skipped with a warning and listed under ``skipped_ids`` in the manifest; it is not retried
+  by later exports.
+
+Run one export at a time (the pipeline's export task should have a concurrency limit of 1):
+the version number is reserved in the database before any file is written, so two exports can
+never write over each other, but two concurrent exports would both take the same new
+measurements. A measurement whose transaction commits *after* an export started but got a
+lower id than that export's high-water mark is not exported (ids are allocated at insert,
+visible at commit); export while no tuning batch is in flight for an exact cut.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from sqlalchemy import delete, func, select, update
+
+from tunefleet.db.models import Dataset, Measurement
+from tunefleet.errors import NotFoundError, TunefleetError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from tunefleet.db import Database
+    from tunefleet.db.models import HardwareClass
+    from tunefleet.store import ArtifactStore
+
+log = logging.getLogger(__name__)
+
+#: Layout of the rows and the manifest; bumped on any incompatible change.
+SCHEMA_VERSION = 1
+#: Key prefix of every dataset version in the artifact store.
+PREFIX = "datasets"
+#: Length of one PerStoreFeature vector (default parameters).
+FEATURE_DIMS = 164
+#: Name of the partition column (a directory level ``hardware={name}``, not stored in the files).
+PARTITION = "hardware"
+_MANIFEST_RE = re.compile(rf"^{PREFIX}/v(\d+)/manifest\.json$")
+_CONTEXT_CACHE = 128  # TuneContexts kept while exporting (one per workload and hardware class)
+
+Progress = Callable[[int, int], None]
+
+
+class DatasetError(TunefleetError):
+    """A dataset version cannot be written or read (missing or corrupt file, bad manifest)."""
+
+
+def _arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema([
+        pa.field("measurement_id", pa.int64(), nullable=False),
+        pa.field("workload_hash", pa.string(), nullable=False),
+        pa.field("workload_name", pa.string()),
+        pa.field("op_kind", pa.string()),
+        pa.field("flops", pa.float64()),
+        pa.field("target", pa.string()),
+        pa.field("trace_sha256", pa.string()),
+        pa.field("trace_json", pa.string()),
+        pa.field("args_info", pa.string()),  # JSON text
+        pa.field("run_secs", pa.list_(pa.float64())),
+        pa.field("mean_run_s", pa.float64()),  # NULL for errors
+        pa.field("build_s", pa.float64()),
+        pa.field("error_kind", pa.string()),  # NULL | "build" | "run"
+        pa.field("best_mean_run_s", pa.float64()),  # the normaliser of `label`
+        pa.field("label", pa.float64(), nullable=False),
+        pa.field("n_stores", pa.int32(), nullable=False),
+        pa.field("features", pa.list_(pa.list_(pa.float32(), FEATURE_DIMS))),
+        pa.field("tvm_version", pa.string()),
+        pa.field("created_at", pa.timestamp("us", tz="UTC")),
+        pa.field("dataset_version", pa.int32(), nullable=False),
+    ])
+
+
+def schema() -> pa.Schema:
+    """The Arrow schema of a loaded dataset: the file columns plus the ``hardware`` partition."""
+    import pyarrow as pa
+
+    return _arrow_schema().append(pa.field(PARTITION, pa.string()))
+
+
+@dataclass
+class DatasetVersion:
+    """One registered dataset version (a row of the ``datasets`` table and its manifest)."""
+
+    version: int
+    uri: str
+    created_at: dt.datetime
+    row_count: int
+    complete: bool
+    row_counts: dict[str, int] = field(default_factory=dict)
+    parents: list[int] = field(default_factory=list)
+    measurement_ids: dict[str, int] | None = None  # {"min": ..., "max": ...} of the rows written
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Dataset) -> DatasetVersion:
+        manifest = dict(row.manifest or {})
+        return cls(
+            version=row.version,
+            uri=row.uri,
+            created_at=row.created_at,
+            row_count=int(row.row_count or 0),
+            complete=manifest.get("state") == "complete",
+            row_counts=dict(manifest.get("row_counts") or {}),
+            parents=list(manifest.get("parents") or []),
+            measurement_ids=manifest.get("measurement_ids"),
+            manifest=manifest,
+        )
+
+
+def version_prefix(version: int) -> str:
+    return f"{PREFIX}/v{version}"
+
+
+def manifest_key(version: int) -> str:
+    return f"{version_prefix(version)}/manifest.json"
+
+
+def part_key(version: int, hardware: str) -> str:
+    """Key of a version's Parquet file for one hardware class (name URI-encoded as hive does)."""
+    return f"{version_prefix(version)}/{PARTITION}={quote(hardware, safe='')}/part-0.parquet"
+
+
+# -- registry ---------------------------------------------------------------------------------
+def list_versions(db: Database, *, include_incomplete: bool = True) -> list[DatasetVersion]:
+    """Registered dataset versions, oldest first.
+
+    A version is *incomplete* while its export runs, or for good when that export was killed
+    (its version number stays used; its files, if any, are never read by :func:`load`).
+    """
+    versions = [DatasetVersion.from_row(row) for row in db.datasets()]
+    return versions if include_incomplete else [v for v in versions if v.complete]
+
+
+def _high_water(versions: Iterable[DatasetVersion]) -> dict[str, int]:
+    """Per hardware class, the last measurement id covered by the complete versions."""
+    marks: dict[str, int] = {}
+    for v in versions:
+        for name, mark in (v.manifest.get("high_water") or {}).items():
+            marks[name] = max(marks.get(name, 0), int(mark))
+    return marks
+
+
+# -- export -----------------------------------------------------------------------------------
+@dataclass
+class _ClassPlan:
+    hw: HardwareClass
+    after_id: int  # export ids in (after_id, high_water]
+    high_water: int
+    count: int
+
+
+def _plan(db: Database, hardware: str | None, marks: dict[str, int]) -> list[_ClassPlan]:
+    classes = [db.hardware_class(hardware)] if hardware is not None else db.hardware_classes()
+    plans = []
+    with db.session() as s:
+        for hw in classes:
+            after = marks.get(hw.name, 0)
+            high = s.scalar(select(func.max(Measurement.id)).where(Measurement.hardware_class_id == hw.id))
+            if high is None or high <= after:
+                continue
+            count = s.scalar(
+                select(func.count()).select_from(Measurement).where(
+                    Measurement.hardware_class_id == hw.id, Measurement.id > after, Measurement.id <= high
+                )
+            )
+            plans.append(_ClassPlan(hw, after, int(high), int(count or 0)))
+    return plans
+
+
+def _best_run_s(db: Database, hardware_class_id: int, high_water: int) -> dict[int, float]:
+    """Fastest successful mean_run_s per workload of one class, over ids up to ``high_water``."""
+    stmt = (
+        select(Measurement.workload_id, func.min(Measurement.mean_run_s))
+        .where(
+            Measurement.hardware_class_id == hardware_class_id,
+            Measurement.id <= high_water,
+            Measurement.mean_run_s.is_not(None),
+        )
+        .group_by(Measurement.workload_id)
+    )
+    with db.session() as s:
+        return {int(wl): float(best) for wl, best in s.execute(stmt) if best is not None}
+
+
+class _Featurizer:
+    """PerStoreFeature over measurement rows, one TuneContext per (workload, hardware class)."""
+
+    def __init__(self, db: Database) -> None:
+        from tvm.s_tir import meta_schedule as ms
+
+        from tunefleet.tvm.builder import import_tensor_intrinsics
+
+        import_tensor_intrinsics()  # TuneContext would otherwise import them slowly
+        self.db = db
+        self.extractor = ms.feature_extractor.PerStoreFeature()
+        if int(self.extractor.feature_vector_length) != FEATURE_DIMS:
+            raise DatasetError(
+                f"PerStoreFeature gives {self.extractor.feature_vector_length} features per store, "
+                f"this dataset schema expects {FEATURE_DIMS}; bump tunefleet.dataset.SCHEMA_VERSION"
+            )
+        self.threads = max(1, len(os.sched_getaffinity(0)))
+        self._contexts: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+        self._workloads: dict[int, Any] = {}
+
+    def workload(self, workload_id: int) -> Any:
+        wl = self._workloads.get(workload_id)
+        if wl is None:
+            wl = self._workloads[workload_id] = self.db.workload(workload_id)
+        return wl
+
+    def _context(self, workload_id: int, hw: HardwareClass) -> tuple[Any, Any]:
+        key = (workload_id, hw.id)
+        found = self._contexts.get(key)
+        if found is not None:
+            self._contexts.move_to_end(key)
+            return found
+        import tvm
+        from tvm.s_tir import meta_schedule as ms
+        from tvm.s_tir.meta_schedule.database import Workload
+
+        from tunefleet.tvm.targets import make_target
+
+        wl = self.workload(workload_id)
+        mod = tvm.ir.load_json(wl.tir_json)
+        ctx = ms.TuneContext(mod, target=make_target(hw.target), task_name=wl.name, num_threads=self.threads)
+        found = self._contexts[key] = (ctx, Workload(mod))
+        if len(self._contexts) > _CONTEXT_CACHE:
+            self._contexts.popitem(last=False)
+        return found
+
+    def features(self, workload_id: int, hw: HardwareClass, rows: Sequence[Measurement]) -> list[np.ndarray | None]:
+        """A (n_stores, 164) float32 matrix per row; None for a row that cannot be featurised."""
+        from tunefleet.tvm.bridge import record_from_row
+
+        ctx, workload = self._context(workload_id, hw)
+        candidates: list[Any] = []
+        for m in rows:
+            try:
+                candidates.append(
+                    record_from_row(m.trace_json, m.run_secs, m.target, m.args_info, workload).as_measure_candidate()
+                )
+            except Exception as exc:  # TVM raises ValueError/RuntimeError/TypeError... for a bad trace
+                log.warning("measurement %d: cannot replay its trace, skipped: %s", m.id, _one_line(exc))
+                candidates.append(None)
+        good = [c for c in candidates if c is not None]
+        try:
+            matrices = iter(self._extract(ctx, good))
+        except Exception:
+            matrices = iter(self._extract_one_by_one(ctx, good, [m for m, c in zip(rows, candidates) if c is not None]))
+        return [next(matrices) if c is not None else None for c in candidates]
+
+    def _extract(self, ctx: Any, candidates: list[Any]) -> list[np.ndarray]:
+        import numpy as np
+
+        if not candidates:
+            return []
+        return [np.asarray(t.numpy(), dtype=np.float32) for t in self.extractor.extract_from(ctx, candidates)]
+
+    def _extract_one_by_one(self, ctx: Any, candidates: list[Any], rows: list[Measurement]) -> list[np.ndarray | None]:
+        out: list[np.ndarray | None] = []
+        for cand, m in zip(candidates, rows, strict=True):
+            try:
+                out.append(self._extract(ctx, [cand])[0])
+            except Exception as exc:  # noqa: PERF203 - isolate the candidate TVM cannot featurise
+                log.warning("measurement %d: PerStoreFeature failed, skipped: %s", m.id, _one_line(exc))
+                out.append(None)
+        return out
+
+
+def _one_line(exc: BaseException | str, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _features_array(matrices: Sequence[np.ndarray]) -> pa.Array:
+    import numpy as np
+    import pyarrow as pa
+
+    counts = np.array([m.shape[0] for m in matrices], dtype=np.int32)
+    offsets = np.zeros(len(matrices) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    flat = np.concatenate([m.reshape(-1) for m in matrices]) if matrices else np.zeros(0, np.float32)
+    stores = pa.FixedSizeListArray.from_arrays(pa.array(flat.astype(np.float32, copy=False)), FEATURE_DIMS)
+    return pa.ListArray.from_arrays(pa.array(offsets), stores, type=pa.list_(pa.list_(pa.float32(), FEATURE_DIMS)))
+
+
+def _rows_table(version: int, rows: list[tuple[Measurement, np.ndarray]], db_workload: Callable[[int], Any],
+                best: dict[int, float]) -> pa.Table:
+    import pyarrow as pa
+
+    cols: dict[str, list[Any]] = {name: [] for name in _arrow_schema().names if name != "features"}
+    for m, feats in rows:
+        wl = db_workload(m.workload_id)
+        best_s = best.get(m.workload_id)
+        mean = m.mean_run_s
+        cols["measurement_id"].append(m.id)
+        cols["workload_hash"].append(wl.structural_hash)
+        cols["workload_name"].append(wl.name)
+        cols["op_kind"].append(wl.op_kind)
+        cols["flops"].append(float(wl.flops or 0.0))
+        cols["target"].append(m.target)
+        cols["trace_sha256"].append(m.trace_sha256)
+        cols["trace_json"].append(m.trace_json)
+        cols["args_info"].append(json.dumps(m.args_info, separators=(",", ":")) if m.args_info is not None else None)
+        cols["run_secs"].append([float(x) for x in m.run_secs] if m.run_secs is not None else None)
+        cols["mean_run_s"].append(mean)
+        cols["build_s"].append(m.build_s)
+        cols["error_kind"].append(m.error_kind)
+        cols["best_mean_run_s"].append(best_s)
+        cols["label"].append(best_s / mean if (mean and best_s is not None and not m.error_kind) else 0.0)
+        cols["n_stores"].append(int(feats.shape[0]))
+        cols["tvm_version"].append(m.tvm_version)
+        cols["created_at"].append(m.created_at.replace(tzinfo=dt.timezone.utc) if m.created_at else None)
+        cols["dataset_version"].append(version)
+    arrays = {name: cols[name] if name != "features" else _features_array([f for _, f in rows])
+              for name in _arrow_schema().names}
+    return pa.Table.from_pydict(arrays, schema=_arrow_schema())
+
+
+def export(
+    db: Database,
+    store: ArtifactStore,
+    *,
+    hardware: str | None = None,
+    batch_size: int = 512,
+    progress: Progress | None = None,
+) -> DatasetVersion | None:
+    """Export the measurements not in any dataset version yet as the next version.
+
+    Parameters
+    ----------
+    db
+        The tunefleet database.
+    store
+        The artifact store; files are written through :meth:`ArtifactStore.filesystem`.
+    hardware
+        Export only this hardware class (by name); every class by default. Each class keeps
+        its own high-water mark, so exporting one class never skips another's measurements.
+    batch_size
+        Measurements read (and written as one Parquet row group) at a time.
+    progress
+        Called as ``progress(done, total)`` with measurement counts after each batch.
+
+    Returns
+    -------
+    DatasetVersion or None
+        The new version, or None (nothing written, nothing registered) when there is no new
+        measurement.
+
+    Raises
+    ------
+    DatasetError
+        When a file cannot be written; the reserved version is removed again.
+    NotFoundError
+        When ``hardware`` names no hardware class.
+    """
+    if batch_size < 1:
+        raise DatasetError(f"batch_size must be positive, got {batch_size}")
+    previous = list_versions(db, include_incomplete=False)
+    plans = _plan(db, hardware, _high_water(previous))
+    total = sum(p.count for p in plans)
+    if total == 0:
+        log.info("dataset export: no new measurements%s", f" for {hardware}" if hardware else "")
+        return None
+
+    import tvm
+
+    created = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    # Reserve the version number first: files go under it, so no two exports share a path.
+    reserved = db.add_dataset(uri="", manifest={"state": "writing", "schema_version": SCHEMA_VERSION,
+                                                "created_at": created.isoformat()}, row_count=0)
+    version = reserved.version
+    fs, base = store.filesystem()
+    written: list[str] = []
+    log.info("dataset export v%d: %d new measurements in %d hardware class(es)", version, total, len(plans))
+    try:
+        featurizer = _Featurizer(db)
+        done = 0
+        per_class: dict[str, dict[str, Any]] = {}
+        for plan in plans:
+            stats, done = _export_class(db, fs, base, store.location, version, plan, featurizer, batch_size,
+                                        written, progress, done, total)
+            per_class[plan.hw.name] = stats
+        all_ids = [s["measurement_ids"] for s in per_class.values() if s["measurement_ids"]]
+        manifest: dict[str, Any] = {
+            "state": "complete",
+            "schema_version": SCHEMA_VERSION,
+            "version": version,
+            "created_at": created.isoformat(),
+            "parents": [v.version for v in previous],
+            "row_counts": {name: s["rows"] for name, s in per_class.items()},
+            "workloads": {name: s["workloads"] for name, s in per_class.items()},
+            "measurement_ids": ({"min": min(r["min"] for r in all_ids), "max": max(r["max"] for r in all_ids)}
+                                if all_ids else None),
+            "high_water": {**_high_water(previous), **{p.hw.name: p.high_water for p in plans}},
+            "hardware": per_class,
+            "feature_extractor": {
+                "name": "PerStoreFeature",
+                "dims": FEATURE_DIMS,
+                "params": {
+                    "buffers_per_store": int(featurizer.extractor.buffers_per_store),
+                    "arith_intensity_curve_num_samples": int(featurizer.extractor.arith_intensity_curve_num_samples),
+                    "cache_line_bytes": int(featurizer.extractor.cache_line_bytes),
+                    "extract_workload": bool(featurizer.extractor.extract_workload),
+                },
+            },
+            "label": {
+                "name": "normalised_throughput",
+                "definition": "best_mean_run_s / mean_run_s; best = fastest successful mean_run_s of the "
+                              "(workload, hardware class) over measurements up to high_water; 0.0 for errors",
+            },
+            "partitioning": {"flavor": "hive", "field": PARTITION},
+            "columns": _arrow_schema().names,
+            "tvm_version": tvm.__version__,
+        }
+        key = manifest_key(version)
+        uri = store.put_bytes(key, json.dumps(manifest, indent=2, sort_keys=True).encode(),
+                              content_type="application/json")
+        written.append(key)
+        row_count = sum(s["rows"] for s in per_class.values())
+        with db.session() as s:
+            s.execute(update(Dataset).where(Dataset.id == reserved.id)
+                      .values(uri=uri, manifest=manifest, row_count=row_count))
+    except BaseException:
+        _abandon(db, store, fs, base, reserved.id, version, written)
+        raise
+    result = DatasetVersion(version=version, uri=uri, created_at=reserved.created_at, row_count=row_count,
+                            complete=True, row_counts=manifest["row_counts"], parents=manifest["parents"],
+                            measurement_ids=manifest["measurement_ids"], manifest=manifest)
+    log.info("dataset export v%d: %d rows (%s) at %s", version, row_count,
+             ", ".join(f"{k}={v}" for k, v in result.row_counts.items()), uri)
+    return result
+
+
+def _export_class(
+    db: Database, fs: Any, base: str, location: str, version: int, plan: _ClassPlan, featurizer: _Featurizer,
+    batch_size: int, written: list[str], progress: Progress | None, done: int, total: int,
+) -> tuple[dict[str, Any], int]:
+    import pyarrow.parquet as pq
+
+    hw = plan.hw
+    best = _best_run_s(db, hw.id, plan.high_water)
+    key = part_key(version, hw.name)
+    path = f"{base}/{key}"
+    writer = None
+    rows = errors = 0
+    skipped: list[int] = []
+    workloads: set[str] = set()
+    id_range: dict[str, int] | None = None
+    cursor = plan.after_id
+    try:
+        while cursor < plan.high_water:
+            page = [m for m in db.measurements(hardware_class_id=hw.id, after_id=cursor, limit=batch_size)
+                    if m.id <= plan.high_water]
+            if not page:
+                break
+            cursor = page[-1].id
+            by_workload: dict[int, list[Measurement]] = {}
+            for m in page:
+                by_workload.setdefault(m.workload_id, []).append(m)
+            feats: dict[int, np.ndarray | None] = {}
+            for workload_id, group in by_workload.items():
+                feats.update(zip((m.id for m in group), featurizer.features(workload_id, hw, group), strict=True))
+            kept = [(m, feats[m.id]) for m in page if feats[m.id] is not None]
+            skipped += [m.id for m in page if feats[m.id] is None]
+            if kept:
+                table = _rows_table(version, kept, featurizer.workload, best)  # type: ignore[arg-type]
+                if writer is None:
+                    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+                    written.append(key)
+                    writer = pq.ParquetWriter(path, table.schema, filesystem=fs, compression="zstd")
+                writer.write_table(table)
+                rows += len(kept)
+                errors += sum(1 for m, _ in kept if m.error_kind)
+                workloads.update(featurizer.workload(m.workload_id).structural_hash for m, _ in kept)
+                lo, hi = kept[0][0].id, kept[-1][0].id
+                id_range = {"min": lo, "max": hi} if id_range is None else {"min": id_range["min"], "max": hi}
+            done += len(page)
+            if progress is not None:
+                progress(done, total)
+    except OSError as exc:  # pyarrow reports filesystem failures as OSError
+        raise DatasetError(f"cannot write dataset file {key!r} to {location}: {_one_line(exc)}") from None
+    finally:
+        if writer is not None:
+            writer.close()
+    if skipped:
+        log.warning("dataset export v%d: %s: %d measurement(s) could not be featurised and were skipped",
+                    version, hw.name, len(skipped))
+    log.info("dataset export v%d: %s: %d rows (%d errors) from %d workloads", version, hw.name, rows, errors,
+             len(workloads))
+    stats = {
+        "rows": rows,
+        "labelled": rows - errors,
+        "errors": errors,
+        "skipped_ids": skipped,
+        "workloads": sorted(workloads),
+        "measurement_ids": id_range,
+        "high_water": plan.high_water,
+        "file": key if rows else None,
+        "target": hw.target,
+    }
+    return stats, done
+
+
+def _abandon(db: Database, store: ArtifactStore, fs: Any, base: str, dataset_id: int, version: int,
+             written: list[str]) -> None:
+    """Undo a failed export: remove its files and its reserved row (best effort, never masking)."""
+    for key in written:
+        try:
+            fs.delete_file(f"{base}/{key}")
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the export's own error
+            log.warning("dataset export v%d failed; could not remove %s: %s", version, key, _one_line(exc))
+    try:
+        with db.session() as s:
+            s.execute(delete(Dataset).where(Dataset.id == dataset_id))
+    except Exception as exc:  # noqa: BLE001 - same: the original error is re-raised by the caller
+        log.warning("dataset export v%d failed; its reserved row stays (incomplete): %s", version, _one_line(exc))
+
+
+# -- reading ----------------------------------------------------------------------------------
+def stored_versions(store: ArtifactStore) -> list[int]:
+    """Versions with a manifest in the store (complete exports), ascending."""
+    found = []
+    for key in store.list(f"{PREFIX}/v"):
+        match = _MANIFEST_RE.match(key)
+        if match:
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def read_manifest(store: ArtifactStore, version: int) -> dict[str, Any]:
+    """The manifest of one version, as written by :func:`export`."""
+    key = manifest_key(version)
+    try:
+        manifest = json.loads(store.get_bytes(key))
+    except NotFoundError:
+        known = ", ".join(f"v{v}" for v in stored_versions(store)) or "none"
+        raise NotFoundError(f"no dataset version {version} in {store.location} (versions: {known})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"dataset manifest {key!r} in {store.location} is not valid JSON: {_one_line(exc)}") from None
+    if not isinstance(manifest, dict) or "schema_version" not in manifest:
+        raise DatasetError(f"dataset manifest {key!r} in {store.location} has no schema_version")
+    if int(manifest["schema_version"]) > SCHEMA_VERSION:
+        raise DatasetError(
+            f"dataset version {version} has schema version {manifest['schema_version']}; this tunefleet reads "
+            f"up to {SCHEMA_VERSION}: upgrade tunefleet"
+        )
+    return manifest
+
+
+def load(
+    store: ArtifactStore,
+    versions: Sequence[int] | None = None,
+    *,
+    hardware: str | Sequence[str] | None = None,
+) -> pa.Table:
+    """Read dataset versions back as one Arrow table (see :func:`schema`).
+
+    Parameters
+    ----------
+    store
+        The artifact store the versions were exported to.
+    versions
+        Versions to read; every complete version in the store by default. Since versions are
+        incremental, reading all of them gives every exported measurement once.
+    hardware
+        Only these hardware classes (a name or names); all by default.
+
+    Returns
+    -------
+    pyarrow.Table
+        Rows in (version, hardware, measurement id) order, with the ``hardware`` partition
+        column last. Labels are as exported; see :func:`renormalise`.
+
+    Raises
+    ------
+    NotFoundError
+        When the store has no dataset, or a requested version is not in it.
+    DatasetError
+        When a file the manifest lists is missing or not a readable Parquet file (the message
+        names the file).
+    """
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    if versions is None:
+        versions = stored_versions(store)
+        if not versions:
+            raise NotFoundError(f"no dataset in {store.location}; run `tunefleet dataset export` first")
+    wanted = {hardware} if isinstance(hardware, str) else (set(hardware) if hardware is not None else None)
+    fs, base = store.filesystem()
+    full = schema()
+    partitioning = pads.partitioning(pa.schema([full.field(PARTITION)]), flavor="hive")
+    parts: list[pa.Table] = []
+    for version in sorted(set(versions)):
+        manifest = read_manifest(store, version)
+        for name in sorted(manifest.get("hardware") or {}):
+            entry = manifest["hardware"][name]
+            if not entry.get("file") or (wanted is not None and name not in wanted):
+                continue
+            key = entry["file"]
+            path = f"{base}/{key}"
+            where = f"{key!r} in {store.location} (dataset version {version})"
+            try:
+                if fs.get_file_info(path).type == pafs.FileType.NotFound:
+                    raise DatasetError(f"dataset file {where} is missing; its manifest lists it")
+                meta = pq.read_metadata(path, filesystem=fs)
+            except (OSError, pa.ArrowException) as exc:
+                raise DatasetError(f"dataset file {where} is not a readable Parquet file: {_one_line(exc)}") from None
+            if meta.num_rows != int(entry["rows"]):
+                raise DatasetError(
+                    f"dataset file {where} has {meta.num_rows} rows, its manifest says {entry['rows']}"
+                )
+            try:
+                table = pads.dataset([path], schema=full, filesystem=fs, format="parquet", partitioning=partitioning,
+                                     partition_base_dir=f"{base}/{version_prefix(version)}").to_table()
+            except (OSError, pa.ArrowException) as exc:
+                raise DatasetError(f"dataset file {where} cannot be read: {_one_line(exc)}") from None
+            parts.append(table)
+    if not parts:
+        return full.empty_table()
+    return pa.concat_tables(parts)
+
+
+def renormalise(table: pa.Table) -> pa.Table:
+    """Recompute ``label`` and ``best_mean_run_s`` against the best known of the whole table.
+
+    For each (workload, hardware class) the normaliser becomes the fastest of the rows'
+    ``mean_run_s`` and their exported ``best_mean_run_s`` (the best known when each version was
+    exported), so rows of older versions are relabelled against a faster schedule found later.
+    Error rows keep label 0.0.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return table
+    candidates = pc.min_element_wise(table["mean_run_s"], table["best_mean_run_s"])
+    keyed = pa.table({"w": table["workload_hash"], "h": table[PARTITION], "b": candidates})
+    best = keyed.group_by(["w", "h"]).aggregate([("b", "min")])
+    joined = keyed.append_column("i", pa.array(range(table.num_rows), pa.int64())).join(best, ["w", "h"])
+    joined = joined.sort_by("i")
+    new_best = joined["b_min"]
+    ok = pc.and_(pc.is_null(table["error_kind"]), pc.is_valid(table["mean_run_s"]))
+    label = pc.if_else(ok, pc.divide(new_best, table["mean_run_s"]), 0.0)
+    label = pc.fill_null(label, 0.0)
+    idx = table.schema.get_field_index
+    table = table.set_column(idx("best_mean_run_s"), "best_mean_run_s", new_best.cast(pa.float64()))
+    return table.set_column(idx("label"), "label", label.cast(pa.float64()))
+
+
+def feature_matrix(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """All feature vectors of a table as one array, and where each row's stores start.
+
+    Returns
+    -------
+    (features, offsets)
+        ``features`` is float32 of shape ``(total stores, 164)``; row ``i``'s stores are
+        ``features[offsets[i]:offsets[i + 1]]`` (``offsets`` has ``num_rows + 1`` entries).
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    column = table["features"]
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pc.list_flatten(pc.list_flatten(column)).to_numpy(zero_copy_only=False)
+    return np.asarray(flat, dtype=np.float32).reshape(-1, FEATURE_DIMS), offsets
+
+__all__ = [
+    "FEATURE_DIMS",
+    "SCHEMA_VERSION",
+    "DatasetError",
+    "DatasetVersion",
+    "export",
+    "feature_matrix",
+    "list_versions",
+    "load",
+    "manifest_key",
+    "part_key",
+    "read_manifest",
+    "renormalise",
+    "schema",
+    "stored_versions",
+]
