@@ -509,7 +509,7 @@ def _export_class(
             kept = [(m, feats[m.id]) for m in page if feats[m.id] is not None]
             skipped += [m.id for m in page if feats[m.id] is None]
             if kept:
-                table = _rows_table(version, kept, featurizer.workload, best)  # type: ignore[arg-type]
+                table = _rows_table(version, kept, featurizer.workload, best)
                 if writer is None:
                     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
                     written.append(key)
