@@ -129,6 +129,14 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
     return rows
 
 
+@flow(name="export")
+def export(hardware: str | None = None) -> dict[str, Any] | None:
+    """Export new measurements (with program features and labels) as the next dataset version."""
+    if hardware:
+        check_hardware([hardware])
+    return steps.export(hardware)
+
+
 @flow(name="build")
 def build(model_ids: list[int], hardware: list[str], output_dir: str | None = None) -> list[dict[str, Any]]:
     """Compile models with the best stored schedules and compare latency against the untuned build.

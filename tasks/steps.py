@@ -127,6 +127,24 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
     return [r.as_dict() for r in rows]
 
 
+EXPORT_TAG = "tunefleet-export"
+"""Exports must run one at a time (two would take the same new measurements): `tunefleet deploy`
+sets a concurrency limit of 1 on this tag."""
+
+
+@task(name="export", tags=[EXPORT_TAG], **_RETRY)
+def export(hardware: str | None = None) -> dict[str, Any] | None:
+    """Export the measurements not in any dataset version yet as the next Parquet version."""
+    from tunefleet.dataset import export as export_dataset
+
+    ctx = shared_context()
+    version = export_dataset(ctx.db, ctx.store, hardware=hardware)
+    if version is None:
+        return None
+    return {"version": version.version, "uri": version.uri, "rows": version.row_count,
+            "row_counts": version.row_counts, "measurement_ids": version.measurement_ids}
+
+
 @task(name="build", **_RETRY)
 def build(model_id: int, hardware: str, output: str | None = None) -> dict[str, Any]:
     """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager."""

@@ -302,6 +302,44 @@ def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_dataset_export(args: argparse.Namespace, settings: Settings) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tunefleet.dataset import export
+
+    ctx = Context(settings)
+    with Progress(TextColumn("export"), BarColumn(), MofNCompleteColumn(), TextColumn("measurements"),
+                  TimeElapsedColumn()) as bar:
+        task = bar.add_task("", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        version = export(ctx.db, ctx.store, hardware=args.hardware, progress=progress)
+    if version is None:
+        print("nothing new to export: every measurement is in a dataset version already")
+        return 0
+    counts = ", ".join(f"{hw}: {n}" for hw, n in sorted(version.row_counts.items()))
+    print(f"dataset v{version.version}: {version.row_count} rows ({counts}) at {version.uri}")
+    return 0
+
+
+def cmd_dataset_list(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.dataset import list_versions
+
+    versions = list_versions(Context(settings).db)
+    if args.json:
+        _print_json([{"version": v.version, "uri": v.uri, "created_at": v.created_at, "rows": v.row_count,
+                      "complete": v.complete, "row_counts": v.row_counts, "parents": v.parents,
+                      "measurement_ids": v.measurement_ids} for v in versions])
+        return 0
+    _table("dataset versions", ["version", "rows", "per hardware class", "measurement ids", "complete", "created", "uri"],
+           [(v.version, v.row_count, ", ".join(f"{k}: {n}" for k, n in sorted(v.row_counts.items())),
+             f"{v.measurement_ids['min']}-{v.measurement_ids['max']}" if v.measurement_ids else "-",
+             "yes" if v.complete else "no", v.created_at, v.uri) for v in versions])
+    return 0
+
+
 def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> int:
     """A long-running exporter of the fleet gauges (per-model energy and cost, shard states)."""
     import time
@@ -416,6 +454,15 @@ def build_parser() -> argparse.ArgumentParser:
     ren.add_argument("--hardware", default=None)
     ren.add_argument("--json", action="store_true")
     ren.set_defaults(handler=cmd_report_energy)
+
+    ds = sub.add_parser("dataset", help="measurements as versioned Parquet datasets").add_subparsers(
+        dest="sub", required=True)
+    dse = ds.add_parser("export", help="export the measurements not in any version yet as the next version")
+    dse.add_argument("--hardware", default=None, help="only this hardware class")
+    dse.set_defaults(handler=cmd_dataset_export)
+    dsl = ds.add_parser("list", help="dataset versions")
+    dsl.add_argument("--json", action="store_true")
+    dsl.set_defaults(handler=cmd_dataset_list)
 
     met = sub.add_parser("metrics", help="Prometheus metrics").add_subparsers(dest="sub", required=True)
     mse = met.add_parser("serve", help="serve the fleet's gauges from the database on /metrics")

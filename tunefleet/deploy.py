@@ -134,7 +134,7 @@ def deploy(hardware: Mapping[str, str], *, pool_type: PoolType = "process", conc
     result = DeployResult(api_url=api_url())
     if concurrency is not None and concurrency < 1:
         raise ConfigError(f"invalid concurrency {concurrency}: must be >= 1")
-    from tunefleet.tasks.steps import hardware_tag
+    from tunefleet.tasks.steps import EXPORT_TAG, hardware_tag
 
     with get_client(sync_client=True) as client:
         try:
@@ -149,6 +149,8 @@ def deploy(hardware: Mapping[str, str], *, pool_type: PoolType = "process", conc
             if concurrency is not None:
                 ensure_concurrency_limit(client, hardware_tag(hw), concurrency)
                 result.concurrency_limits[hardware_tag(hw)] = concurrency
+        ensure_concurrency_limit(client, EXPORT_TAG, 1)  # dataset exports one at a time
+        result.concurrency_limits[EXPORT_TAG] = 1
     from prefect.flows import load_flow_from_entrypoint
 
     selected = deployments_for_pools({pool_name(hw) for hw in hardware})

@@ -32,6 +32,17 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     again = run_cli("run", "--model", "mlp", "--trials", "6", env=env, timeout=600)  # idempotent: nothing new to tune
     assert again.returncode == 0 and "3/5 plan: 0 new shard(s)" in again.stdout
 
+    energy = json.loads(run_cli("report", "energy", "--json", env=env).stdout)
+    assert [(r["model"], r["hardware"], r["sources"]) for r in energy] == [("mlp", "x86", "estimate")]
+    assert energy[0]["joules"] > 0 and energy[0]["trials"] >= 18  # 3 workloads x 6 trials
+    assert 0 <= energy[0]["wasted_pct"] < 100  # the first valid candidate of each workload is useful
+
+    exported = run_cli("dataset", "export", env=env, timeout=300)
+    assert exported.returncode == 0 and "dataset v1:" in exported.stdout, exported.stderr[-2000:]
+    versions = json.loads(run_cli("dataset", "list", "--json", env=env).stdout)
+    assert [(v["version"], v["rows"], v["complete"]) for v in versions] == [(1, energy[0]["trials"], True)]
+    assert "nothing new to export" in run_cli("dataset", "export", env=env, timeout=300).stdout
+
 
 def test_unknown_hardware_and_model_are_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
