@@ -69,7 +69,6 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "s3": {"endpoint": "minio.minio.svc:9000"},
         "metrics": {"pushgateway": "http://prometheus-pushgateway.monitoring.svc:9091"},
         "secrets": {"existingSecret": "tunefleet-credentials"},
-        "prefect": {"apiUrl": "http://prefect-server.prefect.svc:4200/api"},
     },
     "custom": merge(REQUIRED, {
         "image": {"repository": "registry.example.test/tunefleet", "tag": "0.1.0"},

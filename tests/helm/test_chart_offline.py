@@ -255,6 +255,11 @@ def test_secrets_reach_pods_only_through_secret_key_refs_offline(set_name: str) 
         migrate = by_kind_name(objs)[("Job", "tunefleet-db-upgrade")]
         env = {e["name"]: e for e in migrate["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["TUNEFLEET_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "tunefleet-credentials"
+        if not values["prefect"]["apiUrl"]:
+            server = by_kind_name(objs)[("Deployment", "tunefleet-prefect-server")]
+            env = {e["name"]: e for e in server["spec"]["template"]["spec"]["containers"][0]["env"]}
+            assert env["PREFECT_API_DATABASE_CONNECTION_URL"]["valueFrom"]["secretKeyRef"] == {
+                "name": "tunefleet-credentials", "key": "prefect-database-url"}
         return
     data = {k: base64.b64decode(v).decode() for k, v in secrets["tunefleet"]["data"].items()}
     from sqlalchemy.engine import make_url
