@@ -144,13 +144,10 @@ def containers(pod_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 @functools.cache
 def pools_script() -> ModuleType:
-    """helm/tunefleet/files/configure_pools.py, imported from its path."""
-    path = CHART / "files" / "configure_pools.py"
-    spec = importlib.util.spec_from_file_location("tunefleet_configure_pools", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``tunefleet.k8s_pools``: what the deploy Jobs run (``python -m tunefleet.k8s_pools``)."""
+    import tunefleet.k8s_pools
+
+    return tunefleet.k8s_pools
 
 
 def pools_spec(objs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -344,12 +344,12 @@ def test_hooks_migrate_before_and_deploy_after_offline() -> None:
     deploy = objs[("Job", "tunefleet-deploy")]
     assert deploy["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     script = deploy["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-    assert "tunefleet deploy --pool-type kubernetes $(python /etc/tunefleet/pools/configure_pools.py hardware-args)" in script
-    assert script.index("configure_pools.py wait") < script.index("tunefleet deploy") < script.index("configure_pools.py apply")
+    assert "tunefleet deploy --pool-type kubernetes $(python -m tunefleet.k8s_pools hardware-args)" in script
+    assert script.index("k8s_pools wait") < script.index("tunefleet deploy") < script.index("k8s_pools apply")
     mounts = deploy["spec"]["template"]["spec"]["volumes"]
     assert {"name": "pools", "configMap": {"name": "tunefleet-pools"}} in mounts
     pools = objs[("ConfigMap", "tunefleet-pools")]["data"]
-    assert pools["configure_pools.py"] == (CHART / "files" / "configure_pools.py").read_text()
+    assert set(pools) == {"pools.json"}  # the code comes from the image (tunefleet.k8s_pools), not a ConfigMap
     off = by_kind_name(objects(render(merge(REQUIRED, {"hooks": {"migrate": {"enabled": False}, "deploy": {"enabled": False}}}))))
     assert not [k for k in off if k[0] == "Job" or k[1] == "tunefleet-migrate"]
 

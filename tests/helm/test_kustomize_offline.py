@@ -111,12 +111,9 @@ def test_kustomize_equals_the_charts_core_offline(path: str) -> None:
     assert differ <= {"PREFECT_API_URL", "TUNEFLEET_S3_ENDPOINT", "TUNEFLEET_METRICS_PUSHGATEWAY"}, differ
 
 
-def test_kustomize_pool_script_is_the_charts_offline() -> None:
-    ours = (KUSTOMIZE / "base" / "configure_pools.py").read_bytes()
-    assert ours == (CHART / "files" / "configure_pools.py").read_bytes(), \
-        "cp helm/tunefleet/files/configure_pools.py k8s/base/configure_pools.py"
+def test_kustomize_pools_configmap_carries_only_the_spec_offline() -> None:
     data = by_kind_name(built("base"))[("ConfigMap", "tunefleet-pools")]["data"]
-    assert data["configure_pools.py"] == ours.decode()
+    assert set(data) == {"pools.json"}  # the code comes from the image (tunefleet.k8s_pools)
 
 
 def test_kustomize_secrets_only_by_reference_offline() -> None:

@@ -17,10 +17,10 @@ job template with one built by the same ``tunefleet.k8s.base_job_template`` from
 
 Usage (the spec from ``$TUNEFLEET_POOLS_SPEC``, default ``/etc/tunefleet/pools/pools.json``)::
 
-    python configure_pools.py wait           # until $PREFECT_API_URL/health answers
-    python configure_pools.py hardware-args  # "--hardware x86 --hardware arm" for tunefleet deploy
-    python configure_pools.py apply          # create/update every pool's base job template
-    python configure_pools.py show [CLASS]   # print the templates; needs no Prefect server
+    python -m tunefleet.k8s_pools wait           # until $PREFECT_API_URL/health answers
+    python -m tunefleet.k8s_pools hardware-args  # "--hardware x86 --hardware arm" for tunefleet deploy
+    python -m tunefleet.k8s_pools apply          # create/update every pool's base job template
+    python -m tunefleet.k8s_pools show [CLASS]   # print the templates; needs no Prefect server
 
 ``apply`` and ``show`` need ``$TUNEFLEET_POOLS_NAMESPACE`` (the Job sets it from the downward API).
 Every template is rendered into a Job with the Prefect Kubernetes worker's own code before any
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         selected = {k: v for k, v in templates.items() if len(args) < 2 or k in args[1:]}
         print(json.dumps(selected, indent=2, sort_keys=True))
     else:
-        print("usage: configure_pools.py wait | hardware-args | apply | show [CLASS ...]", file=sys.stderr)
+        print("usage: python -m tunefleet.k8s_pools wait | hardware-args | apply | show [CLASS ...]", file=sys.stderr)
         return 2
     return 0
 
