@@ -1,0 +1,534 @@
+"""Retrain an XGBoost cost model on a dataset version and promote it only when it is better.
+
+Pipeline step 7. :func:`retrain` loads the dataset rows of one hardware class (relabelled with
+:func:`tunefleet.dataset.renormalise`), splits them by workload, trains, evaluates the new model
+*and* the current promoted one on the same held-out workloads, stores the model and registers it
+in ``cost_models`` with its metrics; it is promoted only when it beats the current one.
+
+Decisions
+---------
+- **Per-candidate features.** A candidate has one 164-float ``PerStoreFeature`` vector per
+  buffer store. MetaSchedule's ``XGBModel`` scores each store and sums the scores; here, more
+  simply, each row's stores are aggregated into one fixed-length vector: the **sum**, the
+  **mean** and the **max** over stores, concatenated (3 x 164 = 492 floats), see
+  :func:`candidate_features`. A row without stores gets zeros.
+- **Split.** :func:`split_by_workload` holds out whole workloads (by ``workload_hash``), chosen by
+  hashing ``"{seed}:{workload_hash}"``, so no held-out workload is ever seen in training and the
+  split is deterministic and stable as workloads are added.
+- **Objectives.** ``"reg:squarederror"`` regresses the normalised throughput ``label``;
+  ``"rank:pairwise"`` learns the order within each group (one query group per (workload,
+  hardware class)). :func:`compare_objectives` measures both on the same split.
+- **Rows.** Error rows (label 0) are kept for training (the model learns to avoid failures);
+  every metric uses successful rows only (``error_kind`` NULL and ``label > 0``).
+
+Metrics (:func:`evaluate`, :func:`evaluate_scores`)
+--------------------------------------------------
+Groups are (``workload_hash``, ``hardware``); within a group labels are proportional to
+throughput (one normaliser per group), so ratios of labels are ratios of throughput.
+
+- ``pairwise_accuracy``: over all pairs of rows of the same group with *different* labels
+  (pooled over groups), the fraction the scores order like the labels; a tie in the scores
+  counts 0.5. None when there is no such pair.
+- ``peak@k`` (k = 1, 5; TenSet's definition): per group, the best label among the k rows with the
+  highest scores divided by the best label of the group, averaged over groups. Ties in the
+  scores are broken randomly but seeded (``seed``), so constant scores give the expected value
+  of a random pick, reproducibly.
+- ``r2``: coefficient of determination of scores vs labels over the successful rows. Only
+  meaningful for the regression objective (a ranking model's scores are on no particular scale).
+- ``n_workloads`` (groups with at least one successful row) and ``n_rows`` (successful rows).
+
+Baselines on the same rows: ``random`` (seeded uniform scores) and ``untrained`` (all scores 0,
+so every pair is a tie: pairwise accuracy exactly 0.5, peak@k that of a random pick).
+
+Promotion: the new model is promoted when there is no current model (or the current model's
+artifact cannot be read), or its held-out ``peak@1`` is strictly higher than the current model's
+on the same held-out set, or equal with strictly higher ``pairwise_accuracy``. Otherwise it is
+registered but not promoted, and the result says why.
+
+The artifact is XGBoost's own JSON model (``costmodels/<hardware>/v<N>.json``), loadable with
+plain ``xgboost.Booster``; tunefleet's metadata (objective, feature layout) is kept in the
+booster's attribute ``tunefleet``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tunefleet.errors import TunefleetError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import xgboost as xgb
+
+    from tunefleet.db import Database
+    from tunefleet.store import ArtifactStore
+
+log = logging.getLogger(__name__)
+
+OBJECTIVES = ("reg:squarederror", "rank:pairwise")
+#: Aggregations over stores, concatenated in this order (see :func:`candidate_features`).
+AGGREGATIONS = ("sum", "mean", "max")
+PREFIX = "costmodels"
+DEFAULT_PARAMS: dict[str, Any] = {
+    "max_depth": 6,
+    "eta": 0.2,
+    "min_child_weight": 1,
+    "subsample": 1.0,
+    "tree_method": "hist",
+    "max_bin": 64,  # PerStoreFeature values are mostly log-scaled counts: few distinct values
+    # One thread: on a shared, loaded machine OpenMP threads contend badly (measured 2 threads
+    # 20x slower than 1 on a loaded 2-core box); pass params={"nthread": n} on a dedicated node.
+    "nthread": 1,
+    "verbosity": 0,
+}
+DEFAULT_ROUNDS = 60
+_META_ATTR = "tunefleet"
+
+
+class CostModelError(TunefleetError):
+    """A cost model cannot be trained, evaluated, stored or loaded."""
+
+
+# -- features and rows ----------------------------------------------------------------------------
+def candidate_features(table: pa.Table) -> np.ndarray:
+    """One fixed-length vector per row: sum, mean and max over its stores (float32, n x 492)."""
+    from tunefleet.dataset import FEATURE_DIMS, feature_matrix
+
+    n = table.num_rows
+    out = np.zeros((n, len(AGGREGATIONS) * FEATURE_DIMS), dtype=np.float32)
+    if n == 0:
+        return out
+    feats, offsets = feature_matrix(table)
+    counts = np.diff(offsets)
+    has = counts > 0
+    if feats.shape[0] == 0 or not has.any():
+        return out
+    starts = offsets[:-1][has]
+    sums = np.add.reduceat(feats, starts, axis=0)
+    maxs = np.maximum.reduceat(feats, starts, axis=0)
+    out[has, :FEATURE_DIMS] = sums
+    out[has, FEATURE_DIMS:2 * FEATURE_DIMS] = sums / counts[has, None]
+    out[has, 2 * FEATURE_DIMS:] = maxs
+    return out
+
+
+def _labels(table: pa.Table) -> np.ndarray:
+    return np.nan_to_num(np.asarray(table["label"].to_numpy(zero_copy_only=False), dtype=np.float64))
+
+
+def _ok_mask(table: pa.Table) -> np.ndarray:
+    errors = table["error_kind"].is_null().to_numpy(zero_copy_only=False)
+    return np.asarray(errors, dtype=bool) & (_labels(table) > 0)
+
+
+def _group_ids(table: pa.Table) -> np.ndarray:
+    """Integer group per row: one per (workload_hash, hardware)."""
+    wl = table["workload_hash"].to_pylist()
+    hw = table["hardware"].to_pylist() if "hardware" in table.column_names else [None] * len(wl)
+    index: dict[tuple[Any, Any], int] = {}
+    return np.array([index.setdefault(k, len(index)) for k in zip(wl, hw)], dtype=np.int64)
+
+
+# -- split ----------------------------------------------------------------------------------------
+def _unit(workload_hash: str, seed: int) -> float:
+    digest = hashlib.sha256(f"{seed}:{workload_hash}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def split_by_workload(table: pa.Table, holdout_fraction: float = 0.2, seed: int = 0) -> tuple[pa.Table, pa.Table]:
+    """(train, test) with disjoint ``workload_hash`` sets, chosen by hashing each hash with ``seed``.
+
+    A workload is held out when its hash maps below ``holdout_fraction``; with at least two
+    workloads both sides are made non-empty (the lowest-hashing workload is held out, the
+    highest kept for training, when the threshold alone would leave a side empty).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not 0.0 < holdout_fraction < 1.0:
+        raise CostModelError(f"holdout_fraction must be between 0 and 1 (exclusive), got {holdout_fraction}")
+    hashes = sorted(set(table["workload_hash"].to_pylist()))
+    if len(hashes) < 2:
+        raise CostModelError(
+            f"cannot split by workload: the dataset has {len(hashes)} workload(s), at least 2 are needed"
+        )
+    ranked = sorted(hashes, key=lambda h: (_unit(h, seed), h))
+    test = {h for h in ranked if _unit(h, seed) < holdout_fraction}
+    if not test:
+        test = {ranked[0]}
+    if len(test) == len(ranked):
+        test.discard(ranked[-1])
+    mask = pc.is_in(table["workload_hash"], value_set=pa.array(sorted(test), pa.string()))
+    return table.filter(pc.invert(mask)), table.filter(mask)
+
+
+# -- metrics --------------------------------------------------------------------------------------
+def _pairwise(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
+    """(sum of credit, number of pairs) over pairs in the same group with different labels."""
+    credit, pairs = 0.0, 0
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        lab, sc = labels[idx], scores[idx]
+        for start in range(0, len(idx), 512):  # bounded memory for large groups
+            dl = np.sign(lab[start:start + 512, None] - lab[None, :])
+            ds = np.sign(sc[start:start + 512, None] - sc[None, :])
+            valid = dl > 0  # each unordered pair counted once, from its better row
+            pairs += int(valid.sum())
+            credit += float((ds[valid] > 0).sum()) + 0.5 * float((ds[valid] == 0).sum())
+    return credit, pairs
+
+
+def _peak(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, k: int, seed: int) -> float | None:
+    rng = np.random.default_rng(seed)
+    values = []
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        lab, sc = labels[idx], scores[idx]
+        best = lab.max()
+        if best <= 0:
+            continue
+        perm = rng.permutation(len(idx))  # random tie-break, then a stable sort by score
+        order = perm[np.argsort(-sc[perm], kind="stable")]
+        values.append(float(lab[order[:k]].max() / best))
+    return float(np.mean(values)) if values else None
+
+
+def _r2(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    if len(labels) < 2:
+        return None
+    ss_tot = float(((labels - labels.mean()) ** 2).sum())
+    if ss_tot == 0.0:
+        return None
+    return 1.0 - float(((labels - scores) ** 2).sum()) / ss_tot
+
+
+def evaluate_scores(scores: np.ndarray, table: pa.Table, *, seed: int = 0) -> dict[str, Any]:
+    """The metrics of the module docstring for given scores (one per row of ``table``)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.shape != (table.num_rows,):
+        raise CostModelError(f"{scores.shape[0] if scores.ndim else 0} scores for {table.num_rows} rows")
+    ok = _ok_mask(table)
+    labels, sc, groups = _labels(table)[ok], scores[ok], _group_ids(table)[ok]
+    credit, pairs = _pairwise(labels, sc, groups)
+    return {
+        "pairwise_accuracy": credit / pairs if pairs else None,
+        "n_pairs": pairs,
+        "peak@1": _peak(labels, sc, groups, 1, seed),
+        "peak@5": _peak(labels, sc, groups, 5, seed),
+        "r2": _r2(labels, sc),
+        "n_workloads": len(np.unique(groups)),
+        "n_rows": int(ok.sum()),
+    }
+
+
+def random_scores(table: pa.Table, seed: int = 0) -> np.ndarray:
+    """The ``random`` baseline: seeded uniform scores."""
+    return np.random.default_rng(seed).random(table.num_rows)
+
+
+def untrained_scores(table: pa.Table) -> np.ndarray:
+    """The ``untrained`` baseline: constant scores (every comparison a tie)."""
+    return np.zeros(table.num_rows)
+
+
+def baselines(table: pa.Table, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Metrics of the random and untrained baselines on ``table``."""
+    return {
+        "random": evaluate_scores(random_scores(table, seed), table, seed=seed),
+        "untrained": evaluate_scores(untrained_scores(table), table, seed=seed),
+    }
+
+
+# -- model ----------------------------------------------------------------------------------------
+@dataclass
+class TrainedModel:
+    """An XGBoost booster with the feature layout and objective it was trained with."""
+
+    booster: xgb.Booster
+    objective: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def predict(self, table: pa.Table) -> np.ndarray:
+        """One score per row of ``table`` (higher = faster)."""
+        import xgboost as xgb
+
+        if table.num_rows == 0:
+            return np.zeros(0)
+        return np.asarray(self.booster.predict(xgb.DMatrix(candidate_features(table))), dtype=np.float64)
+
+    def to_bytes(self) -> bytes:
+        """XGBoost's JSON model, with tunefleet's metadata in the ``tunefleet`` attribute."""
+        self.booster.set_attr(**{_META_ATTR: json.dumps({"objective": self.objective, **self.meta})})
+        return bytes(self.booster.save_raw("json"))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TrainedModel:
+        import xgboost as xgb
+
+        booster = xgb.Booster()
+        try:
+            booster.load_model(bytearray(data))
+            meta = json.loads(booster.attr(_META_ATTR) or "{}")
+        except (xgb.core.XGBoostError, ValueError) as exc:
+            raise CostModelError(f"not a tunefleet cost model: {str(exc).splitlines()[0][:200]}") from None
+        objective = meta.pop("objective", None)
+        if objective not in OBJECTIVES or meta.get("aggregations") != list(AGGREGATIONS):
+            raise CostModelError("not a tunefleet cost model: its metadata names no known objective/feature layout")
+        return cls(booster, objective, meta)
+
+
+def train(
+    table: pa.Table,
+    *,
+    objective: str = "reg:squarederror",
+    params: dict[str, Any] | None = None,
+    num_boost_round: int = DEFAULT_ROUNDS,
+    include_errors: bool = True,
+    seed: int = 0,
+) -> TrainedModel:
+    """Train on every row of ``table`` (error rows with label 0 unless ``include_errors=False``).
+
+    ``rank:pairwise`` uses one query group per (workload, hardware class).
+    """
+    import xgboost as xgb
+
+    if objective not in OBJECTIVES:
+        raise CostModelError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+    if not include_errors:
+        import pyarrow as pa
+
+        table = table.filter(pa.array(_ok_mask(table)))
+    if not _ok_mask(table).any():
+        raise CostModelError("no successful measurements to train on (every row is an error)")
+    x, y, groups = candidate_features(table), _labels(table), _group_ids(table)
+    order = np.argsort(groups, kind="stable")
+    if objective == "rank:pairwise":
+        dm = xgb.DMatrix(x[order], label=y[order], qid=groups[order])
+    else:
+        dm = xgb.DMatrix(x, label=y)
+    full = {**DEFAULT_PARAMS, **(params or {}), "objective": objective, "seed": seed}
+    booster = xgb.train(full, dm, num_boost_round=num_boost_round)
+    meta = {
+        "aggregations": list(AGGREGATIONS),
+        "feature_dims": int(x.shape[1]),
+        "num_boost_round": num_boost_round,
+        "params": {k: v for k, v in full.items() if isinstance(v, (int, float, str, bool))},
+        "n_train_rows": int(table.num_rows),
+        "n_train_workloads": len(set(table["workload_hash"].to_pylist())),
+    }
+    return TrainedModel(booster, objective, meta)
+
+
+def evaluate(model: TrainedModel, table: pa.Table, *, seed: int = 0) -> dict[str, Any]:
+    """Metrics of ``model`` on ``table`` (see the module docstring); ``r2`` notes the objective."""
+    metrics = evaluate_scores(model.predict(table), table, seed=seed)
+    metrics["objective"] = model.objective
+    if model.objective != "reg:squarederror":
+        metrics["r2_note"] = "not meaningful for a ranking objective (scores are not on the label scale)"
+    return metrics
+
+
+def compare_objectives(
+    table: pa.Table, seed: int = 0, *, holdout_fraction: float = 0.2, params: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train both objectives on the same split; their held-out metrics, the baselines and the better one."""
+    train_t, test_t = split_by_workload(table, holdout_fraction, seed)
+    out: dict[str, Any] = {obj: evaluate(train(train_t, objective=obj, params=params, seed=seed), test_t, seed=seed)
+                           for obj in OBJECTIVES}
+    out["baselines"] = baselines(test_t, seed)
+    out["better"] = max(OBJECTIVES, key=lambda o: _rank_key(out[o]))
+    out["split"] = {"seed": seed, "train_workloads": len(set(train_t["workload_hash"].to_pylist())),
+                    "test_workloads": len(set(test_t["workload_hash"].to_pylist()))}
+    return out
+
+
+def _rank_key(metrics: dict[str, Any]) -> tuple[float, float]:
+    return (metrics.get("peak@1") or 0.0, metrics.get("pairwise_accuracy") or 0.0)
+
+
+def beats(new: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Promotion rule: strictly higher peak@1, or equal peak@1 and strictly higher pairwise accuracy."""
+    (p_new, a_new), (p_cur, a_cur) = _rank_key(new), _rank_key(current)
+    return p_new > p_cur or (p_new == p_cur and a_new > a_cur)
+
+
+# -- retrain, registry ----------------------------------------------------------------------------
+@dataclass
+class RetrainResult:
+    """What :func:`retrain` registered and whether it became current."""
+
+    cost_model_id: int
+    version: int
+    hardware: str
+    artifact_uri: str
+    promoted: bool
+    reason: str
+    metrics: dict[str, Any]
+    model: TrainedModel
+
+
+def model_key(hardware: str, version: int) -> str:
+    return f"{PREFIX}/{hardware}/v{version}.json"
+
+
+def _next_version(db: Database, hardware_class_id: int) -> int:
+    from sqlalchemy import func, select
+
+    from tunefleet.db.models import CostModel
+
+    with db.session() as s:
+        stmt = select(func.coalesce(func.max(CostModel.version), 0)).where(
+            CostModel.hardware_class_id == hardware_class_id
+        )
+        return int(s.scalar(stmt) or 0) + 1
+
+
+def _set_uri(db: Database, cost_model_id: int, uri: str) -> None:
+    from tunefleet.db.models import CostModel
+
+    with db.session() as s:
+        row = s.get(CostModel, cost_model_id)
+        if row is not None:
+            row.artifact_uri = uri
+
+
+def _load_artifact(store: ArtifactStore, uri: str) -> TrainedModel:
+    return TrainedModel.from_bytes(store.get_bytes(store.key_from_uri(uri)))
+
+
+def retrain(
+    db: Database,
+    store: ArtifactStore,
+    hardware: str,
+    *,
+    dataset_versions: list[int] | None = None,
+    objective: str = "reg:squarederror",
+    holdout_fraction: float = 0.2,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+    num_boost_round: int = DEFAULT_ROUNDS,
+    table: pa.Table | None = None,
+) -> RetrainResult:
+    """Train, evaluate against the current model on the same held-out workloads, register, maybe promote.
+
+    ``table`` replaces loading the dataset from ``store`` (rows already loaded, e.g. by a flow
+    that read them once); ``dataset_versions`` then only labels the metrics.
+    """
+    from tunefleet import dataset
+
+    hw = db.hardware_class(hardware)
+    if table is None:
+        versions = sorted(set(dataset_versions)) if dataset_versions else dataset.stored_versions(store)
+        if not versions:
+            raise CostModelError(f"no dataset in {store.location}; run `tunefleet dataset export` first")
+        table = dataset.load(store, versions, hardware=hardware)
+    else:
+        versions = sorted(set(dataset_versions or set(table["dataset_version"].to_pylist())))
+        if "hardware" in table.column_names:
+            import pyarrow.compute as pc
+
+            table = table.filter(pc.equal(table["hardware"], hardware))
+    if table.num_rows == 0:
+        raise CostModelError(
+            f"no dataset rows for hardware class {hardware!r} in dataset versions {versions}; tune and export first"
+        )
+    table = dataset.renormalise(table)
+    if not _ok_mask(table).any():
+        raise CostModelError(f"no successful measurements for hardware class {hardware!r}: every row is an error")
+    train_t, test_t = split_by_workload(table, holdout_fraction, seed)
+    model = train(train_t, objective=objective, params=params, num_boost_round=num_boost_round, seed=seed)
+    new = evaluate(model, test_t, seed=seed)
+
+    current_row = db.current_cost_model(hw.id)
+    current: dict[str, Any] | None = None
+    if current_row is not None:
+        current = {"cost_model_id": current_row.id, "version": current_row.version}
+        try:
+            current.update(evaluate(_load_artifact(store, current_row.artifact_uri), test_t, seed=seed))
+        except TunefleetError as exc:
+            current["error"] = str(exc).splitlines()[0][:300]
+            log.warning("current cost model v%s of %s cannot be evaluated: %s", current_row.version, hardware,
+                        current["error"])
+
+    if current is None:
+        promote, reason = True, "no current model"
+    elif "error" in current:
+        promote, reason = True, f"current model v{current['version']} is unusable: {current['error']}"
+    elif beats(new, current):
+        promote, reason = True, (f"beats current v{current['version']} on the same held-out set "
+                                 f"(peak@1 {_fmt(new['peak@1'])} vs {_fmt(current['peak@1'])}, pairwise accuracy "
+                                 f"{_fmt(new['pairwise_accuracy'])} vs {_fmt(current['pairwise_accuracy'])})")
+    else:
+        promote, reason = False, (f"does not beat current v{current['version']} on the same held-out set "
+                                  f"(peak@1 {_fmt(new['peak@1'])} vs {_fmt(current['peak@1'])}, pairwise accuracy "
+                                  f"{_fmt(new['pairwise_accuracy'])} vs {_fmt(current['pairwise_accuracy'])})")
+
+    test_hashes = sorted(set(test_t["workload_hash"].to_pylist()))
+    metrics: dict[str, Any] = {
+        "objective": objective,
+        "heldout": new,
+        "current_on_heldout": current,
+        "baselines": baselines(test_t, seed),
+        "split": {"seed": seed, "holdout_fraction": holdout_fraction,
+                  "train_workloads": len(set(train_t["workload_hash"].to_pylist())),
+                  "test_workloads": len(test_hashes), "test_workload_hashes": test_hashes,
+                  "train_rows": train_t.num_rows, "test_rows": test_t.num_rows},
+        "dataset_versions": versions,
+        "num_boost_round": num_boost_round,
+        "promoted": promote,
+        "reason": reason,
+    }
+    metrics = json.loads(json.dumps(metrics))
+    data = model.to_bytes()
+    version = _next_version(db, hw.id)
+    uri = store.put_bytes(model_key(hardware, version), data, "application/json")
+    dataset_id = next((d.id for d in db.datasets() if versions and d.version == versions[-1]), None)
+    row = db.add_cost_model(hardware_class_id=hw.id, artifact_uri=uri, metrics=metrics, dataset_id=dataset_id)
+    if row.version != version:  # another retrain registered meanwhile: store under the version we got
+        uri = store.put_bytes(model_key(hardware, row.version), data, "application/json")
+        _set_uri(db, row.id, uri)
+    if promote:
+        db.promote_cost_model(row.id)
+    log.info("cost model v%s of %s: %s (%s)", row.version, hardware, "promoted" if promote else "not promoted", reason)
+    return RetrainResult(row.id, row.version, hardware, uri, promote, reason, metrics, model)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def load_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel | None:
+    """The current promoted cost model of a hardware class, or None when there is none."""
+    hw = db.hardware_class(hardware)
+    row = db.current_cost_model(hw.id)
+    if row is None:
+        return None
+    return _load_artifact(store, row.artifact_uri)
+
+
+__all__ = [
+    "AGGREGATIONS",
+    "OBJECTIVES",
+    "CostModelError",
+    "RetrainResult",
+    "TrainedModel",
+    "baselines",
+    "beats",
+    "candidate_features",
+    "compare_objectives",
+    "evaluate",
+    "evaluate_scores",
+    "load_model",
+    "model_key",
+    "random_scores",
+    "retrain",
+    "split_by_workload",
+    "train",
+    "untrained_scores",
+]
