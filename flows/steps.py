@@ -137,6 +137,23 @@ def export(hardware: str | None = None) -> dict[str, Any] | None:
     return steps.export(hardware)
 
 
+@flow(name="retrain")
+def retrain(hardware: list[str] = ["x86"], objective: str = "reg:squarederror",  # noqa: B006
+            seed: int = 0) -> list[dict[str, Any]]:
+    """Export new measurements, then retrain each class's cost model (promoted only if better)."""
+    check_hardware(hardware)
+    steps.export()
+    results = [steps.retrain(hw, objective=objective, seed=seed) for hw in hardware]
+    create_table_artifact(
+        key=artifact_key("retrain"),
+        table=[{"hardware": r["hardware"], "version": r["version"], "promoted": r["promoted"],
+                "pairwise acc": (r["heldout"] or {}).get("pairwise_accuracy"), "peak@1": (r["heldout"] or {}).get("peak@1"),
+                "reason": r["reason"]} for r in results],
+        description="Cost models retrained on the held-out workloads' split",
+    )
+    return results
+
+
 @flow(name="build")
 def build(model_ids: list[int], hardware: list[str], output_dir: str | None = None) -> list[dict[str, Any]]:
     """Compile models with the best stored schedules and compare latency against the untuned build.

@@ -145,6 +145,18 @@ def export(hardware: str | None = None) -> dict[str, Any] | None:
             "row_counts": version.row_counts, "measurement_ids": version.measurement_ids}
 
 
+@task(name="retrain", **_RETRY)
+def retrain(hardware: str, objective: str = "reg:squarederror", seed: int = 0) -> dict[str, Any]:
+    """Train a cost model on every dataset version of a class; promote it only if it beats the current one."""
+    from tunefleet.costmodel import retrain as retrain_model
+
+    ctx = shared_context()
+    res = retrain_model(ctx.db, ctx.store, hardware, objective=objective, seed=seed)
+    return {"hardware": res.hardware, "version": res.version, "promoted": res.promoted, "reason": res.reason,
+            "artifact_uri": res.artifact_uri, "heldout": res.metrics.get("heldout"),
+            "current_on_heldout": res.metrics.get("current_on_heldout"), "baselines": res.metrics.get("baselines")}
+
+
 @task(name="build", **_RETRY)
 def build(model_id: int, hardware: str, output: str | None = None) -> dict[str, Any]:
     """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager."""

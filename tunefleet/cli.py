@@ -340,6 +340,51 @@ def cmd_dataset_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _metric(m: dict[str, Any] | None, key: str) -> str:
+    return "-" if not m or m.get(key) is None else f"{m[key]:.3f}"
+
+
+def cmd_costmodel_retrain(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.costmodel import retrain
+
+    ctx = Context(settings)
+    res = retrain(ctx.db, ctx.store, args.hardware, objective=args.objective, seed=args.seed,
+                  holdout_fraction=args.holdout)
+    m = res.metrics
+    rows = [("new model v%d" % res.version, *(_metric(m["heldout"], k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "r2")))]
+    if m.get("current_on_heldout"):
+        rows.append(("current model", *(_metric(m["current_on_heldout"], k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "r2"))))
+    for name, base in (m.get("baselines") or {}).items():
+        rows.append((f"{name} ranking", *(_metric(base, k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "r2"))))
+    split = m.get("split", {})
+    _table(f"cost model for {args.hardware}: held-out workloads {split.get('test_workloads', '?')} "
+           f"(trained on {split.get('train_workloads', '?')})", ["model", "pairwise acc", "peak@1", "peak@5", "R2"], rows)
+    print(f"{'promoted' if res.promoted else 'NOT promoted'}: {res.reason} ({res.artifact_uri})")
+    return 0
+
+
+def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
+    from sqlalchemy import select
+
+    from tunefleet.db.models import CostModel, HardwareClass
+
+    ctx = Context(settings)
+    with ctx.db.session() as s:
+        rows = s.execute(select(CostModel, HardwareClass.name).join(HardwareClass)
+                         .order_by(HardwareClass.name, CostModel.version)).all()
+        data = [{"hardware": hw, "version": cm.version, "promoted": cm.promoted, "created_at": cm.created_at,
+                 "objective": cm.metrics.get("objective"), "heldout": cm.metrics.get("heldout"),
+                 "reason": cm.metrics.get("reason"), "uri": cm.artifact_uri} for cm, hw in rows]
+    if args.json:
+        _print_json(data)
+        return 0
+    _table("cost models", ["hardware", "version", "current", "objective", "pairwise acc", "peak@1", "created", "reason"],
+           [(d["hardware"], d["version"], "yes" if d["promoted"] else "", d["objective"],
+             _metric(d["heldout"], "pairwise_accuracy"), _metric(d["heldout"], "peak@1"), d["created_at"], d["reason"])
+            for d in data])
+    return 0
+
+
 def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> int:
     """A long-running exporter of the fleet gauges (per-model energy and cost, shard states)."""
     import time
@@ -463,6 +508,18 @@ def build_parser() -> argparse.ArgumentParser:
     dsl = ds.add_parser("list", help="dataset versions")
     dsl.add_argument("--json", action="store_true")
     dsl.set_defaults(handler=cmd_dataset_list)
+
+    cm = sub.add_parser("costmodel", help="XGBoost cost models trained on the datasets").add_subparsers(
+        dest="sub", required=True)
+    cmr = cm.add_parser("retrain", help="train on the dataset versions; promote only if better on held-out workloads")
+    cmr.add_argument("--hardware", default="x86")
+    cmr.add_argument("--objective", choices=["reg:squarederror", "rank:pairwise"], default="reg:squarederror")
+    cmr.add_argument("--holdout", type=float, default=0.2, help="fraction of workloads held out (default 0.2)")
+    cmr.add_argument("--seed", type=int, default=0)
+    cmr.set_defaults(handler=cmd_costmodel_retrain)
+    cml = cm.add_parser("list", help="registered cost models and their held-out metrics")
+    cml.add_argument("--json", action="store_true")
+    cml.set_defaults(handler=cmd_costmodel_list)
 
     met = sub.add_parser("metrics", help="Prometheus metrics").add_subparsers(dest="sub", required=True)
     mse = met.add_parser("serve", help="serve the fleet's gauges from the database on /metrics")

@@ -353,7 +353,10 @@ def _rank_key(metrics: dict[str, Any]) -> tuple[float, float]:
 
 
 def beats(new: dict[str, Any], current: dict[str, Any]) -> bool:
-    """Promotion rule: strictly higher peak@1, or equal peak@1 and strictly higher pairwise accuracy."""
+    """Promotion rule: strictly higher peak@1, or equal peak@1 and strictly higher pairwise accuracy.
+
+    :func:`retrain` also requires a pairwise accuracy above both baselines' (random, untrained) on the same set.
+    """
     (p_new, a_new), (p_cur, a_cur) = _rank_key(new), _rank_key(current)
     return p_new > p_cur or (p_new == p_cur and a_new > a_cur)
 
@@ -469,12 +472,20 @@ def retrain(
                                   f"(peak@1 {_fmt(new['peak@1'])} vs {_fmt(current['peak@1'])}, pairwise accuracy "
                                   f"{_fmt(new['pairwise_accuracy'])} vs {_fmt(current['pairwise_accuracy'])})")
 
+    # Guard against transfer that makes things worse (tenset#23): a model that does not rank the
+    # held-out workloads better than a random ranking is never made current, even as the first one.
+    base = baselines(test_t, seed)
+    floor = max((b.get("pairwise_accuracy") or 0.0) for b in base.values())
+    if promote and not (new.get("pairwise_accuracy") or 0.0) > floor:
+        promote, reason = False, (f"does not beat a random or untrained ranking of the held-out workloads "
+                                  f"(pairwise accuracy {_fmt(new.get('pairwise_accuracy'))} vs {_fmt(floor)})")
+
     test_hashes = sorted(set(test_t["workload_hash"].to_pylist()))
     metrics: dict[str, Any] = {
         "objective": objective,
         "heldout": new,
         "current_on_heldout": current,
-        "baselines": baselines(test_t, seed),
+        "baselines": base,
         "split": {"seed": seed, "holdout_fraction": holdout_fraction,
                   "train_workloads": len(set(train_t["workload_hash"].to_pylist())),
                   "test_workloads": len(test_hashes), "test_workload_hashes": test_hashes,
