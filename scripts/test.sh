@@ -12,6 +12,8 @@ need_apt=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v prometheus-pushgateway >/dev/null || need_apt+=(prometheus-pushgateway)
+# Node.js + npm: the Grafana dashboard JSON is type-checked against @grafana/schema with tsc.
+command -v npm >/dev/null || need_apt+=(nodejs npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "installing Debian packages: ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
