@@ -19,17 +19,21 @@ REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "dashboards" / "generate.py"
 
 
-def load_generator() -> ModuleType:
-    """``dashboards/generate.py`` as a module (``dashboards/`` is not a package)."""
-    name = "tunefleet_dashboards_generate"
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script outside the package (``dashboards/`` is not a package) as a module, loaded once."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, GENERATOR)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_generator() -> ModuleType:
+    """``dashboards/generate.py`` as a module."""
+    return load_script(GENERATOR, "tunefleet_dashboards_generate")
 
 
 @pytest.fixture(scope="session")

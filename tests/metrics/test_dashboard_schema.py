@@ -9,7 +9,6 @@ the 11.6 line pinned in dashboards/schema_check/package.json), offline, with ``t
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import re
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, load_script
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +35,7 @@ ERROR_RE = re.compile(r"^(?P<file>[^\s(][^(]*)\(\d+,\d+\): error (?P<code>TS\d+)
 
 
 def _load_emit() -> ModuleType:
-    name = "tunefleet_dashboards_schema_check_emit"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EMIT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EMIT, "tunefleet_dashboards_schema_check_emit")
 
 
 def _installed_matches_pins() -> bool:
