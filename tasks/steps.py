@@ -115,14 +115,15 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
     from tunefleet.accounting import energy_report, publish_fleet_metrics
 
     ctx = shared_context()
-    rows = [r for m in (model_ids or [None]) for r in energy_report(ctx.db, model=m)
-            if hardware is None or r.hardware in hardware]
+    report = energy_report(ctx.db)  # one pass over the measurements serves the rows and the gauges
+    rows = [r for r in report if (model_ids is None or r.model_id in model_ids)
+            and (hardware is None or r.hardware in hardware)]
     gateway = ctx.settings.metrics_pushgateway
     if gateway:
         from tunefleet.metrics import FleetMetrics
 
         metrics = FleetMetrics()
-        publish_fleet_metrics(ctx.db, metrics)
+        publish_fleet_metrics(ctx.db, metrics, report)
         metrics.push(gateway, grouping_key={"instance": "accounting"})
     return [r.as_dict() for r in rows]
 

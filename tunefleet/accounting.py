@@ -28,7 +28,7 @@ from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload
 
 if TYPE_CHECKING:
     from tunefleet.db import Database, NewMeasurement
-    from tunefleet.energy import EnergyMeter, EnergyReading
+    from tunefleet.energy import EnergyMeter
     from tunefleet.metrics import FleetMetrics
 
 log = logging.getLogger(__name__)
@@ -114,14 +114,11 @@ class ShardAccountant:
     def source(self) -> str:
         return self.meter.source
 
-    def _read(self) -> EnergyReading:
-        return self.meter.read()
-
     def annotate(self, records: Sequence[NewMeasurement]) -> RoundEnergy:
         """Give each candidate of a round its share of the round's energy and its useful flag."""
         from tunefleet.energy import apportion
 
-        reading = self._read()
+        reading = self.meter.read()
         round_j = max(0.0, reading.joules - self._accounted_j)
         self._accounted_j += round_j
         weights = [(r.build_s or 0.0) + sum(r.run_secs or []) for r in records]
@@ -153,7 +150,7 @@ class ShardAccountant:
         """The attempt's totals (energy, node and CPU time, money); the meter stops counting here."""
         from tunefleet.energy import money
 
-        reading = self._read()
+        reading = self.meter.read()
         energy = ShardEnergy(reading.joules, reading.source, reading.wall_s, reading.cpu_s,
                              money(self.hardware.price_per_hour, reading.wall_s))
         if self.metrics is not None:
@@ -181,6 +178,7 @@ def add_shard_energy(db: Database, shard_id: int, energy: ShardEnergy) -> None:
 class EnergyRow:
     """Energy and money of one model on one hardware class (shared workloads split by weight)."""
 
+    model_id: int
     model: str
     hardware: str
     joules: float
@@ -261,7 +259,7 @@ def energy_report(db: Database, *, model: str | int | None = None, hardware: str
     report = []
     for (model_id, hw_id), row in sorted(out.items(), key=lambda kv: (models[kv[0][0]], hw_names[kv[0][1]])):
         report.append(EnergyRow(
-            model=models[model_id], hardware=hw_names[hw_id], joules=row["j"], kwh=row["j"] / J_PER_KWH,
+            model_id=model_id, model=models[model_id], hardware=hw_names[hw_id], joules=row["j"], kwh=row["j"] / J_PER_KWH,
             useful_joules=row["useful"], wasted_joules=row["wasted"],
             wasted_pct=100.0 * row["wasted"] / row["j"] if row["j"] > 0 else None,
             cost=row["cost"], trials=row["trials"], errors=row["errors"],

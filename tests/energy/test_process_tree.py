@@ -12,7 +12,6 @@ import pytest
 
 from tunefleet.energy import ProcessTreeCpu
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
 
 def _burn_cpu(seconds: float) -> None:
