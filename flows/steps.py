@@ -38,6 +38,11 @@ def check_positive(**values: float | None) -> None:
             raise ParameterError(f"invalid parameter {name}: {value} (must be positive)")
 
 
+def check_verify(verify: int) -> None:
+    if verify < 0:
+        raise ParameterError(f"invalid parameter verify: {verify} (must be >= 0)")
+
+
 def artifact_key(*parts: str) -> str:
     """A Prefect artifact key (lowercase letters, digits and dashes) made of ``parts``."""
     import re
@@ -139,11 +144,25 @@ def export(hardware: str | None = None) -> dict[str, Any] | None:
 
 @flow(name="retrain")
 def retrain(hardware: list[str] = ["x86"], objective: str = "reg:squarederror",  # noqa: B006
-            seed: int = 0) -> list[dict[str, Any]]:
-    """Export new measurements, then retrain each class's cost model (promoted only if better)."""
+            seed: int = 0, zero_shot_model_ids: list[int] | None = None, verify: int = 0) -> list[dict[str, Any]]:
+    """Export new measurements, then retrain each class's cost model (promoted only if better).
+
+    With ``zero_shot_model_ids``, those models are then built for each class with the current
+    model's zero-shot predictions for every workload never measured there (``verify``: measure
+    the top K proposals of each); the build reports are in each result's ``zero_shot_builds``.
+    """
     check_hardware(hardware)
+    check_verify(verify)
     steps.export()
     results = [steps.retrain(hw, objective=objective, seed=seed) for hw in hardware]
+    db = shared_context().db
+    for r in results:
+        r["zero_shot_builds"] = []
+        if zero_shot_model_ids and db.current_cost_model(db.hardware_class(r["hardware"]).id) is None:
+            r["zero_shot_skipped"] = f"no current cost model for {r['hardware']}: {r['reason']}"
+            continue
+        r["zero_shot_builds"] = [steps.build(m, r["hardware"], zero_shot=True, verify=verify)
+                                 for m in zero_shot_model_ids or []]
     create_table_artifact(
         key=artifact_key("retrain"),
         table=[{"hardware": r["hardware"], "version": r["version"], "promoted": r["promoted"],
@@ -155,18 +174,22 @@ def retrain(hardware: list[str] = ["x86"], objective: str = "reg:squarederror", 
 
 
 @flow(name="build")
-def build(model_ids: list[int], hardware: list[str], output_dir: str | None = None) -> list[dict[str, Any]]:
+def build(model_ids: list[int], hardware: list[str], output_dir: str | None = None, zero_shot: bool = False,
+          verify: int = 0) -> list[dict[str, Any]]:
     """Compile models with the best stored schedules and compare latency against the untuned build.
 
-    With ``output_dir``, each tuned library is written there as ``<model>-<class>.so``.
+    With ``output_dir``, each tuned library is written there as ``<model>-<class>.so``. With
+    ``zero_shot``, unmeasured workloads use the current cost model's predictions (``verify``:
+    measure the top K of each).
     """
     import os
 
     check_hardware(hardware)
+    check_verify(verify)
     db = shared_context().db
     reports = []
     for hw in hardware:
         for m in model_ids:
             out = os.path.join(output_dir, f"{artifact_key(db.model(m).name, hw)}.so") if output_dir else None
-            reports.append(steps.build(m, hw, output=out))
+            reports.append(steps.build(m, hw, output=out, zero_shot=zero_shot, verify=verify))
     return reports

@@ -159,9 +159,16 @@ def retrain(hardware: str, objective: str = "reg:squarederror", seed: int = 0) -
 
 
 @task(name="build", **_RETRY)
-def build(model_id: int, hardware: str, output: str | None = None) -> dict[str, Any]:
-    """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager."""
+def build(model_id: int, hardware: str, output: str | None = None, zero_shot: bool = False,
+          verify: int = 0) -> dict[str, Any]:
+    """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager.
+
+    With ``zero_shot``, workloads never measured on the class get the current cost model's best
+    proposal (stored as predictions); ``verify`` measures the top K proposals of each here.
+    """
     from tunefleet.deliver import build_model
 
     ctx = shared_context()
-    return build_model(ctx.db, ctx.store, ctx.db.model(model_id), hardware, output=output).as_dict()
+    tuner = ctx.tuner(hardware) if verify else None
+    return build_model(ctx.db, ctx.store, ctx.db.model(model_id), hardware, output=output, zero_shot=zero_shot,
+                       top_k=max(5, verify), verify=verify, tuner=tuner).as_dict()

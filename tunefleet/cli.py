@@ -159,6 +159,8 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.pipeline import drain, tune_with_workers
 
+    if args.cold:
+        settings = settings.model_copy(update={"warm_start": False})
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
     if args.workers > 1:
@@ -167,7 +169,8 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
         print(f"workers exited with {codes}")
         return 0 if not any(codes) else 1
     summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed, lease_s=args.lease_s,
-                    num_trials_per_iter=args.trials_per_iter, pushgateway=settings.metrics_pushgateway)
+                    num_trials_per_iter=args.trials_per_iter, pushgateway=settings.metrics_pushgateway,
+                    store=ctx.store, warm_start=settings.warm_start)
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known) in {summary.seconds:.0f}s")
     return 0 if not summary.shards_failed else 1
@@ -176,7 +179,12 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.deliver import best
 
+    if args.verify and not args.zero_shot:
+        raise TunefleetError("--verify needs --zero-shot")
     ctx = Context(settings)
+    if args.zero_shot and not ctx.db.best_measurements(ctx.db.workload(args.workload).id,
+                                                       ctx.db.hardware_class(args.hardware).id, 1):
+        return _best_predicted(ctx, args)
     found = best(ctx.db, args.workload, args.hardware, n=args.top)
     if args.json:
         _print_json([b.as_dict() for b in found])
@@ -188,6 +196,39 @@ def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
+    """`best --zero-shot` for a workload never measured on the class: the cost model's proposals."""
+    from tunefleet.deliver import best
+    from tunefleet.zeroshot import predict_workloads
+
+    wl = ctx.db.workload(args.workload)
+    top_k = max(args.top, args.verify, 1)
+    res = predict_workloads(ctx.db, ctx.store, args.hardware, [wl.id], top_k=top_k, verify=args.verify)
+    if args.verify:  # measured now: answer with measurements, like any measured workload
+        found = best(ctx.db, wl.structural_hash, args.hardware, n=args.top)
+        if args.json:
+            _print_json([{**b.as_dict(), "source": "measured (zero-shot verified)"} for b in found])
+        else:
+            _table(f"best of {args.verify} zero-shot proposals of {wl.structural_hash} on {args.hardware}, measured",
+                   ["rank", "mean run (ms)", "untuned (ms)", "measurement"],
+                   [(i + 1, f"{b.mean_run_s * 1e3:.4f}", f"{b.untuned_s * 1e3:.4f}" if b.untuned_s else "-",
+                     b.measurement_id) for i, b in enumerate(found)])
+        return 0
+    preds = ctx.db.best_predictions(wl.id, ctx.db.hardware_class(args.hardware).id, args.top)
+    item = res.workloads[0]
+    if args.json:
+        _print_json([{"workload": wl.structural_hash, "hardware": args.hardware, "source": "predicted",
+                      "cost_model_version": res.cost_model_version, "rank": i + 1, "score": p.score,
+                      "trace_json": p.trace_json, "search_seconds": item.seconds} for i, p in enumerate(preds)])
+    else:
+        _table(f"zero-shot schedules of {wl.structural_hash} on {args.hardware}: PREDICTED by cost model "
+               f"v{res.cost_model_version}, not measured",
+               ["rank", "predicted score", "prediction id"], [(i + 1, f"{p.score:.4f}", p.id) for i, p in enumerate(preds)])
+        if item.status == "predicted":
+            print(f"searched {item.candidates_scored} candidates in {item.seconds:.1f}s; measure them with --verify K")
+    return 0
+
+
 def _report_table(report: Any) -> None:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
@@ -195,13 +236,20 @@ def _report_table(report: Any) -> None:
     rows = [("untuned (default schedules)", ms(report.untuned_ms), "1.00x" if report.untuned_ms else "-")]
     if report.tuned_ms is not None:
         speed = f"{report.untuned_ms / report.tuned_ms:.2f}x" if report.untuned_ms else "-"
-        rows.append((f"tunefleet tuned ({report.tuned_workloads}/{report.workloads} workloads tuned)", ms(report.tuned_ms), speed))
+        label = f"tunefleet tuned ({report.tuned_workloads}/{report.workloads} workloads tuned"
+        label += f", {report.predicted_workloads} zero-shot)" if report.predicted_workloads else ")"
+        rows.append((label, ms(report.tuned_ms), speed))
     if report.torch_ms is not None:
         speed = f"{report.untuned_ms / report.torch_ms:.2f}x" if report.untuned_ms else "-"
         rows.append((f"PyTorch eager ({report.threads} threads)", ms(report.torch_ms), speed))
     _table(f"{report.model} on {report.hardware}: latency (median)", ["build", "latency (ms)", "speed-up vs untuned"], rows)
     if report.default_workloads:
         print(f"{report.default_workloads} of {report.workloads} workloads had no record and kept the default schedule")
+    if report.predicted_workloads:
+        print(f"{report.predicted_workloads} of {report.workloads} workloads used a zero-shot prediction (not measured)"
+              + (f"; search {report.zero_shot_s_per_task:.1f}s per task" if report.zero_shot_s_per_task else ""))
+    if report.verified:
+        print(f"{report.verified} zero-shot proposals were measured (--verify)")
     for note in report.notes:
         print(note)
     if report.output:
@@ -212,7 +260,10 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.deliver import build_model
 
     ctx = Context(settings)
-    report = build_model(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware, output=args.output)
+    if args.verify and not args.zero_shot:
+        raise TunefleetError("--verify needs --zero-shot")
+    report = build_model(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware, output=args.output,
+                         zero_shot=args.zero_shot, top_k=max(args.top_k, args.verify), verify=args.verify)
     if args.json:
         _print_json(report.as_dict())
     else:
@@ -349,7 +400,7 @@ def cmd_costmodel_retrain(args: argparse.Namespace, settings: Settings) -> int:
 
     ctx = Context(settings)
     res = retrain(ctx.db, ctx.store, args.hardware, objective=args.objective, seed=args.seed,
-                  holdout_fraction=args.holdout)
+                  holdout_fraction=args.holdout, holdout_models=args.holdout_model or None)
     m = res.metrics
     rows = [("new model v%d" % res.version, *(_metric(m["heldout"], k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "r2")))]
     if m.get("current_on_heldout"):
@@ -516,6 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmr.add_argument("--objective", choices=["reg:squarederror", "rank:pairwise"], default="reg:squarederror")
     cmr.add_argument("--holdout", type=float, default=0.2, help="fraction of workloads held out (default 0.2)")
     cmr.add_argument("--seed", type=int, default=0)
+    cmr.add_argument("--holdout-model", action="append", metavar="MODEL",
+                     help="hold out the workloads only this model has (repeatable) instead of --holdout")
     cmr.set_defaults(handler=cmd_costmodel_retrain)
     cml = cm.add_parser("list", help="registered cost models and their held-out metrics")
     cml.add_argument("--json", action="store_true")
@@ -561,6 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--seed", type=int, default=None)
     tu.add_argument("--lease-s", type=float, default=120.0, help="lease length; heartbeats renew it every third")
     tu.add_argument("--trials-per-iter", type=int, default=64, help="candidates measured per batch")
+    tu.add_argument("--cold", action="store_true",
+                    help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
     tu.set_defaults(handler=cmd_tune)
 
     for noun, handler in (("models", cmd_models_list), ("workloads", cmd_workloads_list), ("hardware", cmd_hardware_list)):
@@ -588,6 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--hardware", default="x86")
     be.add_argument("--top", type=int, default=1)
     be.add_argument("--json", action="store_true")
+    be.add_argument("--zero-shot", action="store_true",
+                    help="never measured on this class: show the current cost model's proposals (PREDICTED)")
+    be.add_argument("--verify", type=int, default=0, metavar="K", help="with --zero-shot: measure the top K proposals")
     be.set_defaults(handler=cmd_best)
 
     bu = sub.add_parser("build", help="compile a model with the best stored schedules and compare latency")
@@ -595,6 +653,11 @@ def build_parser() -> argparse.ArgumentParser:
     bu.add_argument("--hardware", default="x86")
     bu.add_argument("-o", "--output", default=None)
     bu.add_argument("--json", action="store_true")
+    bu.add_argument("--zero-shot", action="store_true",
+                    help="workloads never measured on this class get the current cost model's best proposal")
+    bu.add_argument("--top-k", type=int, default=5, help="with --zero-shot: proposals stored per workload")
+    bu.add_argument("--verify", type=int, default=0, metavar="K",
+                    help="with --zero-shot: measure the top K proposals of each such workload here")
     bu.set_defaults(handler=cmd_build)
 
     ex = sub.add_parser("export-db", help="write the best records as MetaSchedule JSON database files")

@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     metrics_pushgateway: str | None = Field(
         default=None,
         description="Prometheus Pushgateway (host:port or URL) that tuning shards push their metrics to.")
+    warm_start: bool = Field(
+        default=True,
+        description="New tuning shards start with the class's current cost model (if one was promoted).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("log_level", mode="before")

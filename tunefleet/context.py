@@ -43,11 +43,14 @@ class Context:
     @property
     def store(self) -> ArtifactStore:
         with self._lock:
-            if self._store is None:
-                from tunefleet.store import open_store
+            return self._store_unlocked()
 
-                self._store = open_store(self.settings)
-            return self._store
+    def _store_unlocked(self) -> ArtifactStore:
+        if self._store is None:
+            from tunefleet.store import open_store
+
+            self._store = open_store(self.settings)
+        return self._store
 
     def tuner(self, hardware: str) -> Tuner:
         """The tuner of a hardware class, created on first use and kept until :meth:`close`."""
@@ -57,7 +60,8 @@ class Context:
         with self._lock:
             tuner = self._tuners.get(hardware)
             if tuner is None:
-                tuner = self._tuners[hardware] = Tuner(db, hardware, pushgateway=self.settings.metrics_pushgateway)
+                tuner = self._tuners[hardware] = Tuner(db, hardware, pushgateway=self.settings.metrics_pushgateway,
+                                                       store=self._store_unlocked(), warm_start=self.settings.warm_start)
             return tuner
 
     def close(self) -> None:

@@ -98,24 +98,45 @@ class CostModelError(TunefleetError):
 # -- features and rows ----------------------------------------------------------------------------
 def candidate_features(table: pa.Table) -> np.ndarray:
     """One fixed-length vector per row: sum, mean and max over its stores (float32, n x 492)."""
-    from tunefleet.dataset import FEATURE_DIMS, feature_matrix
+    from tunefleet.dataset import feature_matrix
 
-    n = table.num_rows
-    out = np.zeros((n, len(AGGREGATIONS) * FEATURE_DIMS), dtype=np.float32)
-    if n == 0:
-        return out
-    feats, offsets = feature_matrix(table)
+    if table.num_rows == 0:
+        return aggregate_stores(np.zeros((0, _dims()), dtype=np.float32), np.zeros(1, dtype=np.int64))
+    return aggregate_stores(*feature_matrix(table))
+
+
+def store_features(matrices: list[np.ndarray]) -> np.ndarray:
+    """:func:`candidate_features` for per-candidate ``PerStoreFeature`` matrices (as MetaSchedule gives them)."""
+    dims = _dims()
+    offsets = np.zeros(len(matrices) + 1, dtype=np.int64)
+    np.cumsum([m.shape[0] for m in matrices], out=offsets[1:])
+    flat = np.concatenate([np.asarray(m, dtype=np.float32).reshape(-1, dims) for m in matrices]) if matrices else (
+        np.zeros((0, dims), dtype=np.float32))
+    return aggregate_stores(flat, offsets)
+
+
+def aggregate_stores(feats: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Rows ``i`` = sum, mean and max of ``feats[offsets[i]:offsets[i + 1]]``; zeros for a row without stores."""
+    dims = _dims()
+    n = len(offsets) - 1
+    out = np.zeros((n, len(AGGREGATIONS) * dims), dtype=np.float32)
     counts = np.diff(offsets)
     has = counts > 0
-    if feats.shape[0] == 0 or not has.any():
+    if n == 0 or feats.shape[0] == 0 or not has.any():
         return out
     starts = offsets[:-1][has]
     sums = np.add.reduceat(feats, starts, axis=0)
     maxs = np.maximum.reduceat(feats, starts, axis=0)
-    out[has, :FEATURE_DIMS] = sums
-    out[has, FEATURE_DIMS:2 * FEATURE_DIMS] = sums / counts[has, None]
-    out[has, 2 * FEATURE_DIMS:] = maxs
+    out[has, :dims] = sums
+    out[has, dims:2 * dims] = sums / counts[has, None]
+    out[has, 2 * dims:] = maxs
     return out
+
+
+def _dims() -> int:
+    from tunefleet.dataset import FEATURE_DIMS
+
+    return FEATURE_DIMS
 
 
 def _labels(table: pa.Table) -> np.ndarray:
@@ -141,15 +162,26 @@ def _unit(workload_hash: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def split_by_workload(table: pa.Table, holdout_fraction: float = 0.2, seed: int = 0) -> tuple[pa.Table, pa.Table]:
+def split_by_workload(table: pa.Table, holdout_fraction: float = 0.2, seed: int = 0, *,
+                      heldout: set[str] | None = None) -> tuple[pa.Table, pa.Table]:
     """(train, test) with disjoint ``workload_hash`` sets, chosen by hashing each hash with ``seed``.
 
     A workload is held out when its hash maps below ``holdout_fraction``; with at least two
     workloads both sides are made non-empty (the lowest-hashing workload is held out, the
-    highest kept for training, when the threshold alone would leave a side empty).
+    highest kept for training, when the threshold alone would leave a side empty). With
+    ``heldout`` (e.g. :func:`model_holdout`), exactly those workload hashes are held out.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
+
+    if heldout is not None:
+        present = set(table["workload_hash"].to_pylist())
+        test = present & heldout
+        if not test or test == present:
+            raise CostModelError(
+                f"cannot hold out {len(test)} of the dataset's {len(present)} workloads: both sides need rows")
+        mask = pc.is_in(table["workload_hash"], value_set=pa.array(sorted(test), pa.string()))
+        return table.filter(pc.invert(mask)), table.filter(mask)
 
     if not 0.0 < holdout_fraction < 1.0:
         raise CostModelError(f"holdout_fraction must be between 0 and 1 (exclusive), got {holdout_fraction}")
@@ -166,6 +198,17 @@ def split_by_workload(table: pa.Table, holdout_fraction: float = 0.2, seed: int 
         test.discard(ranked[-1])
     mask = pc.is_in(table["workload_hash"], value_set=pa.array(sorted(test), pa.string()))
     return table.filter(pc.invert(mask)), table.filter(mask)
+
+
+def model_holdout(db: Database, models: list[str]) -> set[str]:
+    """Hashes of the workloads only these models have (a workload shared with another model stays in training)."""
+    held: set[str] = set()
+    for ref in models:
+        held |= {wl.structural_hash for wl, _ in db.workloads(model_id=db.model(ref).id)}
+    others = {m.id for m in db.models()} - {db.model(ref).id for ref in models}
+    for model_id in others:
+        held -= {wl.structural_hash for wl, _ in db.workloads(model_id=model_id)}
+    return held
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -253,14 +296,23 @@ class TrainedModel:
     booster: xgb.Booster
     objective: str
     meta: dict[str, Any] = field(default_factory=dict)
+    cost_model_id: int | None = None
+    """Its row in ``cost_models`` when loaded from the registry (:func:`load_model`)."""
+    version: int | None = None
 
     def predict(self, table: pa.Table) -> np.ndarray:
         """One score per row of ``table`` (higher = faster)."""
-        import xgboost as xgb
-
         if table.num_rows == 0:
             return np.zeros(0)
-        return np.asarray(self.booster.predict(xgb.DMatrix(candidate_features(table))), dtype=np.float64)
+        return self.predict_features(candidate_features(table))
+
+    def predict_features(self, x: np.ndarray) -> np.ndarray:
+        """One score per row of aggregated features (see :func:`store_features`)."""
+        import xgboost as xgb
+
+        if x.shape[0] == 0:
+            return np.zeros(0)
+        return np.asarray(self.booster.predict(xgb.DMatrix(x)), dtype=np.float64)
 
     def to_bytes(self) -> bytes:
         """XGBoost's JSON model, with tunefleet's metadata in the ``tunefleet`` attribute."""
@@ -417,11 +469,14 @@ def retrain(
     params: dict[str, Any] | None = None,
     num_boost_round: int = DEFAULT_ROUNDS,
     table: pa.Table | None = None,
+    holdout_models: list[str] | None = None,
 ) -> RetrainResult:
     """Train, evaluate against the current model on the same held-out workloads, register, maybe promote.
 
     ``table`` replaces loading the dataset from ``store`` (rows already loaded, e.g. by a flow
-    that read them once); ``dataset_versions`` then only labels the metrics.
+    that read them once); ``dataset_versions`` then only labels the metrics. With
+    ``holdout_models`` the held-out workloads are those only these models have
+    (:func:`model_holdout`) instead of a ``holdout_fraction`` of all.
     """
     from tunefleet import dataset
 
@@ -444,7 +499,8 @@ def retrain(
     table = dataset.renormalise(table)
     if not _ok_mask(table).any():
         raise CostModelError(f"no successful measurements for hardware class {hardware!r}: every row is an error")
-    train_t, test_t = split_by_workload(table, holdout_fraction, seed)
+    heldout = model_holdout(db, holdout_models) if holdout_models else None
+    train_t, test_t = split_by_workload(table, holdout_fraction, seed, heldout=heldout)
     model = train(train_t, objective=objective, params=params, num_boost_round=num_boost_round, seed=seed)
     new = evaluate(model, test_t, seed=seed)
 
@@ -486,7 +542,8 @@ def retrain(
         "heldout": new,
         "current_on_heldout": current,
         "baselines": base,
-        "split": {"seed": seed, "holdout_fraction": holdout_fraction,
+        "split": {"seed": seed, "holdout_fraction": None if heldout else holdout_fraction,
+                  "holdout_models": holdout_models or None,
                   "train_workloads": len(set(train_t["workload_hash"].to_pylist())),
                   "test_workloads": len(test_hashes), "test_workload_hashes": test_hashes,
                   "train_rows": train_t.num_rows, "test_rows": test_t.num_rows},
@@ -520,11 +577,14 @@ def load_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedMode
     row = db.current_cost_model(hw.id)
     if row is None:
         return None
-    return _load_artifact(store, row.artifact_uri)
+    model = _load_artifact(store, row.artifact_uri)
+    model.cost_model_id, model.version = row.id, row.version
+    return model
 
 
 __all__ = [
     "AGGREGATIONS",
+    "aggregate_stores",
     "OBJECTIVES",
     "CostModelError",
     "RetrainResult",
@@ -536,10 +596,12 @@ __all__ = [
     "evaluate",
     "evaluate_scores",
     "load_model",
+    "model_holdout",
     "model_key",
     "random_scores",
     "retrain",
     "split_by_workload",
+    "store_features",
     "train",
     "untrained_scores",
 ]

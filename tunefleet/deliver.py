@@ -126,6 +126,10 @@ class BuildReport:
     max_abs_diff: float | None = None
     output: str | None = None
     threads: int = 0
+    predicted_workloads: int = 0
+    """Workloads built with a cost-model prediction (zero-shot), never measured on the class."""
+    zero_shot_s_per_task: float | None = None
+    verified: int = 0
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -154,10 +158,17 @@ def build_model(
     output: str | Path | None = None,
     repeat: int = 5,
     compare_torch: bool = True,
+    zero_shot: bool = False,
+    top_k: int = 5,
+    verify: int = 0,
+    tuner: Any = None,
 ) -> BuildReport:
     """Compile a model with the best stored schedules; check it against the untuned build; time both.
 
-    Workloads without a measurement keep the default schedule; the report says how many.
+    Workloads without a measurement keep the default schedule; the report says how many. With
+    ``zero_shot``, they get the current cost model's best prediction instead
+    (:func:`tunefleet.zeroshot.predict_workloads`, which stores ``top_k`` and measures the top
+    ``verify`` of each on this node).
     """
     import numpy as np
     import tvm
@@ -173,6 +184,17 @@ def build_model(
     target = make_target(hw.target)
     loaded = load_model(db, store, model)
     found = extract_workloads(loaded.mod, target, params=loaded.params)
+    zs = None
+    if zero_shot:
+        from tunefleet.zeroshot import predict_workloads
+
+        ids = []
+        for w in found:  # a model never extracted for this class gets its workloads stored first
+            row, _ = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
+                                     flops=float(w.flops), tir_json=w.tir_json)
+            db.link_model_workload(model.id, row.id, int(w.weight))
+            ids.append(row.id)
+        zs = predict_workloads(db, store, hardware, ids, top_k=top_k, verify=verify, tuner=tuner)
     tuned = 0
     for w in found:
         try:
@@ -180,13 +202,19 @@ def build_model(
                 tuned += 1
         except NotFoundError:
             pass
-    report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned,
-                         threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))))
+    predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
+    report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
+                         threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))),
+                         predicted_workloads=predicted)
+    if zs is not None:
+        report.zero_shot_s_per_task = zs.seconds_per_task
+        report.verified = sum(w.verified for w in zs.workloads)
     t0 = time.perf_counter()
     with target:
         # compile_relax runs the fusion passes itself: hand it the module before them (extract.py).
         prepared = prepare_for_build(loaded.mod, target, loaded.params)
-        tuned_exec = ms.relax_integration.compile_relax(FleetDatabase(db, hardware), prepared, target, params=None)
+        fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot)
+        tuned_exec = ms.relax_integration.compile_relax(fleet_db, prepared, target, params=None)
     log.info("tuned build of %s for %s in %.1fs", model.name, hardware, time.perf_counter() - t0)
     if output is not None:
         out = Path(output)

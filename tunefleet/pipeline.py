@@ -73,9 +73,14 @@ class Tuner:
 
     Both start worker processes (seconds each), so a worker creates one Tuner per hardware class
     and leases shard after shard through it. Refuses a class this machine cannot measure.
+
+    With an artifact ``store`` and ``warm_start``, every shard starts from the class's current
+    cost model, reloaded when a newer one is promoted; a model that cannot be read is logged and
+    the shard tunes cold (it is still tuned, only without the head start).
     """
 
-    def __init__(self, db: Database, hardware: str, *, builder: Any = None, pushgateway: str | None = None) -> None:
+    def __init__(self, db: Database, hardware: str, *, builder: Any = None, pushgateway: str | None = None,
+                 store: ArtifactStore | None = None, warm_start: bool = True) -> None:
         from tunefleet.hardware import check_runs_here
 
         hw = db.hardware_class(hardware)
@@ -87,6 +92,38 @@ class Tuner:
         self._own_builder = builder is None
         self._builder = builder
         self._runner: Any = None
+        self.hardware_class_id = hw.id
+        self.store = store if warm_start else None
+        self._model: Any = None
+        self._online: Any = None
+
+    @property
+    def online_model(self) -> Any:
+        """One MetaSchedule XGBModel learning every shard this tuner measures (see ``tune_shard``)."""
+        if self._online is None:
+            from tunefleet.tvm.tune import new_online_model
+
+            self._online = new_online_model(self.threads)
+        return self._online
+
+    def cost_model(self, db: Database) -> Any:
+        """The class's current trained cost model (cached until another is promoted), or None."""
+        if self.store is None:
+            return None
+        row = db.current_cost_model(self.hardware_class_id)
+        if row is None:
+            self._model = None
+            return None
+        if self._model is None or self._model.cost_model_id != row.id:
+            from tunefleet.costmodel import load_model
+
+            try:
+                self._model = load_model(db, self.store, self.hardware)
+            except TunefleetError as exc:
+                log.warning("current cost model v%s of %s cannot be loaded, tuning without it: %s",
+                            row.version, self.hardware, str(exc).splitlines()[0])
+                self._model = None
+        return self._model
 
     @property
     def builder(self) -> Any:
@@ -126,7 +163,8 @@ class Tuner:
             return None
         result = tune_shard(db, shard, owner, builder=self.builder, runner=self.runner, lease_s=lease_s,
                             num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
-                            on_batch=on_batch, pushgateway=self.pushgateway)
+                            on_batch=on_batch, pushgateway=self.pushgateway, cost_model=self.cost_model(db),
+                            online_model=self.online_model)
         result.lease_s = leased_s
         return result
 
@@ -150,12 +188,17 @@ def drain(
     on_batch: Any = None,
     builder: Any = None,
     pushgateway: str | None = None,
+    store: ArtifactStore | None = None,
+    warm_start: bool = True,
 ) -> TuneSummary:
-    """Lease and tune pending shards of one hardware class in this process until none are left."""
+    """Lease and tune pending shards of one hardware class in this process until none are left.
+
+    With ``store``, shards warm-start from the class's current cost model (see :class:`Tuner`).
+    """
     owner = owner or worker_owner()
     started = time.monotonic()
     done = failed = measured = errors = skipped = 0
-    tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway)
+    tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway, store=store, warm_start=warm_start)
     try:
         while max_shards is None or done + failed < max_shards:
             result = tuner.tune_next(db, owner, lease_s=lease_s, num_trials_per_iter=num_trials_per_iter,
@@ -181,8 +224,11 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str,
     settings = Settings(**settings_data)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
+    from tunefleet.store import open_store
+
     db = Database.from_settings(settings)
-    drain(db, hardware, pushgateway=settings.metrics_pushgateway, **kwargs)
+    drain(db, hardware, pushgateway=settings.metrics_pushgateway, store=open_store(settings),
+          warm_start=settings.warm_start, **kwargs)
 
 
 def tune_with_workers(settings: Settings, hardware: str, *, workers: int = 1, **kwargs: Any) -> list[int]:

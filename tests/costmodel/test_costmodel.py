@@ -267,3 +267,27 @@ def test_retrain_on_exported_mlp_dataset(db_url: str, tmp_path, mlp_workloads) -
     db.upsert_hardware_class("arm", host_cpu_target(2), "arm")
     with pytest.raises(CostModelError, match="no dataset rows for hardware class 'arm'"):
         costmodel.retrain(db, store, "arm")
+
+
+def test_holdout_by_model(db_url: str) -> None:
+    """Held-out workloads are those only the held-out model has; a shared one stays in training."""
+    db = _db(db_url)
+    table = synthetic(4, 3)
+    short = pa.array([h[:16] for h in table["workload_hash"].to_pylist()], pa.string())  # the db's hash length
+    table = table.set_column(table.schema.get_field_index("workload_hash"), "workload_hash", short)
+    hashes = sorted(set(table["workload_hash"].to_pylist()))
+    ids = [db.add_workload(structural_hash=h, name=h[:6], op_kind="matmul", flops=1.0, tir_json="{}")[0].id
+           for h in hashes]
+    a = db.add_model(name="a", source="zoo:a", format="relax-nn", sha256="a" * 64, artifact_uri="u")[0]
+    b = db.add_model(name="b", source="zoo:b", format="relax-nn", sha256="b" * 64, artifact_uri="u")[0]
+    for i in (0, 1, 2):
+        db.link_model_workload(a.id, ids[i], 1)
+    for i in (2, 3):
+        db.link_model_workload(b.id, ids[i], 1)
+    assert costmodel.model_holdout(db, ["b"]) == {hashes[3]}
+    train_t, test_t = costmodel.split_by_workload(table, heldout=costmodel.model_holdout(db, ["b"]))
+    assert set(test_t["workload_hash"].to_pylist()) == {hashes[3]}
+    assert hashes[3] not in set(train_t["workload_hash"].to_pylist()) and train_t.num_rows == 9
+    with pytest.raises(CostModelError, match="cannot hold out 4 of the dataset's 4 workloads"):
+        costmodel.split_by_workload(table, heldout=set(hashes))
+    db.close()

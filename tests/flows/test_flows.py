@@ -120,3 +120,33 @@ def test_pipeline_tunes_once_and_records_a_summary_artifact(flow_env, tmp_path) 
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-summary"])))
     assert len(arts) == 2 and arts[0].type == "table"
+
+
+@pytest.mark.slow
+def test_retrain_flow_ends_with_zero_shot_builds(flow_env) -> None:  # type: ignore[no-untyped-def]
+    from tunefleet.context import shared_context
+    from tunefleet.flows.steps import retrain
+
+    pipeline(models=["mlp"], hardware=["x86"], trials=8, trials_per_iter=4, seed=0, build=False)
+    first = retrain(hardware=["x86"])[0]
+    assert first["version"] == 1 and first["zero_shot_builds"] == []
+    db = shared_context().db
+    if not first["promoted"]:  # the transfer guard refused it: an operator promotes it explicitly
+        db.promote_cost_model(db.current_cost_model(db.hardware_class("x86").id) or _model_id(db, 1))
+    cnn = steps.ingest.fn("small-cnn")["model_id"]
+    with pytest.raises(ParameterError, match="verify: -1"):
+        retrain(hardware=["x86"], zero_shot_model_ids=[cnn], verify=-1)
+    second = retrain(hardware=["x86"], zero_shot_model_ids=[cnn])[0]
+    assert second["version"] == 2
+    (build,) = second["zero_shot_builds"]
+    assert (build["predicted_workloads"], build["tuned_workloads"], build["default_workloads"]) == (6, 0, 0)
+    assert build["tuned_ms"] is not None
+
+
+def _model_id(db, version: int) -> int:  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    from tunefleet.db.models import CostModel
+
+    with db.session() as s:
+        return int(s.scalar(select(CostModel.id).where(CostModel.version == version)))

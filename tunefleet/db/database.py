@@ -426,14 +426,27 @@ class Database:
             return len(s.execute(stmt.returning(Prediction.id), rows).all())
 
     def best_predictions(self, workload_id: int, hardware_class_id: int, n: int = 5) -> list[Prediction]:
+        """The ``n`` best-scored predictions of the cost model that predicted this workload last.
+
+        Scores of different models are not comparable, so one model's proposals are returned.
+        """
+        where = (Prediction.workload_id == workload_id, Prediction.hardware_class_id == hardware_class_id)
         with self.session() as s:
-            stmt = (
-                select(Prediction)
-                .where(Prediction.workload_id == workload_id, Prediction.hardware_class_id == hardware_class_id)
-                .order_by(Prediction.score.desc(), Prediction.id)
-                .limit(n)
-            )
+            last = s.execute(select(Prediction.cost_model_id).where(*where).order_by(Prediction.id.desc()).limit(1)).first()
+            if last is None:
+                return []
+            same_model = (Prediction.cost_model_id.is_(None) if last[0] is None
+                          else Prediction.cost_model_id == last[0])
+            stmt = select(Prediction).where(*where, same_model).order_by(Prediction.score.desc(), Prediction.id).limit(n)
             return list(s.scalars(stmt))
+
+    def has_predictions(self, workload_id: int, hardware_class_id: int, cost_model_id: int | None) -> bool:
+        """Whether this cost model already stored predictions for the workload on the class."""
+        model = Prediction.cost_model_id.is_(None) if cost_model_id is None else Prediction.cost_model_id == cost_model_id
+        with self.session() as s:
+            stmt = select(Prediction.id).where(Prediction.workload_id == workload_id,
+                                               Prediction.hardware_class_id == hardware_class_id, model).limit(1)
+            return s.execute(stmt).first() is not None
 
     # -- datasets and cost models ---------------------------------------------------------
     def add_dataset(self, *, uri: str, manifest: dict[str, Any], row_count: int) -> Dataset:

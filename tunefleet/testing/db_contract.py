@@ -209,6 +209,19 @@ class DatabaseContract:
         assert [p.rank for p in db.best_predictions(wl, hw)] == [0, 1]
         assert db.best_predictions(wl, hw)[0].score == 9.0
 
+    def test_predictions_come_from_the_last_model_that_predicted(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        old = db.add_cost_model(hardware_class_id=hw, artifact_uri="u1", metrics={})
+        new = db.add_cost_model(hardware_class_id=hw, artifact_uri="u2", metrics={})
+        assert not db.has_predictions(wl, hw, old.id)
+        db.add_predictions(wl, hw, [(_trace(1), 50.0, None)], cost_model_id=old.id)
+        db.add_predictions(wl, hw, [(_trace(2), 0.2, None), (_trace(3), 0.9, None)], cost_model_id=new.id)
+        assert db.has_predictions(wl, hw, old.id) and db.has_predictions(wl, hw, new.id)
+        assert not db.has_predictions(wl, hw, None)
+        best = db.best_predictions(wl, hw, 5)
+        assert [p.cost_model_id for p in best] == [new.id, new.id]  # scores of models are not comparable
+        assert [p.score for p in best] == [0.9, 0.2]
+
     def test_dataset_versions_and_cost_model_promotion(self, seeded: tuple[Database, int, int, int]) -> None:
         db, _, hw, _ = seeded
         d1 = db.add_dataset(uri="s3://b/ds/1", manifest={"rows": 1}, row_count=1)

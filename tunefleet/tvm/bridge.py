@@ -56,12 +56,17 @@ class FleetDatabase(ms.database.PyDatabase):
         The tunefleet database.
     hardware:
         Name of the hardware class every query and commit is scoped to.
+    with_predictions:
+        Zero-shot builds only: a workload with no measurement on the class answers with the
+        best-scored *prediction* of the cost model (a record without run times). Off by default,
+        so nothing asking for measurements ever gets a prediction.
     """
 
-    def __init__(self, db: Database, hardware: str) -> None:
+    def __init__(self, db: Database, hardware: str, *, with_predictions: bool = False) -> None:
         super().__init__()
         self.db = db
         self.hw = db.hardware_class(hardware)
+        self.with_predictions = with_predictions
         self._ids: dict[str, int] = {}
 
     # -- workloads ------------------------------------------------------------------------
@@ -109,6 +114,9 @@ class FleetDatabase(ms.database.PyDatabase):
         if wl_id is None or top_k <= 0:
             return []
         rows = self.db.best_measurements(wl_id, self.hw.id, top_k)
+        if not rows and self.with_predictions:
+            return [record_from_row(p.trace_json, None, "", p.args_info, workload)
+                    for p in self.db.best_predictions(wl_id, self.hw.id, top_k)]
         return [record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload) for r in rows]
 
     def get_all_tuning_records(self) -> list[TuningRecord]:

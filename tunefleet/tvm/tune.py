@@ -37,6 +37,7 @@ from tunefleet.tvm.bridge import FleetDatabase
 
 if TYPE_CHECKING:
     from tunefleet.accounting import ShardAccountant
+    from tunefleet.costmodel import TrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,11 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
                               progress=self.progress)
 
 
+def new_online_model(threads: int) -> Any:
+    """MetaSchedule's XGBModel as stock ``tune_tasks`` creates it for ``cost_model="xgb"``."""
+    return ms.cost_model.XGBModel(num_tuning_cores=threads, tree_method="auto")
+
+
 def _entry_func(mod: Any) -> Any:
     names = [gv.name_hint for gv in mod.get_global_vars()]
     return mod["main"] if "main" in names else mod[mod.get_global_vars()[0]]
@@ -297,6 +303,8 @@ def tune_shard(
     on_batch: CandidateHook | None = None,
     work_dir: str | None = None,
     pushgateway: str | None = None,
+    cost_model: TrainedModel | None = None,
+    online_model: Any = None,
 ) -> ShardResult:
     """Tune a leased shard to its trial budget, committing as it goes; mark it done or failed.
 
@@ -304,7 +312,12 @@ def tune_shard(
     committed, and no committed candidate is measured again. Every candidate is committed with
     its share of the round's energy and its useful flag, and the attempt's energy, node time and
     money are added to the shard (:mod:`tunefleet.accounting`); with ``pushgateway`` its metrics
-    are pushed there as it goes.
+    are pushed there as it goes. With ``cost_model`` (the class's current trained model) the
+    search is warm-started: guided by it from the first round and refined online
+    (:class:`tunefleet.tvm.learned.FleetCostModel`); without, MetaSchedule's own XGBModel guides
+    it. ``online_model`` is that XGBModel when the caller keeps one across shards (a fresh one
+    otherwise): like stock ``tune_tasks`` over many tasks, it then learns from every shard tuned
+    before this one instead of starting each from nothing.
     """
     from tunefleet.accounting import ShardAccountant, add_shard_energy
     from tunefleet.tvm.targets import make_target, target_fingerprint
@@ -344,6 +357,13 @@ def tune_shard(
 
         runner = make_runner(target)
     callback: CommitCallback | None = None
+    online = online_model if online_model is not None else new_online_model(threads)
+    model: Any = online
+    if cost_model is not None:
+        from tunefleet.tvm.learned import FleetCostModel
+
+        model = FleetCostModel(cost_model, online=online)
+        log.info("shard %d warm-starts with cost model v%s", shard.id, cost_model.version)
     accountant = ShardAccountant(db, hw, wl, pushgateway=pushgateway, shard_id=shard.id, attempt=shard.attempts)
     try:
         with Heartbeat(db, shard.id, owner, lease_s) as hb, tempfile.TemporaryDirectory(dir=work_dir) as tmp:
@@ -355,7 +375,7 @@ def tune_shard(
             ms.tune_tasks(
                 tasks=[ctx], task_weights=[1.0], work_dir=tmp,
                 max_trials_global=remaining, num_trials_per_iter=min(num_trials_per_iter, remaining),
-                builder=builder, runner=runner, database=FleetDatabase(db, hw.name), cost_model="xgb",
+                builder=builder, runner=runner, database=FleetDatabase(db, hw.name), cost_model=model,
                 measure_callbacks=[callback, ms.measure_callback.RemoveBuildArtifact(),
                                    ms.measure_callback.UpdateCostModel()],
                 task_scheduler="round-robin",

@@ -1,0 +1,129 @@
+"""Export → retrain → promote → zero-shot build on tiny models, with real tuning, on SQLite and PostgreSQL.
+
+Predictions are stored apart from measurements and never come back where measurements are asked
+for; ``verify`` measures exactly the top K; a promoted model warm-starts new shards.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from tunefleet import costmodel, dataset, shards
+from tunefleet.deliver import best, build_model
+from tunefleet.errors import NotFoundError, NotSupportedError
+from tunefleet.models.ingest import ingest
+from tunefleet.pipeline import Tuner, drain, extract
+from tunefleet.tvm.learned import _normalised
+from tunefleet.zeroshot import predict_workloads
+
+pytestmark = pytest.mark.slow
+
+
+def _train_current(db, store) -> costmodel.RetrainResult:  # type: ignore[no-untyped-def]
+    """Tune mlp a little, export, retrain; make the new model current even if the guard refused it."""
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    shards.plan(db, "x86", target_trials=10, model=model.id)
+    assert drain(db, "x86", seed=0, num_trials_per_iter=5).shards_failed == 0
+    assert dataset.export(db, store) is not None
+    result = costmodel.retrain(db, store, "x86", holdout_fraction=0.34, num_boost_round=20)
+    beats_random = result.metrics["heldout"]["pairwise_accuracy"] > max(
+        b["pairwise_accuracy"] for b in result.metrics["baselines"].values())
+    assert result.promoted is beats_random  # the transfer guard decides, not the test
+    if not result.promoted:
+        db.promote_cost_model(result.cost_model_id)  # an operator's explicit override
+    return result
+
+
+def _prediction_count(db) -> int:  # type: ignore[no-untyped-def]
+    from sqlalchemy import func, select
+
+    from tunefleet.db.models import Prediction
+
+    with db.session() as s:
+        return int(s.scalar(select(func.count(Prediction.id))) or 0)
+
+
+def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings, db, store = engine
+    hw = db.hardware_class("x86")
+    cnn = ingest(db, store, "small-cnn").model
+    with pytest.raises(NotSupportedError, match="without a current cost model.*costmodel retrain"):
+        build_model(db, store, cnn, "x86", zero_shot=True, compare_torch=False)
+
+    trained = _train_current(db, store)
+    measured_before = db.count_measurements(hardware_class_id=hw.id)
+    report = build_model(db, store, cnn, "x86", zero_shot=True, compare_torch=False, output=tmp_path / "cnn.so")
+    # small-cnn was never measured: every workload is built from a prediction, none from the default
+    assert (report.workloads, report.tuned_workloads, report.predicted_workloads, report.default_workloads) == (6, 0, 6, 0)
+    assert report.tuned_ms is not None and report.max_abs_diff is not None  # outputs checked against untuned
+    assert report.zero_shot_s_per_task is not None and report.zero_shot_s_per_task > 0
+    assert db.count_measurements(hardware_class_id=hw.id) == measured_before  # nothing measured
+    n_predictions = _prediction_count(db)
+    assert n_predictions >= 6
+
+    import tvm
+
+    from tunefleet.tvm.bridge import FleetDatabase
+
+    plain = FleetDatabase(db, "x86")
+    for wl, _ in db.workloads(cnn.id):
+        preds = db.best_predictions(wl.id, hw.id, 5)
+        assert preds and all(p.cost_model_id == trained.cost_model_id for p in preds)
+        assert db.best_measurements(wl.id, hw.id) == []
+        with pytest.raises(NotFoundError, match="no measurement"):
+            best(db, wl.structural_hash, "x86")
+        workload = plain.commit_workload(tvm.ir.load_json(wl.tir_json))
+        assert plain.get_top_k(workload, 5) == []  # the MetaSchedule database users get: measurements only
+        predicted = FleetDatabase(db, "x86", with_predictions=True).get_top_k(workload, 1)
+        assert len(predicted) == 1 and predicted[0].run_secs is None  # marked: no run times
+    assert dataset.export(db, store) is None  # predictions are not measurements: nothing to export
+
+    # again: idempotent, the same model does not search or store anything new
+    again = predict_workloads(db, store, "x86", [wl.id for wl, _ in db.workloads(cnn.id)])
+    assert {w.status for w in again.workloads} == {"cached"}
+    assert _prediction_count(db) == n_predictions
+
+    # --verify 1 on two workloads: exactly their top prediction is measured, outside any shard
+    chosen = [wl for wl, _ in db.workloads(cnn.id)][:2]
+    verified = predict_workloads(db, store, "x86", [wl.id for wl in chosen], verify=1)
+    assert [w.status for w in verified.workloads] == ["verified", "verified"]
+    for wl in chosen:
+        rows = [m for m in db.measurements(hardware_class_id=hw.id) if m.workload_id == wl.id]
+        assert len(rows) == 1 and rows[0].shard_id is None
+        assert rows[0].trace_sha256 == db.best_predictions(wl.id, hw.id, 1)[0].trace_sha256
+    assert predict_workloads(db, store, "x86", [chosen[0].id]).workloads[0].status == "measured"
+
+
+def test_warm_start_uses_current_model(engine, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    settings, db, store = engine
+    trained = _train_current(db, store)
+    tuner = Tuner(db, "x86", store=store)
+    try:
+        loaded = tuner.cost_model(db)
+        assert loaded is not None and loaded.cost_model_id == trained.cost_model_id
+        assert Tuner(db, "x86", store=store, warm_start=False).cost_model(db) is None
+        shards.plan(db, "x86", target_trials=16)  # top up: new shards
+        with caplog.at_level(logging.INFO, logger="tunefleet.tvm.tune"):
+            result = tuner.tune_next(db, "warm-test", num_trials_per_iter=3, seed=0)
+        assert result is not None and result.state == "done" and result.measured > 0
+        assert f"warm-starts with cost model v{trained.version}" in caplog.text
+    finally:
+        tuner.close()
+
+    # an unreadable current model: logged, and shards tune without it
+    store.put_bytes(store.key_from_uri(trained.artifact_uri), b"not a model")
+    broken = Tuner(db, "x86", store=store)
+    with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
+        assert broken.cost_model(db) is None
+    assert "cannot be loaded, tuning without it" in caplog.text
+    broken.close()
+
+
+def test_scores_are_non_negative_and_scaled() -> None:
+    out = _normalised(np.array([-3.0, 1.0, 5.0, np.nan]))
+    assert out.min() == 0.0 and out.max() == 1.0 and np.isfinite(out).all()
+    assert (_normalised(np.array([2.0, 2.0])) == 0.5).all()  # no information: all equal

@@ -1,0 +1,274 @@
+"""The fleet's trained cost model inside MetaSchedule: warm-started search and zero-shot proposals.
+
+* :class:`FleetCostModel` is a MetaSchedule ``CostModel`` scoring candidates with a tunefleet
+  :class:`~tunefleet.costmodel.TrainedModel` (the current model of a hardware class). Handed to
+  ``ms.tune_tasks`` it *warm-starts* a shard: the evolutionary search is guided by everything
+  the fleet measured from its first round, instead of random picks until MetaSchedule's own
+  XGBModel has its 100 warm-up samples. It also refines itself online: a stock ``XGBModel``
+  learns the measurements as they arrive, and once past its warm-up the two scores are blended
+  (see :meth:`FleetCostModel.predict`).
+* :func:`propose` runs the evolutionary search of one workload guided by that model and measures
+  nothing: the zero-shot path. It returns the best-scored distinct schedules, the default
+  (unscheduled) program included, so the caller can store them as *predictions*.
+* :class:`FixedCandidates` is a ``SearchStrategy`` that hands MetaSchedule a given list of
+  schedules once; :func:`measure_traces` uses it to measure chosen schedules (``--verify K``)
+  through the ordinary builder, runner and commit callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+if TYPE_CHECKING:
+    from tunefleet.costmodel import TrainedModel
+    from tunefleet.db import Database
+    from tunefleet.db.models import HardwareClass, Workload
+
+log = logging.getLogger(__name__)
+
+def _normalised(scores: np.ndarray) -> np.ndarray:
+    """Non-negative scores scaled to [0, 1] (the evolutionary search samples in proportion to them)."""
+    scores = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if scores.size == 0:
+        return scores
+    lo, hi = float(scores.min()), float(scores.max())
+    if hi <= lo:
+        return np.full_like(scores, 0.5)
+    return (scores - lo) / (hi - lo)
+
+
+@derived_object
+class FleetCostModel(ms.cost_model.PyCostModel):
+    """A MetaSchedule cost model backed by the fleet's trained XGBoost model, refined online.
+
+    Parameters
+    ----------
+    model:
+        The trained model (``tunefleet.costmodel.load_model``).
+    online:
+        A MetaSchedule ``XGBModel`` that learns the measurements as they arrive (a worker's
+        :class:`~tunefleet.pipeline.Tuner` shares one across its shards, as stock ``tune_tasks``
+        shares one across tasks). Once past its warm-up (``num_warmup_samples``; it predicts
+        random numbers before) it is blended in: score = (prior + online) / 2, each scaled to
+        [0, 1] within the batch. None (zero-shot) scores with the fleet model alone.
+    """
+
+    def __init__(self, model: TrainedModel, *, online: Any = None) -> None:
+        self.model = model
+        self.extractor = ms.feature_extractor.PerStoreFeature()
+        self.online = online
+        self.predict_seconds = 0.0
+        self.predicted = 0
+
+    def load(self, path: str) -> None:
+        if self.online is not None:
+            self.online.load(path)
+
+    def save(self, path: str) -> None:
+        if self.online is not None:
+            self.online.save(path)
+
+    def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+        if self.online is not None:
+            self.online.update(context, candidates, results)
+
+    def prior(self, context: Any, candidates: list[Any]) -> np.ndarray:
+        """The fleet model's raw scores (higher = faster)."""
+        from tunefleet.costmodel import store_features
+
+        if not candidates:
+            return np.zeros(0)
+        matrices = [np.asarray(t.numpy(), dtype=np.float32) for t in self.extractor.extract_from(context, candidates)]
+        return self.model.predict_features(store_features(matrices))
+
+    def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
+        t0 = time.perf_counter()
+        scores = _normalised(self.prior(context, candidates))
+        online = self.online
+        if online is not None and online.data_size >= online.num_warmup_samples and online.booster is not None:
+            scores = 0.5 * scores + 0.5 * _normalised(online.predict(context, candidates))
+        self.predict_seconds += time.perf_counter() - t0
+        self.predicted += len(candidates)
+        return scores
+
+
+@dataclass
+class Proposal:
+    """A schedule the cost model proposes for a workload (not measured)."""
+
+    trace_json: str
+    trace_sha256: str
+    score: float
+    args_info: list[Any]
+
+
+@dataclass
+class ProposeResult:
+    proposals: list[Proposal]
+    candidates_scored: int
+    seconds: float
+
+
+def _context(wl: Workload, hw: HardwareClass, *, population: int, generations: int, seed: int,
+             num_threads: int | None) -> Any:
+    from tunefleet.tvm.builder import import_tensor_intrinsics
+    from tunefleet.tvm.targets import make_target
+
+    import_tensor_intrinsics()
+    threads = num_threads or int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+    return ms.TuneContext(
+        tvm.ir.load_json(wl.tir_json), target=make_target(hw.target), space_generator="post-order-apply",
+        search_strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=population, init_min_unmeasured=min(50, population), genetic_num_iters=generations),
+        task_name=wl.name, rand_state=seed, num_threads=threads,
+    )
+
+
+def propose(
+    wl: Workload,
+    hw: HardwareClass,
+    model: TrainedModel,
+    *,
+    top_k: int = 5,
+    candidates: int = 32,
+    population: int = 64,
+    generations: int = 2,
+    seed: int = 0,
+    num_threads: int | None = None,
+) -> ProposeResult:
+    """Search one workload guided by ``model`` alone and return its ``top_k`` best-scored schedules.
+
+    One round of MetaSchedule's evolutionary search (``population`` random schedules evolved for
+    ``generations`` generations of mutation with the model as fitness) yields ``candidates``
+    schedules; they and the default (unscheduled) program are scored again and the ``top_k``
+    distinct ones returned, best first. Nothing is built or measured.
+
+    The cost is dominated by MetaSchedule's ``PerStoreFeature`` extraction (measured ~35 ms per
+    candidate for a conv2d on this 2-core machine), paid for every schedule of every generation;
+    the defaults are sized for about 10 s per task, smaller than a tuning round's 512 x 4.
+    """
+    from tunefleet.tvm.tune import _entry_func, trace_json_of, trace_sha256_of
+
+    t0 = time.perf_counter()
+    ctx = _context(wl, hw, population=population, generations=generations, seed=seed, num_threads=num_threads)
+    cost = FleetCostModel(model)
+    spaces = ctx.generate_design_space()
+    ctx.pre_tuning(max_trials=candidates, num_trials_per_iter=candidates, design_spaces=spaces,
+                   database=ms.database.MemoryDatabase(), cost_model=cost)
+    try:
+        found = list(ctx.generate_measure_candidates() or [])
+    finally:
+        ctx.post_tuning()
+    mod = ctx.mod
+    if ctx.target.kind.name == "llvm":  # the default schedule is a valid candidate on CPU only
+        found.append(ms.MeasureCandidate(tvm.s_tir.Schedule(mod),
+                                         ms.arg_info.ArgInfo.from_prim_func(_entry_func(mod))))
+    scores = cost.prior(ctx, found)
+    seen: set[str] = set()
+    out: list[Proposal] = []
+    for i in np.argsort(-scores, kind="stable"):
+        cand = found[int(i)]
+        key = trace_sha256_of(cand.sch)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Proposal(trace_json_of(cand.sch), key, float(scores[i]), [a.as_json() for a in cand.args_info]))
+        if len(out) >= top_k:
+            break
+    return ProposeResult(out, len(found), time.perf_counter() - t0)
+
+
+@derived_object
+class FixedCandidates(ms.search_strategy.PySearchStrategy):
+    """A search strategy that proposes a fixed list of candidates once, then stops."""
+
+    def __init__(self, candidates: list[Any]) -> None:
+        self.candidates = list(candidates)
+        self._done = False
+
+    def _initialize_with_tune_context(self, context: Any) -> None:
+        pass
+
+    def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: list[Any],
+                   database: Any = None, cost_model: Any = None) -> None:
+        self._done = False
+
+    def post_tuning(self) -> None:
+        pass
+
+    def generate_measure_candidates(self) -> list[Any] | None:
+        if self._done or not self.candidates:
+            return None
+        self._done = True
+        return self.candidates
+
+    def notify_runner_results(self, measure_candidates: list[Any], results: list[Any]) -> None:
+        pass
+
+    def clone(self) -> Any:
+        return FixedCandidates(self.candidates)
+
+
+def measure_traces(
+    db: Database,
+    wl: Workload,
+    hw: HardwareClass,
+    traces: list[tuple[str, list[Any] | None]],
+    *,
+    builder: Any,
+    runner: Any,
+    work_dir: str | None = None,
+) -> int:
+    """Build, run and commit the given schedules of a workload as measurements (no shard).
+
+    ``traces`` are (trace JSON, args_info) pairs, e.g. stored predictions. Schedules already
+    measured on this class are skipped. Returns how many were measured.
+    """
+    import json
+    import tempfile
+
+    from tunefleet.accounting import ShardAccountant
+    from tunefleet.tvm.bridge import FleetDatabase
+    from tunefleet.tvm.targets import make_target, target_fingerprint
+    from tunefleet.tvm.tune import CommitCallback, trace_sha256_of
+
+    known = db.measured_trace_hashes(wl.id, hw.id)
+    mod = tvm.ir.load_json(wl.tir_json)
+    target = make_target(hw.target)
+    cands = []
+    for trace_json, args_info in traces:
+        sch = tvm.s_tir.Schedule(mod)
+        tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace_json), sch)
+        if trace_sha256_of(sch) in known:
+            continue
+        args = args_info or [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])]
+        cands.append(ms.MeasureCandidate(sch, [ms.arg_info.ArgInfo.from_json(a) for a in args]))
+    if not cands:
+        return 0
+    ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply",
+                         search_strategy=FixedCandidates(cands), task_name=wl.name,
+                         num_threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))))
+    callback = CommitCallback(db, wl.id, hw.id, None, target=target_fingerprint(target),
+                              build_seconds=getattr(builder, "pop_build_time", None),
+                              accountant=ShardAccountant(db, hw, wl))
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=tmp, max_trials_global=len(cands),
+                      num_trials_per_iter=len(cands), builder=builder, runner=runner,
+                      database=FleetDatabase(db, hw.name), cost_model="random",
+                      measure_callbacks=[callback, ms.measure_callback.RemoveBuildArtifact()],
+                      task_scheduler="round-robin")
+    if callback.failure is not None:
+        raise callback.failure
+    return callback.progress.measured
+
+
+__all__ = ["FixedCandidates", "FleetCostModel", "Proposal", "ProposeResult", "measure_traces", "propose"]
