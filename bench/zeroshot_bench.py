@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import statistics
 import sys
 import tempfile
@@ -114,8 +113,10 @@ def copy_without(home: Path, src_db: Path, workload_ids: list[int], name: str) -
     import sqlite3
 
     dst = home / f"{name}.db"
-    shutil.copyfile(src_db, dst)
+    src = sqlite3.connect(src_db)
     con = sqlite3.connect(dst)
+    src.backup(con)  # a consistent copy, WAL included
+    src.close()
     marks = ",".join("?" * len(workload_ids))
     for table in ("measurements", "shards", "predictions"):
         con.execute(f"DELETE FROM {table} WHERE workload_id IN ({marks})", workload_ids)  # noqa: S608

@@ -436,6 +436,15 @@ def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_costmodel_promote(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.costmodel import promote_version
+
+    ctx = Context(settings)
+    row = promote_version(ctx.db, args.hardware, args.version)
+    print(f"cost model v{row.version} is now the current model of {args.hardware} ({row.artifact_uri})")
+    return 0
+
+
 def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> int:
     """A long-running exporter of the fleet gauges (per-model energy and cost, shard states)."""
     import time
@@ -573,6 +582,10 @@ def build_parser() -> argparse.ArgumentParser:
     cml = cm.add_parser("list", help="registered cost models and their held-out metrics")
     cml.add_argument("--json", action="store_true")
     cml.set_defaults(handler=cmd_costmodel_list)
+    cmp = cm.add_parser("promote", help="make a registered version the current model of its class (an override)")
+    cmp.add_argument("version", type=int)
+    cmp.add_argument("--hardware", default="x86")
+    cmp.set_defaults(handler=cmd_costmodel_promote)
 
     met = sub.add_parser("metrics", help="Prometheus metrics").add_subparsers(dest="sub", required=True)
     mse = met.add_parser("serve", help="serve the fleet's gauges from the database on /metrics")

@@ -571,6 +571,24 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def promote_version(db: Database, hardware: str, version: int) -> Any:
+    """Make a registered version current regardless of its metrics (an operator's override)."""
+    from sqlalchemy import select
+
+    from tunefleet.db.models import CostModel
+    from tunefleet.errors import NotFoundError
+
+    hw = db.hardware_class(hardware)
+    with db.session() as s:
+        row = s.scalars(select(CostModel).where(CostModel.hardware_class_id == hw.id,
+                                                CostModel.version == version)).one_or_none()
+    if row is None:
+        raise NotFoundError(f"no cost model v{version} for {hardware}; see `tunefleet costmodel list`")
+    db.promote_cost_model(row.id)
+    log.info("cost model v%d of %s promoted by hand", version, hardware)
+    return row
+
+
 def load_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel | None:
     """The current promoted cost model of a hardware class, or None when there is none."""
     hw = db.hardware_class(hardware)
@@ -598,6 +616,7 @@ __all__ = [
     "load_model",
     "model_holdout",
     "model_key",
+    "promote_version",
     "random_scores",
     "retrain",
     "split_by_workload",

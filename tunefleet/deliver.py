@@ -182,11 +182,14 @@ def build_model(
 
     hw = db.hardware_class(hardware)
     target = make_target(hw.target)
+    if zero_shot:
+        from tunefleet.zeroshot import predict_workloads, require_model
+
+        cost_model = require_model(db, store, hardware)  # before any work: one line if there is none
     loaded = load_model(db, store, model)
     found = extract_workloads(loaded.mod, target, params=loaded.params)
     zs = None
     if zero_shot:
-        from tunefleet.zeroshot import predict_workloads
 
         ids = []
         for w in found:  # a model never extracted for this class gets its workloads stored first
@@ -194,7 +197,7 @@ def build_model(
                                      flops=float(w.flops), tir_json=w.tir_json)
             db.link_model_workload(model.id, row.id, int(w.weight))
             ids.append(row.id)
-        zs = predict_workloads(db, store, hardware, ids, top_k=top_k, verify=verify, tuner=tuner)
+        zs = predict_workloads(db, store, hardware, ids, top_k=top_k, verify=verify, tuner=tuner, model=cost_model)
     tuned = 0
     for w in found:
         try:

@@ -43,6 +43,22 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     assert [(v["version"], v["rows"], v["complete"]) for v in versions] == [(1, energy[0]["trials"], True)]
     assert "nothing new to export" in run_cli("dataset", "export", env=env, timeout=300).stdout
 
+    retrained = run_cli("costmodel", "retrain", "--hardware", "x86", "--holdout", "0.34", env=env, timeout=300)
+    assert retrained.returncode == 0 and "cost model for x86" in retrained.stdout, retrained.stderr[-2000:]
+    if "NOT promoted" in retrained.stdout:  # the transfer guard refused it: promote it by hand
+        promoted = run_cli("costmodel", "promote", "1", "--hardware", "x86", env=env)
+        assert promoted.returncode == 0 and "v1 is now the current model" in promoted.stdout
+    assert run_cli("ingest", "small-cnn", env=env).returncode == 0
+    built = run_cli("build", "small-cnn", "--zero-shot", "--json", env=env, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    report = json.loads(built.stdout)
+    assert (report["predicted_workloads"], report["tuned_workloads"], report["default_workloads"]) == (6, 0, 0)
+    cnn = json.loads(run_cli("workloads", "list", "--json", "--model", "small-cnn", env=env).stdout)
+    predicted = run_cli("best", cnn[0]["hash"], "--zero-shot", "--top", "2", "--json", env=env, timeout=300)
+    assert [p["source"] for p in json.loads(predicted.stdout)] == ["predicted", "predicted"]
+    measured_only = run_cli("best", cnn[0]["hash"], env=env)
+    assert measured_only.returncode == 2 and "no measurement of workload" in error_line(measured_only.stderr)
+
 
 def test_unknown_hardware_and_model_are_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
@@ -55,6 +71,18 @@ def test_unknown_hardware_and_model_are_one_line(tmp_path) -> None:  # type: ign
     bad.write_bytes(b"\x00garbage" * 50)
     out = run_cli("ingest", str(bad), env=env)
     assert out.returncode == 2 and "corrupt.onnx" in error_line(out.stderr)
+
+
+def test_zero_shot_without_a_model_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
+    assert run_cli("ingest", "mlp", env=env).returncode == 0
+    out = run_cli("build", "mlp", "--zero-shot", env=env)
+    assert out.returncode == 2
+    assert error_line(out.stderr).startswith("tunefleet: error: not supported: zero-shot on x86 without a current cost model")
+    out = run_cli("build", "mlp", "--verify", "2", env=env)
+    assert out.returncode == 2 and error_line(out.stderr) == "tunefleet: error: --verify needs --zero-shot"
+    out = run_cli("costmodel", "promote", "3", env=env)
+    assert out.returncode == 2 and "no cost model v3 for x86" in error_line(out.stderr)
 
 
 def test_hardware_list_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
