@@ -220,12 +220,11 @@ def drain(
 def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str, Any]) -> None:
     from tunefleet.config import Settings
     from tunefleet.db import Database
+    from tunefleet.store import open_store
 
     settings = Settings(**settings_data)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
-    from tunefleet.store import open_store
-
     db = Database.from_settings(settings)
     drain(db, hardware, pushgateway=settings.metrics_pushgateway, store=open_store(settings),
           warm_start=settings.warm_start, **kwargs)
