@@ -179,12 +179,16 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.deliver import best
 
-    if args.verify and not args.zero_shot:
-        raise TunefleetError("--verify needs --zero-shot")
+    if args.verify and not (args.zero_shot or args.transfer):
+        raise TunefleetError("--verify needs --zero-shot or --transfer")
+    if args.zero_shot and args.transfer:
+        raise TunefleetError("--zero-shot and --transfer exclude each other")
     ctx = Context(settings)
-    if args.zero_shot and not ctx.db.best_measurements(ctx.db.workload(args.workload).id,
-                                                       ctx.db.hardware_class(args.hardware).id, 1):
+    unmeasured = not ctx.db.best_measurements(ctx.db.workload(args.workload).id, ctx.db.hardware_class(args.hardware).id, 1)
+    if args.zero_shot and unmeasured:
         return _best_predicted(ctx, args)
+    if args.transfer and unmeasured:
+        return _best_transferred(ctx, args)
     found = best(ctx.db, args.workload, args.hardware, n=args.top)
     if args.json:
         _print_json([b.as_dict() for b in found])
@@ -229,6 +233,26 @@ def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def _best_transferred(ctx: Context, args: argparse.Namespace) -> int:
+    """`best --transfer`: the best schedule of the most compatible class that builds for this one."""
+    from tunefleet.errors import NotFoundError
+    from tunefleet.transfer import transfer_best
+
+    found = transfer_best(ctx.db, args.workload, args.hardware, verify=bool(args.verify))
+    if found is None:
+        raise NotFoundError(f"no measurement of workload {args.workload} on {args.hardware}, and no compatible "
+                            "class has a schedule that builds for it")
+    if args.json:
+        _print_json([found.as_dict()])
+        return 0
+    _table(f"best schedule of {found.workload} for {args.hardware}: TRANSFERRED from {found.source_hardware}",
+           ["source class", "compatibility", "mean run there (ms)", "measured here (ms)", "source measurement"],
+           [(found.source_hardware, f"{found.compatibility:.2f}", f"{found.source_mean_run_s * 1e3:.4f}",
+             f"{found.verified_mean_run_s * 1e3:.4f}" if found.verified_mean_run_s else "not measured (--verify 1)",
+             found.source_measurement_id)])
+    return 0
+
+
 def _report_table(report: Any) -> None:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
@@ -237,7 +261,8 @@ def _report_table(report: Any) -> None:
     if report.tuned_ms is not None:
         speed = f"{report.untuned_ms / report.tuned_ms:.2f}x" if report.untuned_ms else "-"
         label = f"tunefleet tuned ({report.tuned_workloads}/{report.workloads} workloads tuned"
-        label += f", {report.predicted_workloads} zero-shot)" if report.predicted_workloads else ")"
+        label += f", {report.predicted_workloads} zero-shot" if report.predicted_workloads else ""
+        label += f", {report.transferred_workloads} transferred)" if report.transferred_workloads else ")"
         rows.append((label, ms(report.tuned_ms), speed))
     if report.torch_ms is not None:
         speed = f"{report.untuned_ms / report.torch_ms:.2f}x" if report.untuned_ms else "-"
@@ -250,6 +275,9 @@ def _report_table(report: Any) -> None:
               + (f"; search {report.zero_shot_s_per_task:.1f}s per task" if report.zero_shot_s_per_task else ""))
     if report.verified:
         print(f"{report.verified} zero-shot proposals were measured (--verify)")
+    if report.transferred_workloads:
+        print(f"{report.transferred_workloads} of {report.workloads} workloads used a schedule TRANSFERRED from a "
+              "compatible class (its latency was measured there, not here)")
     for note in report.notes:
         print(note)
     if report.output:
@@ -263,7 +291,8 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     if args.verify and not args.zero_shot:
         raise TunefleetError("--verify needs --zero-shot")
     report = build_model(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware, output=args.output,
-                         zero_shot=args.zero_shot, top_k=max(args.top_k, args.verify), verify=args.verify)
+                         zero_shot=args.zero_shot, top_k=max(args.top_k, args.verify), verify=args.verify,
+                         transfer=args.transfer)
     if args.json:
         _print_json(report.as_dict())
     else:
@@ -658,7 +687,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--json", action="store_true")
     be.add_argument("--zero-shot", action="store_true",
                     help="never measured on this class: show the current cost model's proposals (PREDICTED)")
-    be.add_argument("--verify", type=int, default=0, metavar="K", help="with --zero-shot: measure the top K proposals")
+    be.add_argument("--transfer", action="store_true",
+                    help="never measured on this class: the best schedule of the most compatible class (TRANSFERRED)")
+    be.add_argument("--verify", type=int, default=0, metavar="K",
+                    help="with --zero-shot: measure the top K proposals; with --transfer: measure it (K >= 1)")
     be.set_defaults(handler=cmd_best)
 
     bu = sub.add_parser("build", help="compile a model with the best stored schedules and compare latency")
@@ -671,6 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
     bu.add_argument("--top-k", type=int, default=5, help="with --zero-shot: proposals stored per workload")
     bu.add_argument("--verify", type=int, default=0, metavar="K",
                     help="with --zero-shot: measure the top K proposals of each such workload here")
+    bu.add_argument("--transfer", action="store_true",
+                    help="workloads never measured on this class use the most compatible class's best schedule")
     bu.set_defaults(handler=cmd_build)
 
     ex = sub.add_parser("export-db", help="write the best records as MetaSchedule JSON database files")

@@ -72,15 +72,18 @@ def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> flo
 _EMPTY_TRACE_JSON = '[[],[]]'
 
 
-def metaschedule_database(db: Database, hardware: str) -> Any:
+def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False) -> Any:
     """A MetaSchedule ``Database`` over the fleet's measurements of one hardware class.
 
     Use it anywhere TVM takes a database, e.g.
-    ``ms.relax_integration.compile_relax(database, mod, target, params)``.
+    ``ms.relax_integration.compile_relax(database, mod, target, params)``. With ``transfer``,
+    a workload the class never measured gets the best schedule of the most compatible class
+    that builds for it (:mod:`tunefleet.transfer`); the database's ``transferred`` maps
+    workload ids to what was borrowed.
     """
     from tunefleet.tvm.bridge import FleetDatabase
 
-    return FleetDatabase(db, hardware)
+    return FleetDatabase(db, hardware, with_transfer=transfer)
 
 
 def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> tuple[int, int]:
@@ -128,6 +131,8 @@ class BuildReport:
     threads: int = 0
     predicted_workloads: int = 0
     """Workloads built with a cost-model prediction (zero-shot), never measured on the class."""
+    transferred_workloads: int = 0
+    """Workloads built with a schedule measured on another, compatible class (``transfer``)."""
     zero_shot_s_per_task: float | None = None
     verified: int = 0
     notes: list[str] = field(default_factory=list)
@@ -162,13 +167,15 @@ def build_model(
     top_k: int = 5,
     verify: int = 0,
     tuner: Any = None,
+    transfer: bool = False,
 ) -> BuildReport:
     """Compile a model with the best stored schedules; check it against the untuned build; time both.
 
     Workloads without a measurement keep the default schedule; the report says how many. With
     ``zero_shot``, they get the current cost model's best prediction instead
     (:func:`tunefleet.zeroshot.predict_workloads`, which stores ``top_k`` and measures the top
-    ``verify`` of each on this node).
+    ``verify`` of each on this node). With ``transfer``, the remaining ones get the best schedule
+    of the most compatible class that builds for this one (:mod:`tunefleet.transfer`).
     """
     import numpy as np
     import tvm
@@ -216,8 +223,13 @@ def build_model(
     with target:
         # compile_relax runs the fusion passes itself: hand it the module before them (extract.py).
         prepared = prepare_for_build(loaded.mod, target, loaded.params)
-        fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot)
+        fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot, with_transfer=transfer)
         tuned_exec = ms.relax_integration.compile_relax(fleet_db, prepared, target, params=None)
+    report.transferred_workloads = sum(v is not None for v in fleet_db.transferred.values())
+    report.default_workloads -= report.transferred_workloads
+    for wl_id, found in fleet_db.transferred.items():
+        if found is not None:
+            log.info("workload %d on %s: schedule transferred from %s", wl_id, hardware, found.source_hardware)
     log.info("tuned build of %s for %s in %.1fs", model.name, hardware, time.perf_counter() - t0)
     if output is not None:
         out = Path(output)

@@ -60,13 +60,22 @@ class FleetDatabase(ms.database.PyDatabase):
         Zero-shot builds only: a workload with no measurement on the class answers with the
         best-scored *prediction* of the cost model (a record without run times). Off by default,
         so nothing asking for measurements ever gets a prediction.
+    with_transfer:
+        A workload with no measurement (and no prediction asked for) answers with the best
+        schedule of the most compatible class that builds for this one
+        (:func:`tunefleet.transfer.transfer_best`), as a record without run times: its latency
+        was measured elsewhere. Also seeds the search of new shards.
     """
 
-    def __init__(self, db: Database, hardware: str, *, with_predictions: bool = False) -> None:
+    def __init__(self, db: Database, hardware: str, *, with_predictions: bool = False,
+                 with_transfer: bool = False) -> None:
         super().__init__()
         self.db = db
         self.hw = db.hardware_class(hardware)
         self.with_predictions = with_predictions
+        self.with_transfer = with_transfer
+        self.transferred: dict[int, Any] = {}
+        """Workload id -> the TransferredSchedule returned for it (or None)."""
         self._ids: dict[str, int] = {}
 
     # -- workloads ------------------------------------------------------------------------
@@ -115,8 +124,16 @@ class FleetDatabase(ms.database.PyDatabase):
             return []
         rows = self.db.best_measurements(wl_id, self.hw.id, top_k)
         if not rows and self.with_predictions:
-            return [record_from_row(p.trace_json, None, "", p.args_info, workload)
-                    for p in self.db.best_predictions(wl_id, self.hw.id, top_k)]
+            preds = self.db.best_predictions(wl_id, self.hw.id, top_k)
+            if preds:
+                return [record_from_row(p.trace_json, None, "", p.args_info, workload) for p in preds]
+        if not rows and self.with_transfer:
+            if wl_id not in self.transferred:
+                from tunefleet.transfer import transfer_best
+
+                self.transferred[wl_id] = transfer_best(self.db, wl_id, self.hw.name)
+            found = self.transferred[wl_id]
+            return [] if found is None else [record_from_row(found.trace_json, None, "", found.args_info, workload)]
         return [record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload) for r in rows]
 
     def get_all_tuning_records(self) -> list[TuningRecord]:

@@ -204,13 +204,18 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         sha256 of every trace already committed for (workload, hardware class).
     include_default:
         Measure the unscheduled program (an empty trace) if it was never measured.
+    seeds:
+        Trace JSON of schedules to measure in the first batch too (e.g. one transferred from a
+        compatible hardware class); once measured they seed the evolutionary search like any
+        stored measurement.
     """
 
     def __init__(self, inner: Any, known: set[str], *, include_default: bool = True,
-                 progress: ShardProgress | None = None) -> None:
+                 progress: ShardProgress | None = None, seeds: list[str] | None = None) -> None:
         self.inner = inner
         self.known = set(known)
         self.include_default = include_default
+        self.seeds = list(seeds or [])
         self.progress = progress or ShardProgress()
         self._mod: Any = None
 
@@ -238,6 +243,14 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
             default = self._default_candidate()
             if default is not None:
                 out.append(default)
+        seeds, self.seeds = self.seeds, []
+        for trace in seeds:
+            sch = tvm.s_tir.Schedule(self._mod)
+            tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace), sch)
+            key = trace_sha256_of(sch)
+            if key not in self.known:
+                self.known.add(key)
+                out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(_entry_func(sch.mod))))
         for _ in range(8):  # a batch made only of known candidates: ask again
             batch = self.inner.generate_measure_candidates()
             if batch is None:
@@ -261,7 +274,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
 
     def clone(self) -> Any:
         return ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default,
-                              progress=self.progress)
+                              progress=self.progress, seeds=self.seeds)
 
 
 def new_online_model(threads: int) -> Any:
@@ -305,6 +318,7 @@ def tune_shard(
     pushgateway: str | None = None,
     cost_model: TrainedModel | None = None,
     online_model: Any = None,
+    transfer: bool = True,
 ) -> ShardResult:
     """Tune a leased shard to its trial budget, committing as it goes; mark it done or failed.
 
@@ -317,7 +331,9 @@ def tune_shard(
     (:class:`tunefleet.tvm.learned.FleetCostModel`); without, MetaSchedule's own XGBModel guides
     it. ``online_model`` is that XGBModel when the caller keeps one across shards (a fresh one
     otherwise): like stock ``tune_tasks`` over many tasks, it then learns from every shard tuned
-    before this one instead of starting each from nothing.
+    before this one instead of starting each from nothing. With ``transfer``, a workload this
+    class never measured first measures the best schedule of the most compatible class that
+    builds here (:mod:`tunefleet.transfer`), which then seeds the search.
     """
     from tunefleet.accounting import ShardAccountant, add_shard_energy
     from tunefleet.tvm.targets import make_target, target_fingerprint
@@ -343,7 +359,17 @@ def tune_shard(
     mod = tvm.ir.load_json(wl.tir_json)
     known = db.measured_trace_hashes(wl.id, hw.id)
     is_cpu = target.kind.name == "llvm"
-    search = ResumingSearch(ms.search_strategy.EvolutionarySearch(), known, include_default=is_cpu, progress=progress)
+    seeds: list[str] = []
+    if transfer and not known:
+        from tunefleet.transfer import transfer_best
+
+        borrowed = transfer_best(db, wl.id, hw.name)
+        if borrowed is not None:
+            seeds.append(borrowed.trace_json)
+            log.info("shard %d is seeded with the best schedule of %s (%.3g ms there)", shard.id,
+                     borrowed.source_hardware, borrowed.source_mean_run_s * 1e3)
+    search = ResumingSearch(ms.search_strategy.EvolutionarySearch(), known, include_default=is_cpu, progress=progress,
+                            seeds=seeds)
     threads = num_threads or int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
     ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply", search_strategy=search,
                          task_name=wl.name, rand_state=seed if seed is not None else -1, num_threads=threads)

@@ -1,0 +1,159 @@
+"""Capability-aware transfer: a class with no measurement for a workload borrows another class's schedule.
+
+Hardware classes carry capability records (``capabilities``: ``arch``, ``isa`` features such as
+avx2/avx512f/neon/sve, ``cores``; for GPUs ``sm``). When the asking class has no measurement of
+a workload, :func:`transfer_best` looks at the classes that have one, most compatible first
+(:func:`compatibility`), replays their best schedules on the workload and **compiles each for
+the asking class's target**; the first that builds is returned, marked as transferred (the
+source class and its latency there — never a latency on the asking class). A schedule that
+does not replay or build for the asking target is skipped, so transfer never returns one that
+fails to build. ``verify`` measures it on this node and stores it as an ordinary measurement.
+
+Compatibility (higher is better; None = never transfer):
+
+- a different architecture family (x86_64, aarch64, cuda) is incompatible: a schedule's
+  vector widths, thread bindings and tensor intrinsics are ISA-specific;
+- CPUs of one family: the share of the source's ISA features the asking class also has (a
+  schedule tuned with avx512 may rely on 512-bit vectors), plus a small bonus for equal core
+  counts (parallel loop extents were tuned for them);
+- GPUs: a source with a compute capability above the asking class's is incompatible (it may
+  use newer instructions); otherwise closer is better.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tunefleet.db import Database
+    from tunefleet.db.models import HardwareClass, Workload
+
+log = logging.getLogger(__name__)
+
+#: How many of a source class's best schedules are tried before moving to the next class.
+CANDIDATES_PER_SOURCE = 3
+
+
+def _family(caps: dict[str, Any], target: dict[str, Any]) -> str:
+    if str(target.get("kind")) == "cuda" or caps.get("arch") == "cuda":
+        return "cuda"
+    arch = str(caps.get("arch") or str(target.get("mtriple") or "x86_64").split("-", 1)[0]).lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+
+
+def _sm(caps: dict[str, Any], target: dict[str, Any]) -> int | None:
+    text = str(caps.get("sm") or target.get("arch") or "")
+    digits = "".join(ch for ch in text if ch.isdigit())
+    return int(digits) if digits else None
+
+
+def compatibility(asking: HardwareClass, source: HardwareClass) -> float | None:
+    """How safely ``source``'s schedules transfer to ``asking`` (module docstring); None = never."""
+    a_caps, s_caps = dict(asking.capabilities or {}), dict(source.capabilities or {})
+    family = _family(a_caps, dict(asking.target))
+    if family != _family(s_caps, dict(source.target)):
+        return None
+    if family == "cuda":
+        a_sm, s_sm = _sm(a_caps, dict(asking.target)), _sm(s_caps, dict(source.target))
+        if a_sm is None or s_sm is None or s_sm > a_sm:
+            return None
+        return 1.0 / (1.0 + (a_sm - s_sm) / 10.0)
+    s_isa, a_isa = set(s_caps.get("isa") or []), set(a_caps.get("isa") or [])
+    share = len(s_isa & a_isa) / len(s_isa) if s_isa else 0.5
+    same_cores = a_caps.get("cores") is not None and a_caps.get("cores") == s_caps.get("cores")
+    return share + (0.1 if same_cores else 0.0)
+
+
+@dataclass
+class TransferredSchedule:
+    """A schedule borrowed from another class; its latency is the *source* class's."""
+
+    workload: str
+    hardware: str
+    source_hardware: str
+    source_mean_run_s: float
+    source_measurement_id: int
+    compatibility: float
+    trace_json: str
+    args_info: list[Any] | None
+    verified_mean_run_s: float | None = None
+    """Measured on the asking class when ``verify`` was asked for."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "source": "transferred"}
+
+
+def builds_for(wl: Workload, hw: HardwareClass, trace_json: str) -> bool:
+    """Whether a trace replays on the workload and compiles for the class's target."""
+    import tvm
+
+    from tunefleet.tvm.targets import make_target
+
+    try:
+        mod = tvm.ir.load_json(wl.tir_json)
+        sch = tvm.s_tir.Schedule(mod)
+        tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace_json), sch)
+        tvm.compile(sch.mod, target=make_target(hw.target))
+    except Exception as exc:  # TVM raises many kinds for a schedule it cannot replay or lower
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        log.info("a schedule of %s does not build for %s: %s", wl.name, hw.name, lines[-1][:200])
+        return False
+    return True
+
+
+def transfer_candidates(db: Database, wl: Workload, asking: HardwareClass) -> list[tuple[float, HardwareClass]]:
+    """Other classes with a measurement of the workload, most compatible first."""
+    ranked = []
+    for hw in db.hardware_classes():
+        if hw.id == asking.id:
+            continue
+        score = compatibility(asking, hw)
+        if score is not None and db.best_measurements(wl.id, hw.id, 1):
+            ranked.append((score, hw))
+    ranked.sort(key=lambda pair: (-pair[0], pair[1].name))
+    return ranked
+
+
+def transfer_best(db: Database, workload: str | int, hardware: str, *, verify: bool = False,
+                  tuner: Any = None) -> TransferredSchedule | None:
+    """The best schedule of the most compatible class that builds for ``hardware``, or None.
+
+    Only for a workload the class has no measurement of (otherwise there is nothing to borrow:
+    use :func:`tunefleet.deliver.best`). With ``verify``, it is measured here (needs a node that
+    can run the class) and committed as an ordinary measurement.
+    """
+    wl = db.workload(workload)
+    asking = db.hardware_class(hardware)
+    if db.best_measurements(wl.id, asking.id, 1):
+        return None
+    for score, source in transfer_candidates(db, wl, asking):
+        for row in db.best_measurements(wl.id, source.id, CANDIDATES_PER_SOURCE):
+            if not builds_for(wl, asking, row.trace_json):
+                continue
+            found = TransferredSchedule(wl.structural_hash, asking.name, source.name, float(row.mean_run_s or 0.0),
+                                        row.id, score, row.trace_json, row.args_info)
+            if verify:
+                found.verified_mean_run_s = _verify(db, wl, asking, found, tuner)
+            return found
+    return None
+
+
+def _verify(db: Database, wl: Workload, hw: HardwareClass, found: TransferredSchedule, tuner: Any) -> float | None:
+    from tunefleet.pipeline import Tuner
+    from tunefleet.tvm.learned import measure_traces
+
+    own = tuner is None
+    tuner = tuner or Tuner(db, hw.name)
+    try:
+        measure_traces(db, wl, hw, [(found.trace_json, found.args_info)], builder=tuner.builder, runner=tuner.runner)
+    finally:
+        if own:
+            tuner.close()
+    best = db.best_measurements(wl.id, hw.id, 1)
+    return float(best[0].mean_run_s) if best and best[0].mean_run_s is not None else None
+
+
+__all__ = ["TransferredSchedule", "builds_for", "compatibility", "transfer_best", "transfer_candidates"]
