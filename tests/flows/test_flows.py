@@ -132,7 +132,7 @@ def test_retrain_flow_ends_with_zero_shot_builds(flow_env) -> None:  # type: ign
     assert first["version"] == 1 and first["zero_shot_builds"] == []
     db = shared_context().db
     if not first["promoted"]:  # the transfer guard refused it: an operator promotes it explicitly
-        db.promote_cost_model(db.current_cost_model(db.hardware_class("x86").id) or _model_id(db, 1))
+        db.promote_cost_model(_model_id(db, 1))
     cnn = steps.ingest.fn("small-cnn")["model_id"]
     with pytest.raises(ParameterError, match="verify: -1"):
         retrain(hardware=["x86"], zero_shot_model_ids=[cnn], verify=-1)
