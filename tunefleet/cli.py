@@ -321,6 +321,9 @@ def prefect_environment(settings: Settings) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tunefleet")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")  # CLI logs outside runs
+    # Prefect waits 20 s for its ephemeral server; the first start in a fresh environment (byte-
+    # compiling, creating and migrating its database) took longer on a loaded 2-core CI machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if not ({"PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"} & set(os.environ)) and \
             not (Path.home() / ".prefect" / "profiles.toml").exists():
         home = Path(settings.home) / "prefect"
