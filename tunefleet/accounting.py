@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 
+from tunefleet.db.database import FILTERED
 from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, Workload
 
 if TYPE_CHECKING:
@@ -188,7 +189,10 @@ class EnergyRow:
     wasted_pct: float | None
     cost: float
     trials: int
+    """Candidates measured (built and run, errors included)."""
     errors: int
+    filtered: int
+    """Candidates the cost model scored out before measuring (no energy spent on them)."""
     best_latency_ms: float | None
     """Sum over the model's workloads of (best measured mean x calls): the tuned operators' time."""
     tuned_workloads: int
@@ -206,20 +210,22 @@ def energy_report(db: Database, *, model: str | int | None = None, hardware: str
         hw_names = {h.id: h.name for h in s.scalars(select(HardwareClass))}
         hw_filter = [m.c.hardware_class_id == db.hardware_class(hardware).id] if hardware else []
         per_wl: dict[tuple[int, int], dict[str, Any]] = defaultdict(
-            lambda: {"j": 0.0, "useful": 0.0, "wasted": 0.0, "trials": 0, "errors": 0, "best": None, "sources": set()})
+            lambda: {"j": 0.0, "useful": 0.0, "wasted": 0.0, "trials": 0, "errors": 0, "filtered": 0, "best": None,
+                     "sources": set()})
         rows = s.execute(
             select(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source,
                    func.coalesce(func.sum(m.c.energy_j), 0.0), func.count(), func.count(m.c.error_kind),
-                   func.min(m.c.mean_run_s))
+                   func.min(m.c.mean_run_s), func.sum(case((m.c.error_kind == FILTERED, 1), else_=0)))
             .where(*hw_filter)
             .group_by(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source)
         ).all()
-        for wl_id, hw_id, useful, source, joules, n, errors, best in rows:
+        for wl_id, hw_id, useful, source, joules, n, errors, best, filtered in rows:
             agg = per_wl[(wl_id, hw_id)]
             agg["j"] += float(joules)
             agg["useful" if useful else "wasted"] += float(joules)
-            agg["trials"] += int(n)
-            agg["errors"] += int(errors)
+            agg["trials"] += int(n) - int(filtered or 0)
+            agg["errors"] += int(errors) - int(filtered or 0)
+            agg["filtered"] += int(filtered or 0)
             if best is not None and (agg["best"] is None or best < agg["best"]):
                 agg["best"] = float(best)
             if source:
@@ -244,14 +250,15 @@ def energy_report(db: Database, *, model: str | int | None = None, hardware: str
         share = int(weight) / total_weight[wl] if total_weight[wl] else 0.0
         for hw_id, agg in by_workload[wl]:
             row = out.setdefault((model_id, hw_id), {"j": 0.0, "useful": 0.0, "wasted": 0.0, "cost": 0.0,
-                                                     "trials": 0, "errors": 0, "latency": 0.0, "tuned": 0,
-                                                     "sources": set()})
+                                                     "trials": 0, "errors": 0, "filtered": 0, "latency": 0.0,
+                                                     "tuned": 0, "sources": set()})
             row["j"] += agg["j"] * share
             row["useful"] += agg["useful"] * share
             row["wasted"] += agg["wasted"] * share
             row["cost"] += costs.get((wl, hw_id), 0.0) * share
             row["trials"] += agg["trials"]
             row["errors"] += agg["errors"]
+            row["filtered"] += agg["filtered"]
             row["sources"] |= agg["sources"]
             if agg["best"] is not None:
                 row["latency"] += agg["best"] * int(weight)
@@ -262,7 +269,7 @@ def energy_report(db: Database, *, model: str | int | None = None, hardware: str
             model_id=model_id, model=models[model_id], hardware=hw_names[hw_id], joules=row["j"], kwh=row["j"] / J_PER_KWH,
             useful_joules=row["useful"], wasted_joules=row["wasted"],
             wasted_pct=100.0 * row["wasted"] / row["j"] if row["j"] > 0 else None,
-            cost=row["cost"], trials=row["trials"], errors=row["errors"],
+            cost=row["cost"], trials=row["trials"], errors=row["errors"], filtered=row["filtered"],
             best_latency_ms=row["latency"] * 1e3 if row["tuned"] else None,
             tuned_workloads=row["tuned"], workloads=int(n_workloads.get(model_id, 0)),
             sources="+".join(sorted(row["sources"])) or "-",

@@ -149,18 +149,28 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet import shards
 
     ctx = Context(settings)
+    if args.reset_plateaus:
+        n = ctx.db.reset_plateaus(ctx.db.hardware_class(args.hardware).id)
+        print(f"reset the plateau state of {n} workload(s) on {args.hardware}")
     created, view = shards.plan(ctx.db, args.hardware, target_trials=args.trials, shard_trials=args.shard_trials,
                                 model=args.model)
+    preempted = sum(v.preempted for v in view)
     print(f"planned {len(created)} new shard(s), {sum(s.trials for s in created)} trials, "
-          f"over {len(view)} workload(s) on {args.hardware}")
+          f"over {len(view)} workload(s) on {args.hardware}"
+          + (f"; {preempted} preempted workload(s) skipped (--reset-plateaus to tune them again)" if preempted else ""))
     return 0
 
 
 def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.pipeline import drain, tune_with_workers
 
+    from tunefleet.efficiency import Efficiency
+
     if args.cold:
         settings = settings.model_copy(update={"warm_start": False})
+    if args.efficient:
+        settings = settings.model_copy(update={"preempt": True, "energy_aware": True, "parallel_measure": True,
+                                               "filter_fraction": min(settings.filter_fraction, 0.5)})
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
     if args.workers > 1:
@@ -170,9 +180,12 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
         return 0 if not any(codes) else 1
     summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed, lease_s=args.lease_s,
                     num_trials_per_iter=args.trials_per_iter, pushgateway=settings.metrics_pushgateway,
-                    store=ctx.store, warm_start=settings.warm_start)
+                    store=ctx.store, warm_start=settings.warm_start, efficiency=Efficiency.from_settings(settings))
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
-          f"measured ({summary.errors} errors, {summary.skipped_known} already known) in {summary.seconds:.0f}s")
+          f"measured ({summary.errors} errors, {summary.skipped_known} already known"
+          + (f", {summary.filtered} filtered, {summary.preempted} shard(s) preempted" if args.efficient or
+             summary.filtered or summary.preempted else "")
+          + f") in {summary.seconds:.0f}s")
     return 0 if not summary.shards_failed else 1
 
 
@@ -374,10 +387,10 @@ def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
         print("no measurements yet")
         return 0
     _table("tuning energy and cost per model and hardware class",
-           ["model", "hardware", "joules", "kWh", "money", "wasted %", "trials", "errors",
+           ["model", "hardware", "joules", "kWh", "money", "wasted %", "trials", "errors", "filtered",
             "best latency (ms)", "tuned workloads", "source"],
            [(r.model, r.hardware, f"{r.joules:,.0f}", f"{r.kwh:.6f}", f"{r.cost:.4f}",
-             "-" if r.wasted_pct is None else f"{r.wasted_pct:.1f}", r.trials, r.errors,
+             "-" if r.wasted_pct is None else f"{r.wasted_pct:.1f}", r.trials, r.errors, r.filtered,
              "-" if r.best_latency_ms is None else f"{r.best_latency_ms:.3f}", f"{r.tuned_workloads}/{r.workloads}",
              r.sources) for r in rows])
     if any("estimate" in r.sources for r in rows):
@@ -650,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--trials", type=int, required=True, help="target trials per workload")
     pl.add_argument("--shard-trials", type=int, default=64)
     pl.add_argument("--model", default=None, help="only this model's workloads")
+    pl.add_argument("--reset-plateaus", action="store_true",
+                    help="forget which workloads were preempted on this class, so they are planned again")
     pl.set_defaults(handler=cmd_plan)
 
     tu = sub.add_parser("tune", help="tune pending shards of a hardware class with local workers")
@@ -661,6 +676,10 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--trials-per-iter", type=int, default=64, help="candidates measured per batch")
     tu.add_argument("--cold", action="store_true",
                     help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
+    tu.add_argument("--efficient", action="store_true",
+                    help="plateau preemption, cost-model filtering (half of each round), energy-aware leasing and "
+                    "adaptive parallel measurement (TUNEFLEET_PREEMPT, _FILTER_FRACTION, _ENERGY_AWARE, "
+                    "_PARALLEL_MEASURE set them one by one)")
     tu.set_defaults(handler=cmd_tune)
 
     for noun, handler in (("models", cmd_models_list), ("workloads", cmd_workloads_list), ("hardware", cmd_hardware_list)):

@@ -83,6 +83,20 @@ class Settings(BaseSettings):
     warm_start: bool = Field(
         default=True,
         description="New tuning shards start with the class's current cost model (if one was promoted).")
+    # Cost-efficient tuning (tunefleet.efficiency); all off by default, `tune --efficient` turns them on.
+    preempt: bool = Field(default=False, description="Stop tuning workloads whose best latency plateaued; "
+                          "their unused trials go to workloads still improving.")
+    preempt_epsilon: float = Field(default=0.01, ge=0, le=1, description="A round improving the best by at "
+                                   "most this fraction is stale.")
+    preempt_patience: int = Field(default=3, ge=1, le=1000, description="Stale rounds in a row that make a plateau.")
+    preempt_min_gain_us_per_kj: float = Field(default=0.0, ge=0, description="Stop a workload whose weighted "
+                                              "model-latency gain over its last rounds falls below this (us per kJ); 0: off.")
+    filter_fraction: float = Field(default=1.0, gt=0, le=1, description="Measure only this best-scored fraction of "
+                                   "each round (the cost model filters); 1: measure all.")
+    energy_aware: bool = Field(default=False, description="Lease shards by expected model-latency gain per joule.")
+    parallel_measure: bool = Field(default=False, description="Measure candidates with the adaptive parallel runner.")
+    parallel_max_degree: int | None = Field(default=None, ge=1, le=256, description="Most candidates measured at "
+                                            "once (default: the usable cores on CPU).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -54,6 +54,7 @@ class Context:
 
     def tuner(self, hardware: str) -> Tuner:
         """The tuner of a hardware class, created on first use and kept until :meth:`close`."""
+        from tunefleet.efficiency import Efficiency
         from tunefleet.pipeline import Tuner
 
         db = self.db
@@ -61,7 +62,8 @@ class Context:
             tuner = self._tuners.get(hardware)
             if tuner is None:
                 tuner = self._tuners[hardware] = Tuner(db, hardware, pushgateway=self.settings.metrics_pushgateway,
-                                                       store=self._store_unlocked(), warm_start=self.settings.warm_start)
+                                                       store=self._store_unlocked(), warm_start=self.settings.warm_start,
+                                                       efficiency=Efficiency.from_settings(self.settings))
             return tuner
 
     def close(self) -> None:

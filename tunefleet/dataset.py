@@ -17,7 +17,9 @@ Rows and decisions
   ``mean_run_s`` NULL, ``error_kind`` set (``"build"`` or ``"run"``) and ``label`` 0.0 — the
   convention of MetaSchedule's own cost models, which score failed candidates as zero
   throughput, so a model trained on the dataset learns to avoid them. Filter on
-  ``error_kind IS NULL`` for successful rows only.
+  ``error_kind IS NULL`` for successful rows only. Candidates the cost model *filtered* before
+  measuring (``error_kind = "filtered"`` in the database) were never run: they are not rows,
+  and each class's manifest entry counts them under ``filtered``.
 - ``label`` is the normalised throughput ``best / mean_run_s`` where ``best`` (column
   ``best_mean_run_s``) is the fastest successful ``mean_run_s`` of the same (workload,
   hardware class) over *all* its measurements up to the version's high-water mark, older
@@ -57,6 +59,7 @@ from urllib.parse import quote
 
 from sqlalchemy import delete, func, select, update
 
+from tunefleet.db.database import FILTERED
 from tunefleet.db.models import Dataset, Measurement
 from tunefleet.errors import NotFoundError, TunefleetError
 
@@ -488,7 +491,7 @@ def _export_class(
     key = part_key(version, hw.name)
     path = f"{base}/{key}"
     writer = None
-    rows = errors = 0
+    rows = errors = filtered = 0
     skipped: list[int] = []
     workloads: set[str] = set()
     id_range: dict[str, int] | None = None
@@ -500,6 +503,9 @@ def _export_class(
             if not page:
                 break
             cursor = page[-1].id
+            page_size = len(page)
+            filtered += sum(1 for m in page if m.error_kind == FILTERED)
+            page = [m for m in page if m.error_kind != FILTERED]  # never measured: no label to learn
             by_workload: dict[int, list[Measurement]] = {}
             for m in page:
                 by_workload.setdefault(m.workload_id, []).append(m)
@@ -520,7 +526,7 @@ def _export_class(
                 workloads.update(featurizer.workload(m.workload_id).structural_hash for m, _ in kept)
                 lo, hi = kept[0][0].id, kept[-1][0].id
                 id_range = {"min": lo, "max": hi} if id_range is None else {"min": id_range["min"], "max": hi}
-            done += len(page)
+            done += page_size
             if progress is not None:
                 progress(done, total)
     except OSError as exc:  # pyarrow reports filesystem failures as OSError
@@ -537,6 +543,7 @@ def _export_class(
         "rows": rows,
         "labelled": rows - errors,
         "errors": errors,
+        "filtered": filtered,
         "skipped_ids": skipped,
         "workloads": sorted(workloads),
         "measurement_ids": id_range,

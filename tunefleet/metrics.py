@@ -77,6 +77,7 @@ METRIC_NAMES: Final = (
     "tunefleet_shards",
     "tunefleet_model_energy_joules",
     "tunefleet_model_cost",
+    "tunefleet_measure_parallelism",
     "tunefleet_last_push_timestamp_seconds",
 )
 
@@ -156,6 +157,9 @@ class FleetMetrics:
         self.model_cost = Gauge(
             "tunefleet_model_cost", "Tuning cost attributed to a model in the hardware class's price units "
             "(workloads shared by models are apportioned by weight).", ["model", "hardware"], registry=r)
+        self.measure_parallelism = Gauge(
+            "tunefleet_measure_parallelism", "Candidates measured at once by the adaptive parallel runner on a "
+            "hardware class (1: serial measurement only).", ["hardware"], registry=r)
         self.last_push = Gauge(
             "tunefleet_last_push_timestamp_seconds", "Unix time of the last push of these metrics to a Pushgateway.",
             registry=r)
@@ -244,6 +248,18 @@ class FleetMetrics:
         self.model_energy_joules.labels(model, hardware, "useful").set(_nonneg(useful_joules, "useful_joules"))
         self.model_energy_joules.labels(model, hardware, "wasted").set(_nonneg(wasted_joules, "wasted_joules"))
         self.model_cost.labels(model, hardware).set(_nonneg(cost, "cost"))
+
+    def set_measure_parallelism(self, hardware: str, degree: int) -> None:
+        """Set the degree of parallelism the measurement runner uses now on ``hardware`` (>= 1).
+
+        Meant as the ``on_degree`` callback of
+        :class:`tunefleet.tvm.parallel_runner.AdaptiveParallelRunner`
+        (``on_degree=functools.partial(metrics.set_measure_parallelism, hardware)``).
+        """
+        _nonempty(hardware, "hardware")
+        if isinstance(degree, bool) or int(degree) != degree or degree < 1:
+            raise ValueError(f"measure parallelism must be an integer >= 1; got {degree!r}")
+        self.measure_parallelism.labels(hardware).set(int(degree))
 
     # -- getting the numbers out ----------------------------------------------------------------
 

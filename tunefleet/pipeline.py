@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.db.models import Model
+    from tunefleet.efficiency import Efficiency
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class TuneSummary:
     errors: int
     skipped_known: int
     seconds: float
+    filtered: int = 0
+    preempted: int = 0
 
 
 class Tuner:
@@ -77,10 +80,15 @@ class Tuner:
     With an artifact ``store`` and ``warm_start``, every shard starts from the class's current
     cost model, reloaded when a newer one is promoted; a model that cannot be read is logged and
     the shard tunes cold (it is still tuned, only without the head start).
+
+    ``efficiency`` (:class:`tunefleet.efficiency.Efficiency`) turns on plateau preemption,
+    cost-model filtering, energy-aware leasing and the adaptive parallel runner.
     """
 
     def __init__(self, db: Database, hardware: str, *, builder: Any = None, pushgateway: str | None = None,
-                 store: ArtifactStore | None = None, warm_start: bool = True) -> None:
+                 store: ArtifactStore | None = None, warm_start: bool = True,
+                 efficiency: Efficiency | None = None) -> None:
+        from tunefleet.efficiency import Efficiency as _Efficiency
         from tunefleet.hardware import check_runs_here
 
         hw = db.hardware_class(hardware)
@@ -96,6 +104,7 @@ class Tuner:
         self.store = store if warm_start else None
         self._model: Any = None
         self._online: Any = None
+        self.efficiency = efficiency or _Efficiency()
 
     @property
     def online_model(self) -> Any:
@@ -136,10 +145,16 @@ class Tuner:
     @property
     def runner(self) -> Any:
         if self._runner is None:
-            from tunefleet.tvm.runner import make_runner
             from tunefleet.tvm.targets import make_target
 
-            self._runner = make_runner(make_target(self.target))
+            if self.efficiency.parallel:
+                from tunefleet.tvm.parallel_runner import AdaptiveParallelRunner
+
+                self._runner = AdaptiveParallelRunner(make_target(self.target), max_degree=self.efficiency.max_degree)
+            else:
+                from tunefleet.tvm.runner import make_runner
+
+                self._runner = make_runner(make_target(self.target))
         return self._runner
 
     def tune_next(
@@ -157,6 +172,10 @@ class Tuner:
         from tunefleet.tvm.tune import tune_shard
 
         t0 = time.perf_counter()
+        if self.efficiency.energy_aware and shard_id is None:
+            from tunefleet.budget import reprioritise
+
+            reprioritise(db, self.hardware)
         shard = shards.lease(db, self.hardware, owner, lease_s=lease_s, shard_id=shard_id, reclaim=True)
         leased_s = time.perf_counter() - t0
         if shard is None:
@@ -164,13 +183,16 @@ class Tuner:
         result = tune_shard(db, shard, owner, builder=self.builder, runner=self.runner, lease_s=lease_s,
                             num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
                             on_batch=on_batch, pushgateway=self.pushgateway, cost_model=self.cost_model(db),
-                            online_model=self.online_model)
+                            online_model=self.online_model, policy=self.efficiency.policy,
+                            filter_fraction=self.efficiency.filter_fraction)
         result.lease_s = leased_s
         return result
 
     def close(self) -> None:
         if self._own_builder and self._builder is not None:
             self._builder.shutdown()
+        if self._runner is not None and hasattr(self._runner, "shutdown"):
+            self._runner.shutdown()
         self._builder = None
         self._runner = None
 
@@ -190,6 +212,7 @@ def drain(
     pushgateway: str | None = None,
     store: ArtifactStore | None = None,
     warm_start: bool = True,
+    efficiency: Efficiency | None = None,
 ) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left.
 
@@ -197,8 +220,9 @@ def drain(
     """
     owner = owner or worker_owner()
     started = time.monotonic()
-    done = failed = measured = errors = skipped = 0
-    tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway, store=store, warm_start=warm_start)
+    done = failed = measured = errors = skipped = filtered = preempted = 0
+    tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway, store=store, warm_start=warm_start,
+                  efficiency=efficiency)
     try:
         while max_shards is None or done + failed < max_shards:
             result = tuner.tune_next(db, owner, lease_s=lease_s, num_trials_per_iter=num_trials_per_iter,
@@ -210,11 +234,14 @@ def drain(
             measured += result.measured
             errors += result.errors
             skipped += result.skipped_known
+            filtered += result.filtered
+            preempted += result.preempted is not None
             if on_shard is not None:
                 on_shard(result)
     finally:
         tuner.close()
-    return TuneSummary(tuner.hardware, done, failed, measured, errors, skipped, time.monotonic() - started)
+    return TuneSummary(tuner.hardware, done, failed, measured, errors, skipped, time.monotonic() - started,
+                       filtered, preempted)
 
 
 def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str, Any]) -> None:
@@ -226,8 +253,10 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str,
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
     db = Database.from_settings(settings)
+    from tunefleet.efficiency import Efficiency
+
     drain(db, hardware, pushgateway=settings.metrics_pushgateway, store=open_store(settings),
-          warm_start=settings.warm_start, **kwargs)
+          warm_start=settings.warm_start, efficiency=Efficiency.from_settings(settings), **kwargs)
 
 
 def tune_with_workers(settings: Settings, hardware: str, *, workers: int = 1, **kwargs: Any) -> list[int]:

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from tunefleet.db import Database
-from tunefleet.db.models import Measurement, ModelWorkload, Shard, Workload, utcnow
+from tunefleet.db.models import Measurement, ModelWorkload, Shard, TuningState, Workload, utcnow
 from tunefleet.errors import NotFoundError, TransientError, TunefleetError
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class PlannedWork:
     measured: int
     outstanding: int
     new_trials: int
+    preempted: bool = False
 
 
 def _event(shard: Shard, event: str, **info: object) -> list[object]:
@@ -73,7 +74,9 @@ def plan(
     spent (measurements committed, or the budget of shards already done, whichever is more — a
     search space can run out of new candidates) minus the budget of shards pending or leased.
     So planning twice plans nothing new, and raising the target tops up. Larger weights (call
-    counts) get higher priority; ties go to the workload with more FLOPs.
+    counts) get higher priority; ties go to the workload with more FLOPs. A workload preempted
+    on this class (its tuning plateaued, :mod:`tunefleet.preemption`) gets nothing until its
+    plateau is reset (``Database.reset_plateaus``).
 
     Returns
     -------
@@ -109,13 +112,15 @@ def plan(
                 .group_by(Shard.workload_id, Shard.state)
             )
         }
+        preempted = set(s.scalars(select(TuningState.workload_id).where(
+            TuningState.hardware_class_id == hw.id, TuningState.preempted.is_(True))))
         created: list[Shard] = []
         view: list[PlannedWork] = []
         for wl_id, shash, flops, w in workloads:
             spent = max(int(measured.get(wl_id, 0)), budgets.get((wl_id, DONE), 0))
             outstanding = budgets.get((wl_id, PENDING), 0) + budgets.get((wl_id, LEASED), 0)
-            shortfall = max(0, target_trials - spent - outstanding)
-            view.append(PlannedWork(wl_id, shash, int(w), spent, outstanding, shortfall))
+            shortfall = 0 if wl_id in preempted else max(0, target_trials - spent - outstanding)
+            view.append(PlannedWork(wl_id, shash, int(w), spent, outstanding, shortfall, wl_id in preempted))
             while shortfall > 0:
                 trials = min(shard_trials, shortfall)
                 shard = Shard(
@@ -251,10 +256,11 @@ def _owned_update(db: Database, shard_id: int, owner: str, **values: object) -> 
         if shard is None:
             raise NotFoundError(f"no shard {shard_id}")
         event = str(values.pop("_event"))
+        info = dict(values.pop("_info", None) or {})  # type: ignore[call-overload]
         res = s.execute(
             update(Shard)
             .where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
-            .values(history=_event(shard, event, owner=owner), updated_at=utcnow(), **values)
+            .values(history=_event(shard, event, owner=owner, **info), updated_at=utcnow(), **values)
         )
         if res.rowcount != 1:
             raise LeaseLostError(
@@ -275,10 +281,10 @@ def heartbeat(db: Database, shard_id: int, owner: str, *, lease_s: float = DEFAU
             raise LeaseLostError(f"shard {shard_id} is no longer leased by {owner}")
 
 
-def complete(db: Database, shard_id: int, owner: str) -> None:
-    """Mark a leased shard done."""
+def complete(db: Database, shard_id: int, owner: str, *, event: str = "done", **info: object) -> None:
+    """Mark a leased shard done (``event`` names why in its history, e.g. ``preempted``, with ``info``)."""
     _owned_update(db, shard_id, owner, state=DONE, lease_owner=None, lease_expires_at=None, error=None,
-                  _event="done")
+                  _event=event, _info=info)
 
 
 def fail(db: Database, shard_id: int, owner: str, error: str) -> str:

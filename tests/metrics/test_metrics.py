@@ -27,6 +27,7 @@ EXPECTED = {
     "tunefleet_shards": ("gauge", {"hardware", "state"}),
     "tunefleet_model_energy_joules": ("gauge", {"model", "hardware", "kind"}),
     "tunefleet_model_cost": ("gauge", {"model", "hardware"}),
+    "tunefleet_measure_parallelism": ("gauge", {"hardware"}),
     "tunefleet_last_push_timestamp_seconds": ("gauge", set()),
 }
 
@@ -39,6 +40,7 @@ def observe_everything(m: FleetMetrics) -> None:
     m.set_best_latency(WORKLOAD, "x86", 1.2e-4)
     m.set_shard_states("x86", {"pending": 3, "leased": 1})
     m.set_model_totals("resnet18", "x86", useful_joules=10.0, wasted_joules=30.0, cost=0.002)
+    m.set_measure_parallelism("x86", 2)
 
 
 def families(m: FleetMetrics) -> dict[str, object]:

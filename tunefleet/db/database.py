@@ -31,6 +31,7 @@ from tunefleet.db.models import (
     Model,
     ModelWorkload,
     Prediction,
+    TuningState,
     Workload,
 )
 from tunefleet.errors import DatabaseError, DatabaseUnavailableError, NotFoundError
@@ -39,6 +40,10 @@ if TYPE_CHECKING:
     from tunefleet.config import Settings
 
 log = logging.getLogger(__name__)
+
+# ``error_kind`` of a candidate the cost model scored out before measuring: it was never built
+# or run, has no run time and no energy, and counts as a spent trial of its shard.
+FILTERED = "filtered"
 
 # Batches at least this large go through PostgreSQL's COPY path (see _pg_copy.py).
 _COPY_MIN_ROWS = 32
@@ -57,7 +62,7 @@ class NewMeasurement:
     trace_json: str
     run_secs: list[float] | None = None
     build_s: float | None = None
-    error_kind: str | None = None  # "build" | "run" | None
+    error_kind: str | None = None  # "build" | "run" | FILTERED | None
     error_msg: str | None = None
     args_info: list[Any] | None = None
     shard_id: int | None = None
@@ -65,6 +70,7 @@ class NewMeasurement:
     energy_j: float | None = None
     energy_source: str | None = None
     useful: bool | None = None
+    measure_mode: str | None = None
     tvm_version: str = ""
     target: str = ""
     trace_sha256: str = field(default="")
@@ -96,6 +102,7 @@ class NewMeasurement:
             "energy_j": self.energy_j,
             "energy_source": self.energy_source,
             "useful": self.useful,
+            "measure_mode": self.measure_mode,
             "tvm_version": self.tvm_version,
             "target": self.target,
         }
@@ -392,6 +399,38 @@ class Database:
             if limit is not None:
                 stmt = stmt.limit(limit)
             return list(s.scalars(stmt))
+
+    def workload_weight(self, workload_id: int) -> int:
+        """Total calls of a workload over every model that contains it (1 if none links it)."""
+        with self.session() as s:
+            total = s.scalar(select(func.sum(ModelWorkload.weight)).where(ModelWorkload.workload_id == workload_id))
+        return int(total or 1)
+
+    # -- plateau state (tunefleet.preemption) ---------------------------------------------
+    def tuning_state(self, workload_id: int, hardware_class_id: int) -> TuningState | None:
+        with self.session() as s:
+            return s.get(TuningState, (workload_id, hardware_class_id))
+
+    def save_tuning_state(self, state: TuningState) -> None:
+        """Insert or replace the state of ``(state.workload_id, state.hardware_class_id)``."""
+        with self.session() as s:
+            s.merge(state)
+
+    def tuning_states(self, hardware_class_id: int, *, preempted: bool | None = None) -> list[TuningState]:
+        with self.session() as s:
+            stmt = select(TuningState).where(TuningState.hardware_class_id == hardware_class_id)
+            if preempted is not None:
+                stmt = stmt.where(TuningState.preempted == preempted)
+            return list(s.scalars(stmt.order_by(TuningState.workload_id)))
+
+    def reset_plateaus(self, hardware_class_id: int, workload_ids: Sequence[int] | None = None) -> int:
+        """Forget the plateau state (so preempted workloads are planned and tuned again)."""
+        with self.session() as s:
+            stmt = update(TuningState).where(TuningState.hardware_class_id == hardware_class_id)
+            if workload_ids:
+                stmt = stmt.where(TuningState.workload_id.in_(list(workload_ids)))
+            res = s.execute(stmt.values(preempted=False, stale_rounds=0, recent=[], reason=None))
+            return int(res.rowcount or 0)
 
     # -- predictions ----------------------------------------------------------------------
     def add_predictions(

@@ -130,6 +130,28 @@ class Shard(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
 
 
+class TuningState(Base):
+    """The plateau state of one (workload, hardware class), kept across shards and attempts.
+
+    Updated after every measured round (see :mod:`tunefleet.preemption`): ``recent`` holds the
+    last rounds' ``{"gain_s", "joules", "best_s"}``; a ``preempted`` pair receives no more trials
+    (planning skips it, its shards end at once) until it is reset.
+    """
+
+    __tablename__ = "tuning_states"
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True)
+    hardware_class_id: Mapped[int] = mapped_column(ForeignKey("hardware_classes.id", ondelete="CASCADE"),
+                                                   primary_key=True)
+    rounds: Mapped[int] = mapped_column(Integer, default=0)
+    stale_rounds: Mapped[int] = mapped_column(Integer, default=0)
+    best_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    recent: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    preempted: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    freed_trials: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
 class Measurement(Base):
     """One measured candidate (append-only). ``mean_run_s`` is NULL for errors.
 
@@ -157,11 +179,15 @@ class Measurement(Base):
     run_secs: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     mean_run_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     build_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    error_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # build | run | None
+    # build | run | filtered (scored out by the cost model before measuring: never built or run) | None
+    error_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error_msg: Mapped[str | None] = mapped_column(Text, nullable=True)
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
     useful: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # beat the best so far when committed
+    # None or "serial": measured alone; "parallel:N": measured N at a time and calibrated against
+    # serial re-measurements (tunefleet.tvm.parallel_runner)
+    measure_mode: Mapped[str | None] = mapped_column(String(16), nullable=True)
     tvm_version: Mapped[str] = mapped_column(String(64), default="")
     target: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

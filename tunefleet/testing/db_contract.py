@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from tunefleet.db import Database, NewMeasurement, current_revision, downgrade, head_revision, upgrade
+from tunefleet.db.database import sha256_text
 from tunefleet.errors import NotFoundError, SchemaOutdatedError, SchemaTooNewError
 
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -236,3 +237,35 @@ class DatabaseContract:
         db.promote_cost_model(c2.id)
         current = db.current_cost_model(hw)
         assert current is not None and current.id == c2.id
+
+    # -- cost-efficient tuning --------------------------------------------------------------
+    def test_tuning_state_round_trips_and_resets(self, seeded: tuple[Database, int, int, int]) -> None:
+        from tunefleet.preemption import new_state
+
+        db, wl, hw, other = seeded
+        assert db.tuning_state(wl, hw) is None
+        state = new_state(wl, hw, 0.5)
+        state.rounds, state.stale_rounds, state.recent = 4, 2, [{"gain_s": 0.1, "joules": 3.0, "best_s": 0.5}]
+        db.save_tuning_state(state)
+        state.preempted, state.reason = True, "plateau"
+        db.save_tuning_state(state)  # an upsert, not a second row
+        got = db.tuning_state(wl, hw)
+        assert got is not None and (got.rounds, got.stale_rounds, got.preempted, got.reason) == (4, 2, True, "plateau")
+        assert got.recent == [{"gain_s": 0.1, "joules": 3.0, "best_s": 0.5}]
+        assert db.tuning_state(wl, other) is None  # per hardware class
+        assert [s.workload_id for s in db.tuning_states(hw, preempted=True)] == [wl]
+        assert db.reset_plateaus(hw) == 1
+        got = db.tuning_state(wl, hw)
+        assert got is not None and not got.preempted and got.stale_rounds == 0 and got.rounds == 4
+
+    def test_filtered_candidates_are_known_but_never_best(self, seeded: tuple[Database, int, int, int]) -> None:
+        from tunefleet.db.database import FILTERED
+
+        db, wl, hw, _ = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.2]),
+                                NewMeasurement(wl, hw, _trace(2), None, error_kind=FILTERED, energy_j=0.0),
+                                NewMeasurement(wl, hw, _trace(3), [0.1], measure_mode="parallel:2")])
+        assert [r.mean_run_s for r in db.best_measurements(wl, hw, 5)] == [0.1, 0.2]
+        assert db.best_measurements(wl, hw, 1)[0].measure_mode == "parallel:2"
+        assert sha256_text(_trace(2)) in db.measured_trace_hashes(wl, hw)  # never proposed again
+        assert db.count_measurements(wl, hw) == 3 and db.count_measurements(wl, hw, errors=False) == 2

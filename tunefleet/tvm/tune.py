@@ -8,7 +8,11 @@
 * :class:`ResumingSearch` is a ``SearchStrategy`` wrapping the evolutionary search: candidates
   whose trace was already committed are never measured again (a resumed shard measures only new
   ones), and the workload's default (unscheduled) program is measured first, so the best stored
-  schedule is never slower than the untuned build.
+  schedule is never slower than the untuned build. It also carries the cost-efficiency levers
+  (Trimmer): with a ready cost model it measures only the best-scored fraction of each round and
+  records the rest as ``filtered``; it stops when the shard's plateau policy says so
+  (:mod:`tunefleet.preemption`), and the trials left go to workloads still improving
+  (:mod:`tunefleet.budget`).
 """
 
 from __future__ import annotations
@@ -30,19 +34,26 @@ from tvm.s_tir import meta_schedule as ms
 
 from tunefleet import shards
 from tunefleet.db import Database, NewMeasurement
+from tunefleet.db.database import FILTERED
 from tunefleet.db.models import Shard
 from tunefleet.errors import DatabaseError, TransientError
 from tunefleet.shards import LeaseLostError
 from tunefleet.tvm.bridge import FleetDatabase
 
 if TYPE_CHECKING:
-    from tunefleet.accounting import ShardAccountant
+    import numpy as np
+
+    from tunefleet.accounting import RoundEnergy, ShardAccountant
     from tunefleet.costmodel import TrainedModel
+    from tunefleet.preemption import PreemptionPolicy
 
 log = logging.getLogger(__name__)
 
 # A callback seeing each batch as (shard id, [(trace sha256, mean run seconds or None)]).
 CandidateHook = Callable[[int | None, list[tuple[str, float | None]]], None]
+# Scores candidates before they are measured (higher = predicted faster): (TuneContext, candidates).
+# None: the model cannot rank them yet (nothing is filtered).
+Scorer = Callable[[Any, list[Any]], "np.ndarray | None"]
 
 
 def trace_json_of(sch: Any) -> str:
@@ -74,6 +85,8 @@ class ShardProgress:
     measured: int = 0
     errors: int = 0
     skipped_known: int = 0
+    filtered: int = 0
+    stop_reason: str | None = None
     best_s: float | None = None
     first_best_s: float | None = None
     batches: int = 0
@@ -133,8 +146,12 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
         on_batch: CandidateHook | None = None,
         progress: ShardProgress | None = None,
         accountant: ShardAccountant | None = None,
+        on_round: Callable[[list[NewMeasurement], RoundEnergy | None], None] | None = None,
+        measure_info: Callable[[str], dict[str, Any] | None] | None = None,
     ) -> None:
         self.db = db
+        self.on_round = on_round
+        self.measure_info = measure_info
         self.accountant = accountant
         self.workload_id, self.hardware_class_id, self.shard_id = workload_id, hardware_class_id, shard_id
         self.target, self.attempt = target, attempt
@@ -161,6 +178,7 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
             run_err = None if build_err else ran.error_msg
             run_secs = None if (build_err or run_err) else [float(x) for x in ran.run_secs]
             build_s = self.build_seconds(built.artifact_path) if (self.build_seconds and built.artifact_path) else None
+            info = self.measure_info(built.artifact_path) if (self.measure_info and built.artifact_path) else None
             records.append(NewMeasurement(
                 self.workload_id, self.hardware_class_id, trace_json_of(cand.sch), run_secs,
                 build_s=build_s,
@@ -168,10 +186,10 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
                 error_msg=(build_err or run_err or None) and str(build_err or run_err)[:8000],
                 args_info=[a.as_json() for a in cand.args_info],
                 shard_id=self.shard_id, attempt=self.attempt,
+                measure_mode=_measure_mode(info) if run_secs is not None else None,
                 tvm_version=tvm.__version__, target=self.target,
             ))
-        if self.accountant is not None:
-            self.accountant.annotate(records)
+        round_energy = self.accountant.annotate(records) if self.accountant is not None else None
         t0 = time.perf_counter()
         self.db.commit_measurements(records)
         p = self.progress
@@ -190,8 +208,16 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
                  self.shard_id, p.batches, len(records), p.errors, (p.best_s or float("nan")) * 1e3)
         if self.on_batch:
             self.on_batch(self.shard_id, [(r.trace_sha256, r.mean_run_s) for r in records])
+        if self.on_round:
+            self.on_round(records, round_energy)
         if self.heartbeat:
             self.heartbeat.check()  # stop tuning at once if another worker took the shard
+
+
+def _measure_mode(info: dict[str, Any] | None) -> str | None:
+    if not info or info.get("mode") in (None, "serial"):
+        return "serial" if info else None
+    return f"parallel:{int(info.get('degree') or 0)}"
 
 
 @derived_object
@@ -208,19 +234,41 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         Trace JSON of schedules to measure in the first batch too (e.g. one transferred from a
         compatible hardware class); once measured they seed the evolutionary search like any
         stored measurement.
+    budget:
+        Candidates this search may still hand out, measured or filtered (None: MetaSchedule's
+        ``max_trials`` alone bounds it). A filtered candidate spends a trial without measuring.
+    scorer, filter_fraction:
+        With a scorer (the cost model, once it predicts anything but noise) and a fraction below
+        1, each round's new candidates are scored and only the best ``ceil(fraction x n)`` are
+        measured; the default schedule and seeds are always measured. The others are passed to
+        ``on_filtered`` (which records them) and never reach the builder or runner.
+    should_stop:
+        Asked before every round; a reason (text) ends the search (plateau preemption).
     """
 
     def __init__(self, inner: Any, known: set[str], *, include_default: bool = True,
-                 progress: ShardProgress | None = None, seeds: list[str] | None = None) -> None:
+                 progress: ShardProgress | None = None, seeds: list[str] | None = None,
+                 budget: int | None = None, scorer: Scorer | None = None, filter_fraction: float = 1.0,
+                 on_filtered: Callable[[list[Any]], None] | None = None,
+                 should_stop: Callable[[], str | None] | None = None) -> None:
+        if not 0.0 < filter_fraction <= 1.0:
+            raise ValueError(f"filter_fraction must be in (0, 1], not {filter_fraction}")
         self.inner = inner
         self.known = set(known)
         self.include_default = include_default
         self.seeds = list(seeds or [])
         self.progress = progress or ShardProgress()
+        self.budget = budget
+        self.scorer, self.filter_fraction, self.on_filtered = scorer, filter_fraction, on_filtered
+        self.should_stop = should_stop
+        self.handed_out = 0
+        self._forced_now = self._filtered_now = 0
         self._mod: Any = None
+        self._context: Any = None
 
     def _initialize_with_tune_context(self, context: Any) -> None:
         self._mod = context.mod
+        self._context = context
         self.inner._initialize_with_tune_context(context)
 
     def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: list[Any],
@@ -237,6 +285,47 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(_entry_func(self._mod)))
 
     def generate_measure_candidates(self) -> list[Any] | None:
+        reason = self.should_stop() if self.should_stop else None
+        if reason:
+            self.progress.stop_reason = reason
+            return None
+        left = None if self.budget is None else self.budget - self.handed_out
+        if left is not None and left <= 0:
+            return None
+        out = self._generate()
+        if out is None:
+            return None
+        if left is not None and len(out) > left:
+            out = out[:left]
+        out = self._filter(out)
+        self.handed_out += len(out) + self._filtered_now
+        return out or self.generate_measure_candidates()
+
+    def _filter(self, out: list[Any]) -> list[Any]:
+        """Keep the best-scored fraction of the round's search candidates; record the rest."""
+        self._filtered_now = 0
+        forced, searched = out[: self._forced_now], out[self._forced_now:]
+        if self.scorer is None or self.filter_fraction >= 1.0 or len(searched) < 2:
+            return out
+        import math
+
+        import numpy as np
+
+        keep_n = max(1, math.ceil(self.filter_fraction * len(searched)))
+        raw = self.scorer(self._context, searched)
+        if raw is None:  # the model cannot tell candidates apart yet: measure them all
+            return out
+        scores = np.asarray(raw, dtype=np.float64)
+        order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")
+        kept = [searched[i] for i in sorted(order[:keep_n])]
+        dropped = [searched[i] for i in sorted(order[keep_n:])]
+        if dropped and self.on_filtered is not None:
+            self.on_filtered(dropped)
+        self._filtered_now = len(dropped)
+        self.progress.filtered += len(dropped)
+        return forced + kept
+
+    def _generate(self) -> list[Any] | None:
         out: list[Any] = []
         if self.include_default:
             self.include_default = False
@@ -251,6 +340,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
             if key not in self.known:
                 self.known.add(key)
                 out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(_entry_func(sch.mod))))
+        self._forced_now = len(out)
         for _ in range(8):  # a batch made only of known candidates: ask again
             batch = self.inner.generate_measure_candidates()
             if batch is None:
@@ -274,7 +364,9 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
 
     def clone(self) -> Any:
         return ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default,
-                              progress=self.progress, seeds=self.seeds)
+                              progress=self.progress, seeds=self.seeds, budget=self.budget, scorer=self.scorer,
+                              filter_fraction=self.filter_fraction, on_filtered=self.on_filtered,
+                              should_stop=self.should_stop)
 
 
 def new_online_model(threads: int) -> Any:
@@ -300,6 +392,11 @@ class ShardResult:
     """Of ``seconds``, the time spent committing measurements and marking the shard done."""
     lease_s: float = 0.0
     """Time spent leasing the shard (set by the caller that leased it)."""
+    filtered: int = 0
+    """Candidates scored out by the cost model (recorded, never measured)."""
+    preempted: str | None = None
+    """Why the shard stopped before its budget (plateau preemption), or None."""
+    unused_trials: int = 0
 
 
 def tune_shard(
@@ -319,6 +416,8 @@ def tune_shard(
     cost_model: TrainedModel | None = None,
     online_model: Any = None,
     transfer: bool = True,
+    policy: PreemptionPolicy | None = None,
+    filter_fraction: float = 1.0,
 ) -> ShardResult:
     """Tune a leased shard to its trial budget, committing as it goes; mark it done or failed.
 
@@ -334,9 +433,21 @@ def tune_shard(
     before this one instead of starting each from nothing. With ``transfer``, a workload this
     class never measured first measures the best schedule of the most compatible class that
     builds here (:mod:`tunefleet.transfer`), which then seeds the search.
+
+    Cost efficiency (Trimmer): every round updates the (workload, class)'s persisted plateau
+    state; with ``policy`` enabled the shard stops when it says so, is marked done with a
+    ``preempted`` event, and the trials it did not use are reallocated to the workloads still
+    improving (:func:`tunefleet.budget.reallocate`); a shard of an already preempted workload
+    ends at once the same way. With ``filter_fraction`` < 1 and a cost model that predicts
+    something (the trained model, or the online one past its warm-up), only that fraction of
+    each round's search candidates is measured; the rest are committed as ``filtered``
+    (no run time, no energy) and spend the budget without being built or run.
     """
     from tunefleet.accounting import ShardAccountant, add_shard_energy
+    from tunefleet.preemption import PreemptionPolicy, new_state, observe_round, stop_reason
     from tunefleet.tvm.targets import make_target, target_fingerprint
+
+    policy = policy or PreemptionPolicy(enabled=False)
 
     started = time.monotonic()
     hw = db.hardware_class(shard.hardware_class_id)
@@ -352,6 +463,32 @@ def tune_shard(
                            commit_s=time.perf_counter() - t0)
     if done_before:
         log.info("shard %d resumes: %d of %d trials already committed", shard.id, done_before, shard.trials)
+    state = db.tuning_state(wl.id, hw.id)
+    if state is None:
+        best = db.best_measurements(wl.id, hw.id, 1)
+        state = new_state(wl.id, hw.id, float(best[0].mean_run_s) if best else None)
+    if policy.enabled and state.preempted:
+        log.info("shard %d: workload %s is preempted on %s (%s); its %d trial(s) go elsewhere", shard.id,
+                 wl.structural_hash[:12], hw.name, state.reason, remaining)
+        return _end_preempted(db, shard, owner, hw.name, state.reason or "preempted", remaining, progress, started)
+    weight = db.workload_weight(wl.id)
+
+    def on_round(records: list[NewMeasurement], energy: RoundEnergy | None) -> None:
+        means = [r.mean_run_s for r in records if r.mean_run_s is not None]
+        observe_round(state, min(means) if means else None, energy.joules if energy else 0.0, weight, policy)
+        reason = stop_reason(state, policy)
+        if reason:
+            state.preempted, state.reason = True, reason
+        db.save_tuning_state(state)
+
+    def should_stop() -> str | None:
+        return state.reason if state.preempted else None
+
+    def on_filtered(cands: list[Any]) -> None:
+        db.commit_measurements([NewMeasurement(
+            wl.id, hw.id, trace_json_of(c.sch), None, error_kind=FILTERED, error_msg="scored out by the cost model",
+            args_info=[a.as_json() for a in c.args_info], shard_id=shard.id, attempt=0, energy_j=0.0,
+            useful=False, tvm_version=tvm.__version__, target=target_fingerprint(target)) for c in cands])
 
     from tunefleet.tvm.builder import import_tensor_intrinsics
 
@@ -369,7 +506,8 @@ def tune_shard(
             log.info("shard %d is seeded with the best schedule of %s (%.3g ms there)", shard.id,
                      borrowed.source_hardware, borrowed.source_mean_run_s * 1e3)
     search = ResumingSearch(ms.search_strategy.EvolutionarySearch(), known, include_default=is_cpu, progress=progress,
-                            seeds=seeds)
+                            seeds=seeds, budget=remaining, filter_fraction=filter_fraction, on_filtered=on_filtered,
+                            should_stop=should_stop if policy.enabled else None)
     threads = num_threads or int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
     ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply", search_strategy=search,
                          task_name=wl.name, rand_state=seed if seed is not None else -1, num_threads=threads)
@@ -390,13 +528,21 @@ def tune_shard(
 
         model = FleetCostModel(cost_model, online=online)
         log.info("shard %d warm-starts with cost model v%s", shard.id, cost_model.version)
+    if filter_fraction < 1.0:
+        search.scorer = _ready_scorer(model)
     accountant = ShardAccountant(db, hw, wl, pushgateway=pushgateway, shard_id=shard.id, attempt=shard.attempts)
+    if accountant.metrics is not None and hasattr(runner, "on_degree"):  # the adaptive parallel runner
+        from functools import partial
+
+        runner.on_degree = partial(accountant.metrics.set_measure_parallelism, hw.name)
+        accountant.metrics.set_measure_parallelism(hw.name, runner.degree)
     try:
         with Heartbeat(db, shard.id, owner, lease_s) as hb, tempfile.TemporaryDirectory(dir=work_dir) as tmp:
             callback = CommitCallback(
                 db, wl.id, hw.id, shard.id, target=target_fingerprint(target), attempt=0,
                 build_seconds=getattr(builder, "pop_build_time", None), heartbeat=hb, on_batch=on_batch,
-                progress=progress, accountant=accountant,
+                progress=progress, accountant=accountant, on_round=on_round,
+                measure_info=getattr(runner, "pop_measure_info", None),
             )
             ms.tune_tasks(
                 tasks=[ctx], task_weights=[1.0], work_dir=tmp,
@@ -423,7 +569,42 @@ def tune_shard(
             builder.shutdown()
     t0 = time.perf_counter()
     add_shard_energy(db, shard.id, accountant.finish())
+    if policy.enabled and state.preempted:
+        unused = max(0, shard.trials - db.count_measurements(shard_id=shard.id))
+        log.info("shard %d preempted after %d round(s): %s; %d trial(s) unused", shard.id, state.rounds,
+                 state.reason, unused)
+        result = _end_preempted(db, shard, owner, hw.name, state.reason or "preempted", unused, progress, started)
+        result.commit_s += progress.commit_s + time.perf_counter() - t0
+        return result
     shards.complete(db, shard.id, owner)
     progress.commit_s += time.perf_counter() - t0
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
-                       progress.best_s, time.monotonic() - started, commit_s=progress.commit_s)
+                       progress.best_s, time.monotonic() - started, commit_s=progress.commit_s,
+                       filtered=progress.filtered)
+
+
+def _end_preempted(db: Database, shard: Shard, owner: str, hardware: str, reason: str, unused: int,
+                   progress: ShardProgress, started: float) -> ShardResult:
+    """Mark a preempted shard done and hand its unused trials to the workloads still improving."""
+    from tunefleet.budget import reallocate
+
+    shards.complete(db, shard.id, owner, event="preempted", reason=reason, unused_trials=unused)
+    reallocate(db, hardware, unused, from_workload_id=shard.workload_id, from_shard_id=shard.id,
+               max_attempts=shard.max_attempts)
+    return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
+                       progress.best_s, time.monotonic() - started, filtered=progress.filtered,
+                       preempted=reason, unused_trials=unused)
+
+
+def _ready_scorer(model: Any) -> Scorer | None:
+    """The cost model as a filter, once it predicts more than noise (None before).
+
+    MetaSchedule's ``XGBModel`` returns random scores until it has seen ``num_warmup_samples``
+    measurements; filtering with those would drop candidates at random.
+    """
+    def score(context: Any, candidates: list[Any]) -> np.ndarray | None:
+        if hasattr(model, "data_size") and (model.booster is None or model.data_size < model.num_warmup_samples):
+            return None
+        return model.predict(context, candidates)
+
+    return score

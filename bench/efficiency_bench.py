@@ -1,0 +1,230 @@
+"""Cost-efficiency benchmark: stock MetaSchedule vs tunefleet with the efficiency levers off and on.
+
+Usage::
+
+    python bench/efficiency_bench.py --models mlp,small-cnn --trials 32 --per-iter 8
+    python bench/efficiency_bench.py --models mlp --trials 16 --per-iter 4 --arms off,on   # quick
+
+One run, same models, same maximum trials per workload, same trials per round, same seed, same
+machine, three arms in turn:
+
+* ``stock`` — ``ms.tune_tasks`` with LocalBuilder, LocalRunner, JSONDatabase, round-robin over all
+  tasks of each model (what ``bench/tune_bench.py`` runs);
+* ``off`` — tunefleet's engine (ingest, extract, plan, drain) with every lever off;
+* ``on`` — the same with ``Efficiency.on()``: plateau preemption with reallocation, cost-model
+  filtering of half of each round (once the online model is past its warm-up), energy-aware
+  leasing, adaptive parallel measurement.
+
+Per arm it reports the final latency of each model (median of 3 builds x runs), wall time,
+energy with its source label (the node's meter around the whole arm: RAPL/NVML where present,
+else the CPU-time estimate) and the wasted share: joules spent on candidates that did not beat
+the best so far of their workload. tunefleet's share comes from its own accounting (each round's
+joules split over its candidates by build + run seconds); stock's from a measure callback that
+splits each round's joules evenly over its candidates (stock does not expose build times per
+candidate). Prints what it measured; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tune_bench import _latency_ms  # noqa: E402  (same latency measurement as the tuning bench)
+
+HW = "x86"
+
+
+def _meter(settings: Any) -> Any:
+    from tunefleet.hardware import builtin_classes
+    from tunefleet.energy import probe
+
+    spec = builtin_classes(settings)[HW]
+    return probe(spec["target"], watts_per_core=spec["watts_per_core"], idle_watts=spec["idle_watts"])
+
+
+def _round_energy_callback(meter: Any) -> Any:
+    """A MeasureCallback that keeps, per task, each candidate's share of its round's joules and
+    whether it beat that task's best so far (stock arm only)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class RoundEnergy(ms.measure_callback.PyMeasureCallback):
+        def __init__(self) -> None:
+            self.accounted = 0.0
+            self.useful_j = self.wasted_j = 0.0
+            self.best: dict[int, float] = {}
+            self.candidates = 0
+
+        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: list[Any],
+                  builder_results: list[Any], runner_results: list[Any]) -> None:
+            joules = meter.read().joules
+            round_j, self.accounted = joules - self.accounted, joules
+            share = round_j / max(1, len(measure_candidates))
+            for built, ran in zip(builder_results, runner_results, strict=True):
+                self.candidates += 1
+                secs = None if (built.error_msg or ran.error_msg) else [float(x) for x in ran.run_secs]
+                mean = statistics.fmean(secs) if secs else None
+                if mean is not None and mean < self.best.get(task_id, float("inf")):
+                    self.best[task_id] = mean
+                    self.useful_j += share
+                else:
+                    self.wasted_j += share
+
+    return RoundEnergy()
+
+
+def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed: int, threads: int,
+              target: Any) -> dict[str, Any]:
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.models.zoo import build_zoo_model
+    from tunefleet.tvm.extract import extract_workloads
+
+    out: dict[str, Any] = {"latency_ms": {}, "candidates": 0}
+    useful = wasted = joules = tuned = 0.0
+    source = ""
+    for name in models:
+        loaded = build_zoo_model(name).loaded
+        with tempfile.TemporaryDirectory() as work:
+            meter = _meter(settings)  # metered: extraction + tuning, as in the tunefleet arms
+            meter.start()
+            t0 = time.perf_counter()
+            found = extract_workloads(loaded.mod, target, params=loaded.params)
+            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [w.task for w in found], work, space="post-order-apply", strategy="evolutionary",
+                num_threads=threads, seed=seed)
+            database = ms.database.JSONDatabase(work_dir=work)
+            energy = _round_energy_callback(meter)
+            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work,
+                          max_trials_global=trials * len(found), max_trials_per_task=trials,
+                          num_trials_per_iter=per_iter, builder=ms.builder.LocalBuilder(timeout_sec=600),
+                          runner=ms.runner.LocalRunner(), database=database, cost_model="xgb",
+                          measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), energy],
+                          task_scheduler="round-robin")
+            tuned += time.perf_counter() - t0
+            reading = meter.read()
+            joules, source = joules + reading.joules, reading.source
+            useful, wasted = useful + energy.useful_j, wasted + energy.wasted_j
+            out["candidates"] += energy.candidates
+            out["latency_ms"][name] = _latency_ms(lambda work=work: ms.database.JSONDatabase(work_dir=work),
+                                                  loaded, target, threads)
+    out.update(wall_s=tuned, source=source, joules=joules, wasted_pct=100 * wasted / max(1e-9, useful + wasted),
+               filtered=0, preempted=0)
+    return out
+
+
+def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed: int, threads: int,
+                  target: Any) -> dict[str, Any]:
+    from tunefleet import shards
+    from tunefleet.accounting import energy_report
+    from tunefleet.config import load_settings
+    from tunefleet.db import Database
+    from tunefleet.efficiency import Efficiency
+    from tunefleet.hardware import seed_hardware_classes
+    from tunefleet.models.ingest import ingest
+    from tunefleet.models.zoo import build_zoo_model
+    from tunefleet.pipeline import drain, extract
+    from tunefleet.store import open_store
+    from tunefleet.tvm.bridge import FleetDatabase
+
+    out: dict[str, Any] = {"latency_ms": {}}
+    with tempfile.TemporaryDirectory() as home:
+        settings = load_settings(home=Path(home))
+        db = Database.from_settings(settings)
+        seed_hardware_classes(db, settings)
+        store = open_store(settings)
+        meter = _meter(settings)
+        meter.start()
+        t0 = time.perf_counter()
+        ids = []
+        for name in models:
+            m = ingest(db, store, name).model
+            extract(db, store, m, HW)
+            shards.plan(db, HW, target_trials=trials, model=m.id)
+            ids.append(m.id)
+        eff = Efficiency.on() if arm == "on" else Efficiency()
+        summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=None)
+        wall = time.perf_counter() - t0
+        reading = meter.read()
+        # the wasted share from tunefleet's own per-candidate accounting (shared workloads are split
+        # between models by weight, so the model rows add up to the class total)
+        rows = energy_report(db, hardware=HW)
+        accounted = sum(r.joules for r in rows)
+        wasted = sum(r.wasted_joules for r in rows)
+        for name in models:
+            loaded = build_zoo_model(name).loaded
+            out["latency_ms"][name] = _latency_ms(lambda: FleetDatabase(db, HW), loaded, target, threads)
+        out.update(wall_s=wall, source=reading.source, joules=reading.joules, accounted_joules=accounted,
+                   wasted_pct=100 * wasted / max(1e-9, accounted), candidates=summary.measured,
+                   filtered=summary.filtered, preempted=summary.preempted, shards=summary.shards_done,
+                   failed=summary.shards_failed)
+        db.close()
+    return out
+
+
+def main() -> int:
+    import os
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,small-cnn")
+    ap.add_argument("--trials", type=int, default=32, help="maximum trials per workload, every arm")
+    ap.add_argument("--per-iter", type=int, default=8, help="candidates per round, every arm")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default="stock,off,on")
+    args = ap.parse_args()
+
+    from tunefleet.config import load_settings
+    from tunefleet.hardware import builtin_classes
+    from tunefleet.tvm.targets import make_target
+
+    with tempfile.TemporaryDirectory() as home:
+        settings = load_settings(home=Path(home))
+    spec = builtin_classes(settings)[HW]["target"]
+    target = make_target(spec)
+    threads = int(spec.get("num-cores") or len(os.sched_getaffinity(0)))
+    models = args.models.split(",")
+    results: dict[str, dict[str, Any]] = {}
+    for arm in args.arms.split(","):
+        print(f"== {arm}: {','.join(models)}, <= {args.trials} trials per workload, {args.per_iter} per round",
+              flush=True)
+        if arm == "stock":
+            results[arm] = stock_arm(models, settings, args.trials, args.per_iter, args.seed, threads, target)
+        else:
+            results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, threads, target)
+        print(results[arm], flush=True)
+
+    print()
+    head = f"{'arm':<6} {'measured':>8} {'filtered':>8} {'preempt':>7} {'wall s':>8} {'energy J':>10} {'source':>9} " \
+           f"{'wasted %':>8} " + " ".join(f"{m + ' ms':>14}" for m in models)
+    print(head)
+    for arm, r in results.items():
+        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r['preempted']:>7} {r['wall_s']:>8.1f} "
+              f"{r['joules']:>10.0f} {r['source']:>9} {r['wasted_pct']:>8.1f} "
+              + " ".join(f"{r['latency_ms'][m]:>14.4f}" for m in models))
+    base = results.get("stock")
+    if base is not None:
+        for arm, r in results.items():
+            if arm == "stock":
+                continue
+            lat = " ".join(f"{m} {r['latency_ms'][m] / base['latency_ms'][m]:.3f}x" for m in models)
+            print(f"{arm}/stock: wall {r['wall_s'] / base['wall_s']:.3f}x, energy {r['joules'] / base['joules']:.3f}x, "
+                  f"latency {lat}")
+    if "off" in results and "on" in results:
+        off, on = results["off"], results["on"]
+        lat = " ".join(f"{m} {on['latency_ms'][m] / off['latency_ms'][m]:.3f}x" for m in models)
+        print(f"on/off: wall {on['wall_s'] / off['wall_s']:.3f}x, energy {on['joules'] / off['joules']:.3f}x, "
+              f"latency {lat}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

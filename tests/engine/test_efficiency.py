@@ -1,0 +1,121 @@
+"""Cost-efficient tuning on real TVM tuning of the tiny ``mlp``, on SQLite and PostgreSQL:
+plateau preemption (and resuming with its persisted state), reallocation of the unused trials,
+and cost-model filtering (recorded, never measured)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunefleet import shards
+from tunefleet.accounting import energy_report
+from tunefleet.db.database import FILTERED
+from tunefleet.db.models import Measurement
+from tunefleet.efficiency import Efficiency
+from tunefleet.models.ingest import ingest
+from tunefleet.pipeline import drain, extract
+from tunefleet.preemption import PreemptionPolicy, new_state
+from tunefleet.tvm.tune import tune_shard
+
+pytestmark = pytest.mark.slow
+
+
+def _mlp(engine):  # type: ignore[no-untyped-def]
+    _, db, store = engine
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    return db, store, model
+
+
+def _rows(db, workload_id: int) -> list[Measurement]:  # type: ignore[no-untyped-def]
+    return [m for m in db.measurements() if m.workload_id == workload_id]
+
+
+def test_plateaued_workloads_are_preempted_and_their_trials_reallocated(engine) -> None:  # type: ignore[no-untyped-def]
+    db, _, model = _mlp(engine)
+    hw = db.hardware_class("x86")
+    shards.plan(db, "x86", target_trials=24, model=model.id)
+    # every round after the first is stale (an improvement must beat 1000%): a plateau after 1 + 2 rounds
+    eff = Efficiency(policy=PreemptionPolicy(epsilon=10.0, patience=2))
+    summary = drain(db, "x86", seed=0, num_trials_per_iter=4, efficiency=eff)
+    assert summary.shards_failed == 0 and summary.preempted >= 3
+    states = {s.workload_id: s for s in db.tuning_states(hw.id)}
+    assert len(states) == 3 and all(s.preempted and s.reason.startswith("plateau") for s in states.values())
+    for wl, _ in db.workloads(model.id):
+        assert states[wl.id].rounds == 3, "1 improving round + patience stale rounds, then nothing more"
+        assert len(_rows(db, wl.id)) <= 13  # 3 rounds of at most 4 (+ the default schedule), never 24
+    done = shards.list_shards(db, hardware="x86", state="done")
+    preempted = [s for s in done if any(e["event"] == "preempted" for e in s.history)]
+    reallocated = [s for s in done if s.history[0]["event"] == "reallocated"]
+    assert preempted and all(e["unused_trials"] > 0 for s in preempted for e in s.history if e["event"] == "preempted")
+    assert reallocated, "the first preempted workload's trials went to the workloads not explored yet"
+    # the budget is conserved: trials spent + trials given up never exceed what was planned
+    assert db.count_measurements(hardware_class_id=hw.id) <= 3 * 24
+    # planning again plans nothing for preempted workloads; resetting their plateaus plans them again
+    created, view = shards.plan(db, "x86", target_trials=24, model=model.id)
+    assert created == [] and all(v.preempted for v in view)
+    db.reset_plateaus(hw.id)
+    created, _ = shards.plan(db, "x86", target_trials=48, model=model.id)
+    assert len(created) == 3
+
+
+def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[no-untyped-def]
+    db, _, model = _mlp(engine)
+    hw = db.hardware_class("x86")
+    wl = db.workloads(model.id)[0][0]
+    shards.plan(db, "x86", target_trials=16, model=model.id)
+    # A dead worker's attempt had already seen 1 stale round against an (unbeatable) best of 1 ps.
+    st = new_state(wl.id, hw.id, best_s=1e-12)
+    st.rounds, st.stale_rounds = 2, 1
+    db.save_tuning_state(st)
+    shard = next(s for s in shards.list_shards(db, hardware="x86") if s.workload_id == wl.id)
+    leased = shards.lease(db, "x86", "w", shard_id=shard.id)
+    result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=4, policy=PreemptionPolicy(patience=2))
+    assert result.state == "done" and result.preempted is not None
+    # one more stale round (4 search candidates + the default schedule) completes the plateau counted before
+    assert result.measured <= 5, "the crash"
+    assert result.unused_trials == 16 - result.measured
+    after = db.tuning_state(wl.id, hw.id)
+    assert (after.rounds, after.stale_rounds, after.preempted) == (3, 2, True)
+    # a shard of the workload planned before the plateau (e.g. a second 64-trial shard) ends at once:
+    # it measures nothing and its trials go to the workloads still improving
+    from tunefleet.db.models import Shard
+
+    with db.session() as sess:
+        sess.add(Shard(workload_id=wl.id, hardware_class_id=hw.id, trials=8, priority=1e9, state="pending",
+                       max_attempts=3, history=[]))
+    late = shards.lease(db, "x86", "w")
+    assert late is not None and late.workload_id == wl.id
+    again = tune_shard(db, late, "w", seed=0, num_trials_per_iter=4, policy=PreemptionPolicy(patience=2))
+    assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted
+
+
+def test_filtered_candidates_are_recorded_and_never_measured(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tvm.s_tir import meta_schedule as ms
+
+    db, store, model = _mlp(engine)
+    hw = db.hardware_class("x86")
+    wl = max(db.workloads(model.id), key=lambda pair: pair[0].flops)[0]
+    shards.plan(db, "x86", target_trials=24, model=model.id)
+    shard = next(s for s in shards.list_shards(db, hardware="x86") if s.workload_id == wl.id)
+    measured: list[str] = []
+    # MetaSchedule's own XGBModel, ready after its first update (no warm-up): it filters from round 2
+    online = ms.cost_model.XGBModel(num_warmup_samples=0)
+    leased = shards.lease(db, "x86", "w", shard_id=shard.id)
+    result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=6, filter_fraction=0.5, online_model=online,
+                        on_batch=lambda _sid, batch: measured.extend(sha for sha, _ in batch))
+    assert result.state == "done"
+    rows = _rows(db, wl.id)
+    filtered = [m for m in rows if m.error_kind == FILTERED]
+    assert filtered and result.filtered == len(filtered)
+    assert not {m.trace_sha256 for m in filtered} & set(measured), "a filtered candidate reached the runner"
+    assert all(m.run_secs is None and m.mean_run_s is None and m.energy_j == 0.0 and m.build_s is None
+               for m in filtered)
+    assert len(rows) == 24 and len(measured) == 24 - len(filtered), "a filtered candidate spends a trial"
+    (row,) = [r for r in energy_report(db, model=model.id) if r.hardware == "x86"]
+    assert row.filtered == len(filtered) and row.trials == len(measured)
+    # the dataset knows about them but never learns from them
+    from tunefleet.dataset import export
+
+    version = export(db, store, hardware="x86")
+    assert version.row_count == len(measured)
+    assert version.manifest["hardware"]["x86"]["filtered"] == len(filtered)
