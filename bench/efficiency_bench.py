@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/efficiency_bench.py --models mlp,small-cnn --trials 32 --per-iter 8
+    python bench/efficiency_bench.py --models mlp,small-cnn --trials 32 --per-iter 8 --patience 2
     python bench/efficiency_bench.py --models mlp --trials 16 --per-iter 4 --arms off,on   # quick
 
 One run, same models, same maximum trials per workload, same trials per round, same seed, same
@@ -123,7 +123,7 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
 
 
 def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed: int, threads: int,
-                  target: Any) -> dict[str, Any]:
+                  target: Any, patience: int = 3, filter_fraction: float = 0.5) -> dict[str, Any]:
     from tunefleet import shards
     from tunefleet.accounting import energy_report
     from tunefleet.config import load_settings
@@ -151,7 +151,10 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
             extract(db, store, m, HW)
             shards.plan(db, HW, target_trials=trials, model=m.id)
             ids.append(m.id)
-        eff = Efficiency.on() if arm == "on" else Efficiency()
+        from tunefleet.preemption import PreemptionPolicy
+
+        eff = (Efficiency.on(policy=PreemptionPolicy(patience=patience), filter_fraction=filter_fraction)
+               if arm == "on" else Efficiency())
         summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=None)
         wall = time.perf_counter() - t0
         reading = meter.read()
@@ -180,6 +183,8 @@ def main() -> int:
     ap.add_argument("--per-iter", type=int, default=8, help="candidates per round, every arm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="stock,off,on")
+    ap.add_argument("--patience", type=int, default=3, help="'on' arm: stale rounds that make a plateau")
+    ap.add_argument("--filter-fraction", type=float, default=0.5, help="'on' arm: fraction of each round measured")
     args = ap.parse_args()
 
     from tunefleet.config import load_settings
@@ -199,7 +204,8 @@ def main() -> int:
         if arm == "stock":
             results[arm] = stock_arm(models, settings, args.trials, args.per_iter, args.seed, threads, target)
         else:
-            results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, threads, target)
+            results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, threads, target,
+                                         args.patience, args.filter_fraction)
         print(results[arm], flush=True)
 
     print()

@@ -61,6 +61,15 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     measured_only = run_cli("best", cnn[0]["hash"], env=env)
     assert measured_only.returncode == 2 and "no measurement of workload" in error_line(measured_only.stderr)
 
+    # cost-efficient tuning from the CLI: the current model filters half of each round from the start
+    assert run_cli("plan", "--hardware", "x86", "--trials", "14", "--model", "mlp", env=env).returncode == 0
+    tuned = run_cli("tune", "--efficient", "--trials-per-iter", "4", "--seed", "0", env=env, timeout=900)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    counted = re.search(r"(\d+) filtered, (\d+) shard\(s\) preempted", tuned.stdout)
+    assert counted and int(counted.group(1)) > 0, tuned.stdout
+    energy = json.loads(run_cli("report", "energy", "--json", env=env).stdout)
+    assert [r["filtered"] for r in energy if r["model"] == "mlp"] == [int(counted.group(1))]
+
 
 def test_unknown_hardware_and_model_are_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {"TUNEFLEET_HOME": str(tmp_path / "home")}

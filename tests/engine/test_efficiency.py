@@ -81,9 +81,12 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     from tunefleet.db.models import Shard
 
     with db.session() as sess:
-        sess.add(Shard(workload_id=wl.id, hardware_class_id=hw.id, trials=8, priority=1e9, state="pending",
-                       max_attempts=3, history=[]))
-    late = shards.lease(db, "x86", "w")
+        extra = Shard(workload_id=wl.id, hardware_class_id=hw.id, trials=8, priority=0.0, state="pending",
+                      max_attempts=3, history=[])
+        sess.add(extra)
+        sess.flush()
+        extra_id = extra.id
+    late = shards.lease(db, "x86", "w", shard_id=extra_id)
     assert late is not None and late.workload_id == wl.id
     again = tune_shard(db, late, "w", seed=0, num_trials_per_iter=4, policy=PreemptionPolicy(patience=2))
     assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted

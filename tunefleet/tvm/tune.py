@@ -569,8 +569,8 @@ def tune_shard(
             builder.shutdown()
     t0 = time.perf_counter()
     add_shard_energy(db, shard.id, accountant.finish())
-    if policy.enabled and state.preempted:
-        unused = max(0, shard.trials - db.count_measurements(shard_id=shard.id))
+    unused = max(0, shard.trials - db.count_measurements(shard_id=shard.id))
+    if policy.enabled and state.preempted and unused > 0:  # (a plateau on the last round: simply done)
         log.info("shard %d preempted after %d round(s): %s; %d trial(s) unused", shard.id, state.rounds,
                  state.reason, unused)
         result = _end_preempted(db, shard, owner, hw.name, state.reason or "preempted", unused, progress, started)
