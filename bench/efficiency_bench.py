@@ -13,7 +13,7 @@ machine, three arms in turn:
 * ``off`` — tunefleet's engine (ingest, extract, plan, drain) with every lever off;
 * ``on`` — the same with ``Efficiency.on()``: plateau preemption with reallocation, cost-model
   filtering of half of each round (once the online model is past its warm-up), energy-aware
-  leasing, adaptive parallel measurement.
+  leasing (``--parallel`` adds the adaptive parallel runner).
 
 Per arm it reports the final latency of each model (median of 3 builds x runs), wall time,
 energy with its source label (the node's meter around the whole arm: RAPL/NVML where present,
@@ -123,7 +123,8 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
 
 
 def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed: int, threads: int,
-                  target: Any, patience: int = 3, filter_fraction: float = 0.5) -> dict[str, Any]:
+                  target: Any, patience: int = 3, filter_fraction: float = 0.5,
+                  parallel: bool = False) -> dict[str, Any]:
     from tunefleet import shards
     from tunefleet.accounting import energy_report
     from tunefleet.config import load_settings
@@ -153,8 +154,8 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
             ids.append(m.id)
         from tunefleet.preemption import PreemptionPolicy
 
-        eff = (Efficiency.on(policy=PreemptionPolicy(patience=patience), filter_fraction=filter_fraction)
-               if arm == "on" else Efficiency())
+        eff = (Efficiency.on(policy=PreemptionPolicy(patience=patience), filter_fraction=filter_fraction,
+                             parallel=parallel) if arm == "on" else Efficiency())
         summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=None)
         wall = time.perf_counter() - t0
         reading = meter.read()
@@ -185,6 +186,7 @@ def main() -> int:
     ap.add_argument("--arms", default="stock,off,on")
     ap.add_argument("--patience", type=int, default=3, help="'on' arm: stale rounds that make a plateau")
     ap.add_argument("--filter-fraction", type=float, default=0.5, help="'on' arm: fraction of each round measured")
+    ap.add_argument("--parallel", action="store_true", help="'on' arm: the adaptive parallel runner too")
     args = ap.parse_args()
 
     from tunefleet.config import load_settings
@@ -205,7 +207,7 @@ def main() -> int:
             results[arm] = stock_arm(models, settings, args.trials, args.per_iter, args.seed, threads, target)
         else:
             results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, threads, target,
-                                         args.patience, args.filter_fraction)
+                                         args.patience, args.filter_fraction, args.parallel)
         print(results[arm], flush=True)
 
     print()

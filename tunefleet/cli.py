@@ -169,7 +169,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     if args.cold:
         settings = settings.model_copy(update={"warm_start": False})
     if args.efficient:
-        settings = settings.model_copy(update={"preempt": True, "energy_aware": True, "parallel_measure": True,
+        settings = settings.model_copy(update={"preempt": True, "energy_aware": True,
                                                "filter_fraction": min(settings.filter_fraction, 0.5)})
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
@@ -677,9 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--cold", action="store_true",
                     help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
     tu.add_argument("--efficient", action="store_true",
-                    help="plateau preemption, cost-model filtering (half of each round), energy-aware leasing and "
-                    "adaptive parallel measurement (TUNEFLEET_PREEMPT, _FILTER_FRACTION, _ENERGY_AWARE, "
-                    "_PARALLEL_MEASURE set them one by one)")
+                    help="plateau preemption, cost-model filtering (half of each round) and energy-aware leasing "
+                    "(TUNEFLEET_PREEMPT, _FILTER_FRACTION, _ENERGY_AWARE set them one by one; the adaptive parallel "
+                    "runner is TUNEFLEET_PARALLEL_MEASURE=true)")
     tu.set_defaults(handler=cmd_tune)
 
     for noun, handler in (("models", cmd_models_list), ("workloads", cmd_workloads_list), ("hardware", cmd_hardware_list)):

@@ -596,8 +596,8 @@ def _end_preempted(db: Database, shard: Shard, owner: str, hardware: str, reason
                        preempted=reason, unused_trials=unused)
 
 
-def _ready_scorer(model: Any) -> Scorer | None:
-    """The cost model as a filter, once it predicts more than noise (None before).
+def _ready_scorer(model: Any) -> Scorer:
+    """The cost model as a filter; it returns None (filter nothing) until the model predicts more than noise.
 
     MetaSchedule's ``XGBModel`` returns random scores until it has seen ``num_warmup_samples``
     measurements; filtering with those would drop candidates at random.
