@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 
 from tunefleet.db import Database
+from tunefleet.shards import PENDING
 from tunefleet.db.database import FILTERED
 from tunefleet.db.models import Measurement, ModelWorkload, Shard, TuningState, utcnow
 
@@ -125,13 +126,13 @@ def reprioritise(db: Database, hardware: str) -> int:
     hw = db.hardware_class(hardware)
     with db.session() as s:
         pending = list(s.execute(select(Shard.id, Shard.workload_id).where(
-            Shard.hardware_class_id == hw.id, Shard.state == "pending")))
+            Shard.hardware_class_id == hw.id, Shard.state == PENDING)))
     if not pending:
         return 0
     views = outlooks(db, hardware, sorted({wl for _, wl in pending}))
     with db.session() as s:
         for shard_id, wl in pending:
-            s.execute(update(Shard).where(Shard.id == shard_id, Shard.state == "pending")
+            s.execute(update(Shard).where(Shard.id == shard_id, Shard.state == PENDING)
                       .values(priority=views[wl].priority))
     return len(pending)
 
@@ -173,7 +174,7 @@ def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: in
             if n <= 0:
                 continue
             shard = Shard(workload_id=view.workload_id, hardware_class_id=hw.id, trials=n, priority=view.priority,
-                          state="pending", max_attempts=max_attempts,
+                          state=PENDING, max_attempts=max_attempts,
                           history=[{"at": now, "event": "reallocated", "from_workload": from_workload_id,
                                     "from_shard": from_shard_id, "gain_per_joule": view.gain_per_joule
                                     if not view.unexplored else None}])

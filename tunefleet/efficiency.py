@@ -58,7 +58,3 @@ class Efficiency:
             parallel=settings.parallel_measure,
             max_degree=settings.parallel_max_degree,
         )
-
-    @property
-    def any(self) -> bool:
-        return self.policy.enabled or self.filter_fraction < 1.0 or self.energy_aware or self.parallel

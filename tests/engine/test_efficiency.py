@@ -92,7 +92,7 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted
 
 
-def test_filtered_candidates_are_recorded_and_never_measured(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_filtered_candidates_are_recorded_and_never_measured(engine) -> None:  # type: ignore[no-untyped-def]
     from tvm.s_tir import meta_schedule as ms
 
     db, store, model = _mlp(engine)

@@ -32,7 +32,6 @@ from tunefleet.tvm.parallel_runner import (
 
 N = 128
 CORES = sorted(os.sched_getaffinity(0))
-needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs at least 2 usable cores")
 # Timing for the tests: no cache flush (figures of the tiny kernels are steadier), 3 x 3 runs.
 EVAL = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=0, enable_cpu_cache_flush=False)
 CRASH_SHAPE = [7, 7]
@@ -194,7 +193,6 @@ def test_measure_parallelism_gauge() -> None:
 # -- (1) agreement with serial measurement -----------------------------------------------------
 
 
-@needs_two_cores
 def test_results_agree_with_serial_measurement(built: tuple[list[str], list[Any]]) -> None:
     """Same artifacts, interleaved rounds: two serial-only runners vs the runner held at degree 2.
 
@@ -265,7 +263,6 @@ def test_results_agree_with_serial_measurement(built: tuple[list[str], list[Any]
 # -- (3) the control loop changes the degree ----------------------------------------------------
 
 
-@needs_two_cores
 def test_control_loop_backs_off_on_drift_and_probes_again(built: tuple[list[str], list[Any]]) -> None:
     paths, mods = built
     inputs = _runner_inputs(paths, mods)
@@ -284,7 +281,6 @@ def test_control_loop_backs_off_on_drift_and_probes_again(built: tuple[list[str]
     assert [h["remeasured"] for h in history] == [4, 8, 8, 4, 8]
 
 
-@needs_two_cores
 def test_control_loop_grows_to_max_degree_and_pins_workers(built: tuple[list[str], list[Any]]) -> None:
     paths, mods = built
     inputs = _runner_inputs(paths, mods)
@@ -318,7 +314,6 @@ def test_control_loop_grows_to_max_degree_and_pins_workers(built: tuple[list[str
 # -- (5) suspects are re-measured serially -------------------------------------------------------
 
 
-@needs_two_cores
 def test_suspects_are_remeasured_serially(built: tuple[list[str], list[Any]]) -> None:
     paths, mods = built
     inputs = _runner_inputs(paths, mods)
@@ -362,7 +357,6 @@ def odd(builder: Any, cpu_target: Any) -> Iterator[tuple[list[str], list[Any]]]:
         shutil.rmtree(Path(path).parent, ignore_errors=True)
 
 
-@needs_two_cores
 def test_bad_candidates_give_errors_and_the_runner_recovers(
     built: tuple[list[str], list[Any]], odd: tuple[list[str], list[Any]], tmp_path: Path
 ) -> None:
@@ -408,7 +402,6 @@ def test_bad_candidates_give_errors_and_the_runner_recovers(
 
 
 @pytest.mark.slow
-@needs_two_cores
 def test_tune_tasks_with_the_runner(builder: Any, cpu_target: Any, tmp_path: Path) -> None:
     """A real ``ms.tune_tasks`` (8 trials, 4 per batch) measured by the runner."""
     import tvm

@@ -235,7 +235,7 @@ def _build_in_worker(
 # Parent side.
 
 
-def _ensure_forkserver(ctx: Any) -> None:
+def ensure_forkserver(ctx: Any) -> None:
     """Start the process-wide fork server with TVM preloaded, unless it already runs."""
     from multiprocessing import forkserver
 
@@ -262,7 +262,7 @@ class _Pool:
     ) -> None:
         ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            _ensure_forkserver(ctx)
+            ensure_forkserver(ctx)
         self.max_workers = max_workers
         self.started_at = time.monotonic()
         self.ready = ctx.Value("i", 0)
@@ -694,6 +694,6 @@ PersistentBuilder.__exit__ = _exit  # type: ignore[attr-defined]
 
 
 if os.environ.get(_PRELOAD_ENV) == "1" and "tvm.s_tir.tensor_intrin" not in sys.modules:
-    # We are being preloaded by the fork server that _ensure_forkserver started: import the
+    # We are being preloaded by the fork server that ensure_forkserver started: import the
     # intrinsics here once, so every worker forks with them.
     import_tensor_intrinsics()

@@ -104,7 +104,7 @@ from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
-from tunefleet.tvm.builder import _ensure_forkserver
+from tunefleet.tvm.builder import ensure_forkserver
 
 logger = logging.getLogger(__name__)
 
@@ -543,7 +543,7 @@ class AdaptiveParallelRunner(PyRunner):
 
     def _ensure_workers(self, keys: Sequence[SlotKey]) -> list[_Worker]:
         """Start the workers of ``keys`` that are missing (in parallel); return them in order."""
-        _ensure_forkserver(self._ctx)
+        ensure_forkserver(self._ctx)
         pending = {}
         for key in dict.fromkeys(keys):
             worker = self._workers.get(key)
