@@ -3,17 +3,27 @@
 Usage::
 
     python bench/efficiency_bench.py --models mlp,small-cnn --trials 32 --per-iter 8 --patience 2
+    python bench/efficiency_bench.py --arms off,preempt,filter,energy,on   # one lever at a time
     python bench/efficiency_bench.py --models mlp --trials 16 --per-iter 4 --arms off,on   # quick
 
 One run, same models, same maximum trials per workload, same trials per round, same seed, same
-machine, three arms in turn:
+machine, the arms in turn:
 
 * ``stock`` — ``ms.tune_tasks`` with LocalBuilder, LocalRunner, JSONDatabase, round-robin over all
   tasks of each model (what ``bench/tune_bench.py`` runs);
 * ``off`` — tunefleet's engine (ingest, extract, plan, drain) with every lever off;
-* ``on`` — the same with ``Efficiency.on()``: plateau preemption with reallocation, cost-model
-  filtering of half of each round (once the online model is past its warm-up), energy-aware
-  leasing (``--parallel`` adds the adaptive parallel runner).
+* ``on`` — the same with ``Efficiency.on()``: plateau preemption with reallocation, filtering of
+  half of each round by the class's trained cost model, energy-aware leasing;
+* ``preempt``, ``filter``, ``energy``, ``parallel`` — one lever alone (``--parallel`` also adds
+  the adaptive parallel runner to ``on``).
+
+The fleet's trained cost model: before the arms, a "prior" fleet tunes other shapes of the zoo's
+tiny models (``--prior``, never the benchmarked workloads), exports them and trains the x86 cost
+model, which is made current. Every tunefleet arm starts from a copy of that database (and
+shares its artifact store), so ``off``
+warm-starts with the model like ``on`` (tunefleet's default) and ``filter``/``on`` filter with
+it. The prior's own tuning is not part of any arm's figures (a fleet trains once for every
+model it tunes); its time is printed. ``--prior ''`` skips it (then nothing is filtered).
 
 Per arm it reports the final latency of each model (median of 3 builds x runs), wall time,
 energy with its source label (the node's meter around the whole arm: RAPL/NVML where present,
@@ -122,27 +132,87 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
     return out
 
 
-def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed: int, threads: int,
-                  target: Any, patience: int = 3, filter_fraction: float = 0.5,
-                  parallel: bool = False) -> dict[str, Any]:
-    from tunefleet import shards
-    from tunefleet.accounting import energy_report
+PRIOR = "mlp:batch_size=4,mlp:batch_size=16,small-cnn:image_size=16,small-cnn:image_size=48"
+
+
+def _open(home: Path, store_path: Path | None = None) -> tuple[Any, Any, Any]:
     from tunefleet.config import load_settings
     from tunefleet.db import Database
+    from tunefleet.hardware import ensure_hardware_classes
+    from tunefleet.store import open_store
+
+    settings = load_settings(home=home, store_path=store_path)
+    db = Database.from_settings(settings)
+    ensure_hardware_classes(db, settings)
+    return settings, db, open_store(settings)
+
+
+def prior_fleet(home: Path, spec: str, trials: int, per_iter: int, seed: int) -> dict[str, Any]:
+    """Tune other shapes of the zoo models in ``home``, export, train the x86 cost model, make it current."""
+    from tunefleet import costmodel, dataset, shards
+    from tunefleet.models.ingest import ingest
+    from tunefleet.pipeline import drain, extract
+
+    _, db, store = _open(home)
+    t0 = time.perf_counter()
+    for item in filter(None, spec.split(",")):
+        zoo, _, opt = item.partition(":")
+        key, _, value = opt.partition("=")
+        kwargs = {key: int(value)} if key else {}
+        m = ingest(db, store, zoo, name=f"prior-{zoo}-{key}{value}", **kwargs).model
+        extract(db, store, m, HW)
+        shards.plan(db, HW, target_trials=trials, model=m.id)
+    summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, store=None)
+    version = dataset.export(db, store, hardware=HW)
+    res = costmodel.retrain(db, store, HW, holdout_fraction=0.25, seed=seed)
+    if not res.promoted:
+        db.promote_cost_model(res.cost_model_id)
+    held = res.metrics["heldout"]
+    out = {"wall_s": time.perf_counter() - t0, "measured": summary.measured, "workloads": len(db.workloads()),
+           "rows": version.row_count if version else 0, "version": res.version,
+           "pairwise": held["pairwise_accuracy"], "peak@1": held["peak@1"], "guard": res.reason or "promoted"}
+    db.close()
+    return out
+
+
+def _efficiency(arm: str, patience: int, filter_fraction: float, parallel: bool) -> Any:
     from tunefleet.efficiency import Efficiency
-    from tunefleet.hardware import seed_hardware_classes
+    from tunefleet.preemption import PreemptionPolicy
+
+    policy = PreemptionPolicy(patience=patience)
+    arms = {
+        "off": Efficiency(),
+        "preempt": Efficiency(policy=policy),
+        "filter": Efficiency(filter_fraction=filter_fraction),
+        "energy": Efficiency(energy_aware=True),
+        "parallel": Efficiency(parallel=True),
+        "on": Efficiency.on(policy=policy, filter_fraction=filter_fraction, parallel=parallel),
+    }
+    if arm not in arms:
+        raise SystemExit(f"efficiency_bench: unknown arm {arm!r} (known: stock, {', '.join(arms)})")
+    return arms[arm]
+
+
+def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed: int, threads: int,
+                  target: Any, prior: Path | None, patience: int = 3, filter_fraction: float = 0.5,
+                  parallel: bool = False) -> dict[str, Any]:
+    import shutil
+
+    from tunefleet import shards
+    from tunefleet.accounting import energy_report
     from tunefleet.models.ingest import ingest
     from tunefleet.models.zoo import build_zoo_model
     from tunefleet.pipeline import drain, extract
-    from tunefleet.store import open_store
     from tunefleet.tvm.bridge import FleetDatabase
 
+    eff = _efficiency(arm, patience, filter_fraction, parallel)
     out: dict[str, Any] = {"latency_ms": {}}
-    with tempfile.TemporaryDirectory() as home:
-        settings = load_settings(home=Path(home))
-        db = Database.from_settings(settings)
-        seed_hardware_classes(db, settings)
-        store = open_store(settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        if prior is not None:  # its database copied; its artifact store (the cost model) shared
+            shutil.copy(prior / "tunefleet.db", home / "tunefleet.db")
+        settings, db, store = _open(home, None if prior is None else prior / "artifacts")
         meter = _meter(settings)
         meter.start()
         t0 = time.perf_counter()
@@ -152,16 +222,12 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
             extract(db, store, m, HW)
             shards.plan(db, HW, target_trials=trials, model=m.id)
             ids.append(m.id)
-        from tunefleet.preemption import PreemptionPolicy
-
-        eff = (Efficiency.on(policy=PreemptionPolicy(patience=patience), filter_fraction=filter_fraction,
-                             parallel=parallel) if arm == "on" else Efficiency())
-        summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=None)
+        summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=store)
         wall = time.perf_counter() - t0
         reading = meter.read()
         # the wasted share from tunefleet's own per-candidate accounting (shared workloads are split
         # between models by weight, so the model rows add up to the class total)
-        rows = energy_report(db, hardware=HW)
+        rows = [r for mid in ids for r in energy_report(db, model=mid, hardware=HW)]
         accounted = sum(r.joules for r in rows)
         wasted = sum(r.wasted_joules for r in rows)
         for name in models:
@@ -187,6 +253,9 @@ def main() -> int:
     ap.add_argument("--patience", type=int, default=3, help="'on' arm: stale rounds that make a plateau")
     ap.add_argument("--filter-fraction", type=float, default=0.5, help="'on' arm: fraction of each round measured")
     ap.add_argument("--parallel", action="store_true", help="'on' arm: the adaptive parallel runner too")
+    ap.add_argument("--prior", default=PRIOR, help="zoo model shapes the prior fleet tunes to train the cost model "
+                    "('' for none); comma-separated zoo[:option=value]")
+    ap.add_argument("--prior-trials", type=int, default=32, help="trials per workload of the prior fleet")
     args = ap.parse_args()
 
     from tunefleet.config import load_settings
@@ -200,14 +269,27 @@ def main() -> int:
     threads = int(spec.get("num-cores") or len(os.sched_getaffinity(0)))
     models = args.models.split(",")
     results: dict[str, dict[str, Any]] = {}
-    for arm in args.arms.split(","):
+    arms = args.arms.split(",")
+    for arm in arms:
+        if arm != "stock":
+            _efficiency(arm, args.patience, args.filter_fraction, args.parallel)  # unknown arms fail before any work
+    prior_dir = tempfile.TemporaryDirectory()
+    prior: Path | None = None
+    if args.prior and any(a != "stock" for a in arms):
+        prior = Path(prior_dir.name) / "home"
+        print(f"== prior fleet: {args.prior}, {args.prior_trials} trials per workload", flush=True)
+        p = prior_fleet(prior, args.prior, args.prior_trials, args.per_iter, args.seed)
+        print(f"prior: {p['workloads']} workloads, {p['measured']} measured in {p['wall_s']:.0f} s; cost model "
+              f"v{p['version']} on {p['rows']} rows, held-out pairwise accuracy {p['pairwise']:.3f}, "
+              f"peak@1 {p['peak@1']:.3f} ({p['guard']}; made current)", flush=True)
+    for arm in arms:
         print(f"== {arm}: {','.join(models)}, <= {args.trials} trials per workload, {args.per_iter} per round",
               flush=True)
         if arm == "stock":
             results[arm] = stock_arm(models, settings, args.trials, args.per_iter, args.seed, threads, target)
         else:
             results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, threads, target,
-                                         args.patience, args.filter_fraction, args.parallel)
+                                         prior, args.patience, args.filter_fraction, args.parallel)
         print(results[arm], flush=True)
 
     print()
@@ -226,11 +308,14 @@ def main() -> int:
             lat = " ".join(f"{m} {r['latency_ms'][m] / base['latency_ms'][m]:.3f}x" for m in models)
             print(f"{arm}/stock: wall {r['wall_s'] / base['wall_s']:.3f}x, energy {r['joules'] / base['joules']:.3f}x, "
                   f"latency {lat}")
-    if "off" in results and "on" in results:
-        off, on = results["off"], results["on"]
-        lat = " ".join(f"{m} {on['latency_ms'][m] / off['latency_ms'][m]:.3f}x" for m in models)
-        print(f"on/off: wall {on['wall_s'] / off['wall_s']:.3f}x, energy {on['joules'] / off['joules']:.3f}x, "
+    off = results.get("off")
+    for arm, r in results.items():
+        if off is None or arm in ("stock", "off"):
+            continue
+        lat = " ".join(f"{m} {r['latency_ms'][m] / off['latency_ms'][m]:.3f}x" for m in models)
+        print(f"{arm}/off: wall {r['wall_s'] / off['wall_s']:.3f}x, energy {r['joules'] / off['joules']:.3f}x, "
               f"latency {lat}")
+    prior_dir.cleanup()
     return 0
 
 

@@ -101,8 +101,11 @@ class Tuner:
         self._builder = builder
         self._runner: Any = None
         self.hardware_class_id = hw.id
-        self.store = store if warm_start else None
+        self.store = store
+        self.warm_start = warm_start
         self._model: Any = None
+        self._unreadable: int | None = None
+        self._warned_no_filter = False
         self._online: Any = None
         self.efficiency = efficiency or _Efficiency()
 
@@ -117,11 +120,13 @@ class Tuner:
 
     def cost_model(self, db: Database) -> Any:
         """The class's current trained cost model (cached until another is promoted), or None."""
-        if self.store is None:
+        if self.store is None or not (self.warm_start or self.efficiency.filter_fraction < 1.0):
             return None
         row = db.current_cost_model(self.hardware_class_id)
         if row is None:
             self._model = None
+            return None
+        if row.id == self._unreadable:
             return None
         if self._model is None or self._model.cost_model_id != row.id:
             from tunefleet.costmodel import load_model
@@ -131,7 +136,7 @@ class Tuner:
             except TunefleetError as exc:
                 log.warning("current cost model v%s of %s cannot be loaded, tuning without it: %s",
                             row.version, self.hardware, str(exc).splitlines()[0])
-                self._model = None
+                self._model, self._unreadable = None, row.id  # said once, not again for every shard
         return self._model
 
     @property
@@ -180,11 +185,20 @@ class Tuner:
         leased_s = time.perf_counter() - t0
         if shard is None:
             return None
+        trained = self.cost_model(db)
+        filtering = self.efficiency.filter_fraction < 1.0
+        if filtering and trained is None and not self._warned_no_filter:
+            self._warned_no_filter = True
+            log.warning("filtering is on but %s has no current cost model%s: every candidate is measured "
+                        "(retrain one with `tunefleet costmodel retrain`)", self.hardware,
+                        "" if self.store is not None else " (no artifact store given)")
         result = tune_shard(db, shard, owner, builder=self.builder, runner=self.runner, lease_s=lease_s,
                             num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
-                            on_batch=on_batch, pushgateway=self.pushgateway, cost_model=self.cost_model(db),
+                            on_batch=on_batch, pushgateway=self.pushgateway,
+                            cost_model=trained if self.warm_start else None,
                             online_model=self.online_model, policy=self.efficiency.policy,
-                            filter_fraction=self.efficiency.filter_fraction)
+                            filter_fraction=self.efficiency.filter_fraction,
+                            filter_model=trained if filtering else None)
         result.lease_s = leased_s
         return result
 

@@ -120,6 +120,10 @@ def test_warm_start_uses_current_model(engine, caplog: pytest.LogCaptureFixture)
     with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
         assert broken.cost_model(db) is None
     assert "cannot be loaded, tuning without it" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
+        assert broken.cost_model(db) is None
+    assert "cannot be loaded" not in caplog.text, "said once per model, not for every shard"
     broken.close()
 
 

@@ -92,19 +92,47 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted
 
 
-def test_filtered_candidates_are_recorded_and_never_measured(engine) -> None:  # type: ignore[no-untyped-def]
-    from tvm.s_tir import meta_schedule as ms
+def _arbitrary_trained_model():  # type: ignore[no-untyped-def]
+    """A real XGBoost model on tunefleet's feature layout, trained on random rows: its scores are
+    arbitrary but deterministic (what it filters is what this test checks, not how well)."""
+    import numpy as np
+    import xgboost as xgb
+
+    from tunefleet.costmodel import TrainedModel, store_features
+
+    width = store_features([]).shape[1]
+    rng = np.random.default_rng(0)
+    booster = xgb.train({"seed": 0}, xgb.DMatrix(rng.random((64, width)), label=rng.random(64)), 10)
+    return TrainedModel(booster=booster, objective="reg:squarederror", version=1)
+
+
+def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from tunefleet.pipeline import Tuner
 
     db, store, model = _mlp(engine)
     hw = db.hardware_class("x86")
-    wl = max(db.workloads(model.id), key=lambda pair: pair[0].flops)[0]
+    by_flops = sorted((pair[0] for pair in db.workloads(model.id)), key=lambda w: w.flops)
+    wl, small = by_flops[-1], by_flops[0]
     shards.plan(db, "x86", target_trials=24, model=model.id)
-    shard = next(s for s in shards.list_shards(db, hardware="x86") if s.workload_id == wl.id)
+    shard_of = {s.workload_id: s for s in shards.list_shards(db, hardware="x86")}
+
+    # filtering on, but the class has no trained model: one warning, and every candidate is measured
+    # (the online model that guides the search is never used as the filter)
+    tuner = Tuner(db, "x86", store=store, efficiency=Efficiency(filter_fraction=0.5))
+    try:
+        with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
+            plain = tuner.tune_next(db, "w", num_trials_per_iter=6, seed=0, shard_id=shard_of[small.id].id)
+    finally:
+        tuner.close()
+    assert plain.state == "done" and plain.filtered == 0 and plain.measured > 0
+    assert "filtering is on but x86 has no current cost model" in caplog.text
+
     measured: list[str] = []
-    # MetaSchedule's own XGBModel, ready after its first update (no warm-up): it filters from round 2
-    online = ms.cost_model.XGBModel(num_warmup_samples=0)
-    leased = shards.lease(db, "x86", "w", shard_id=shard.id)
-    result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=6, filter_fraction=0.5, online_model=online,
+    leased = shards.lease(db, "x86", "w", shard_id=shard_of[wl.id].id)
+    result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=6, filter_fraction=0.5,
+                        filter_model=_arbitrary_trained_model(),
                         on_batch=lambda _sid, batch: measured.extend(sha for sha, _ in batch))
     assert result.state == "done"
     rows = _rows(db, wl.id)
@@ -115,10 +143,10 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine) -> None:  #
                for m in filtered)
     assert len(rows) == 24 and len(measured) == 24 - len(filtered), "a filtered candidate spends a trial"
     (row,) = [r for r in energy_report(db, model=model.id) if r.hardware == "x86"]
-    assert row.filtered == len(filtered) and row.trials == len(measured)
+    assert row.filtered == len(filtered) and row.trials == len(measured) + plain.measured
     # the dataset knows about them but never learns from them
     from tunefleet.dataset import export
 
     version = export(db, store, hardware="x86")
-    assert version.row_count == len(measured)
+    assert version.row_count == len(measured) + plain.measured
     assert version.manifest["hardware"]["x86"]["filtered"] == len(filtered)

@@ -238,7 +238,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         Candidates this search may still hand out, measured or filtered (None: MetaSchedule's
         ``max_trials`` alone bounds it). A filtered candidate spends a trial without measuring.
     scorer, filter_fraction:
-        With a scorer (the cost model, once it predicts anything but noise) and a fraction below
+        With a scorer (the class's trained cost model) and a fraction below
         1, each round's new candidates are scored and only the best ``ceil(fraction x n)`` are
         measured; the default schedule and seeds are always measured. The others are passed to
         ``on_filtered`` (which records them) and never reach the builder or runner.
@@ -418,6 +418,7 @@ def tune_shard(
     transfer: bool = True,
     policy: PreemptionPolicy | None = None,
     filter_fraction: float = 1.0,
+    filter_model: TrainedModel | None = None,
 ) -> ShardResult:
     """Tune a leased shard to its trial budget, committing as it goes; mark it done or failed.
 
@@ -438,10 +439,12 @@ def tune_shard(
     state; with ``policy`` enabled the shard stops when it says so, is marked done with a
     ``preempted`` event, and the trials it did not use are reallocated to the workloads still
     improving (:func:`tunefleet.budget.reallocate`); a shard of an already preempted workload
-    ends at once the same way. With ``filter_fraction`` < 1 and a cost model that predicts
-    something (the trained model, or the online one past its warm-up), only that fraction of
-    each round's search candidates is measured; the rest are committed as ``filtered``
-    (no run time, no energy) and spend the budget without being built or run.
+    ends at once the same way. With ``filter_fraction`` < 1 and a ``filter_model`` (the class's
+    current trained model), that model scores each round's search candidates and only that
+    fraction of them is measured; the rest are committed as ``filtered`` (no run time, no
+    energy) and spend the budget without being built or run. Without a trained model nothing is
+    filtered: the online model that guides the search is not used as a filter, since ranking its
+    own picks again only removes the search's exploration.
     """
     from tunefleet.accounting import ShardAccountant, add_shard_energy
     from tunefleet.preemption import PreemptionPolicy, new_state, observe_round, stop_reason
@@ -528,8 +531,10 @@ def tune_shard(
 
         model = FleetCostModel(cost_model, online=online)
         log.info("shard %d warm-starts with cost model v%s", shard.id, cost_model.version)
-    if filter_fraction < 1.0:
-        search.scorer = _ready_scorer(model)
+    if filter_fraction < 1.0 and filter_model is not None:
+        from tunefleet.tvm.learned import FleetCostModel
+
+        search.scorer = FleetCostModel(filter_model).prior
     accountant = ShardAccountant(db, hw, wl, pushgateway=pushgateway, shard_id=shard.id, attempt=shard.attempts)
     if accountant.metrics is not None and hasattr(runner, "on_degree"):  # the adaptive parallel runner
         from functools import partial
@@ -594,17 +599,3 @@ def _end_preempted(db: Database, shard: Shard, owner: str, hardware: str, reason
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
                        progress.best_s, time.monotonic() - started, filtered=progress.filtered,
                        preempted=reason, unused_trials=unused)
-
-
-def _ready_scorer(model: Any) -> Scorer:
-    """The cost model as a filter; it returns None (filter nothing) until the model predicts more than noise.
-
-    MetaSchedule's ``XGBModel`` returns random scores until it has seen ``num_warmup_samples``
-    measurements; filtering with those would drop candidates at random.
-    """
-    def score(context: Any, candidates: list[Any]) -> np.ndarray | None:
-        if hasattr(model, "data_size") and (model.booster is None or model.data_size < model.num_warmup_samples):
-            return None
-        return model.predict(context, candidates)
-
-    return score
