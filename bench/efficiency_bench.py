@@ -52,6 +52,48 @@ from tune_bench import _latency_ms  # noqa: E402  (same latency measurement as t
 HW = "x86"
 
 
+def _fresh_latency_ms(model: str, *, sqlite: Path | None = None, json_dir: str | None = None) -> float:
+    """The model's latency built from a database, timed in a fresh process.
+
+    Timed inside the process that just tuned (builder and runner pools, TVM's thread pool pinned
+    by the tuning threads), the same schedules measured 2-3x slower than in a fresh process, and
+    by different amounts from arm to arm; a fresh process per figure keeps the arms comparable.
+    """
+    import subprocess
+
+    where = ["--latency-sqlite", str(sqlite)] if sqlite is not None else ["--latency-json", str(json_dir)]
+    out = subprocess.run([sys.executable, __file__, "--latency-of", model, *where], capture_output=True, text=True,
+                         timeout=1800)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("LATENCY_MS ")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"latency of {model} failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
+    return float(lines[-1].split()[1])
+
+
+def _latency_main(model: str, sqlite: str | None, json_dir: str | None) -> int:
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.config import load_settings
+    from tunefleet.db import Database
+    from tunefleet.hardware import builtin_classes
+    from tunefleet.models.zoo import build_zoo_model
+    from tunefleet.tvm.bridge import FleetDatabase
+    from tunefleet.tvm.targets import make_target
+
+    with tempfile.TemporaryDirectory() as home:
+        spec = builtin_classes(load_settings(home=Path(home)))[HW]["target"]
+    target = make_target(spec)
+    threads = int(spec.get("num-cores") or 1)
+    loaded = build_zoo_model(model).loaded
+    if sqlite is not None:
+        db = Database(f"sqlite:///{sqlite}")
+        ms_ = _latency_ms(lambda: FleetDatabase(db, HW), loaded, target, threads)
+    else:
+        ms_ = _latency_ms(lambda: ms.database.JSONDatabase(work_dir=json_dir), loaded, target, threads)
+    print(f"LATENCY_MS {ms_!r}")
+    return 0
+
+
 def _meter(settings: Any) -> Any:
     from tunefleet.hardware import builtin_classes
     from tunefleet.energy import probe
@@ -125,8 +167,7 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
             joules, source = joules + reading.joules, reading.source
             useful, wasted = useful + energy.useful_j, wasted + energy.wasted_j
             out["candidates"] += energy.candidates
-            out["latency_ms"][name] = _latency_ms(lambda work=work: ms.database.JSONDatabase(work_dir=work),
-                                                  loaded, target, threads)
+            out["latency_ms"][name] = _fresh_latency_ms(name, json_dir=work)
     out.update(wall_s=tuned, source=source, joules=joules, wasted_pct=100 * wasted / max(1e-9, useful + wasted),
                filtered=0, preempted=0)
     return out
@@ -193,17 +234,14 @@ def _efficiency(arm: str, patience: int, filter_fraction: float, parallel: bool)
     return arms[arm]
 
 
-def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed: int, threads: int,
-                  target: Any, prior: Path | None, patience: int = 3, filter_fraction: float = 0.5,
-                  parallel: bool = False) -> dict[str, Any]:
+def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed: int, prior: Path | None,
+                  patience: int = 3, filter_fraction: float = 0.5, parallel: bool = False) -> dict[str, Any]:
     import shutil
 
     from tunefleet import shards
     from tunefleet.accounting import energy_report
     from tunefleet.models.ingest import ingest
-    from tunefleet.models.zoo import build_zoo_model
     from tunefleet.pipeline import drain, extract
-    from tunefleet.tvm.bridge import FleetDatabase
 
     eff = _efficiency(arm, patience, filter_fraction, parallel)
     out: dict[str, Any] = {"latency_ms": {}}
@@ -230,14 +268,13 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
         rows = [r for mid in ids for r in energy_report(db, model=mid, hardware=HW)]
         accounted = sum(r.joules for r in rows)
         wasted = sum(r.wasted_joules for r in rows)
+        db.close()
         for name in models:
-            loaded = build_zoo_model(name).loaded
-            out["latency_ms"][name] = _latency_ms(lambda: FleetDatabase(db, HW), loaded, target, threads)
+            out["latency_ms"][name] = _fresh_latency_ms(name, sqlite=home / "tunefleet.db")
         out.update(wall_s=wall, source=reading.source, joules=reading.joules, accounted_joules=accounted,
                    wasted_pct=100 * wasted / max(1e-9, accounted), candidates=summary.measured,
                    filtered=summary.filtered, preempted=summary.preempted, shards=summary.shards_done,
                    failed=summary.shards_failed)
-        db.close()
     return out
 
 
@@ -256,7 +293,12 @@ def main() -> int:
     ap.add_argument("--prior", default=PRIOR, help="zoo model shapes the prior fleet tunes to train the cost model "
                     "('' for none); comma-separated zoo[:option=value]")
     ap.add_argument("--prior-trials", type=int, default=32, help="trials per workload of the prior fleet")
+    ap.add_argument("--latency-of", help=argparse.SUPPRESS)  # internal: time one model in this fresh process
+    ap.add_argument("--latency-sqlite", help=argparse.SUPPRESS)
+    ap.add_argument("--latency-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.latency_of:
+        return _latency_main(args.latency_of, args.latency_sqlite, args.latency_json)
 
     from tunefleet.config import load_settings
     from tunefleet.hardware import builtin_classes
@@ -288,8 +330,8 @@ def main() -> int:
         if arm == "stock":
             results[arm] = stock_arm(models, settings, args.trials, args.per_iter, args.seed, threads, target)
         else:
-            results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, threads, target,
-                                         prior, args.patience, args.filter_fraction, args.parallel)
+            results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, prior, args.patience,
+                                         args.filter_fraction, args.parallel)
         print(results[arm], flush=True)
 
     print()

@@ -2,7 +2,7 @@
 
 * ``policy`` — plateau preemption and the gain-per-joule stop (:mod:`tunefleet.preemption`);
   preempted workloads' unused trials are reallocated (:func:`tunefleet.budget.reallocate`);
-* ``filter_fraction`` — measure only that fraction of each round, best-scored by the cost model
+* ``filter_fraction`` — measure only that fraction of each round, best-scored by the class's trained cost model
   (``tunefleet.tvm.tune.ResumingSearch``);
 * ``energy_aware`` — lease shards in order of expected model-latency gain per joule
   (:func:`tunefleet.budget.reprioritise`);
@@ -40,9 +40,9 @@ class Efficiency:
     @classmethod
     def on(cls, **overrides: object) -> Efficiency:
         """Preemption, filtering and energy-aware leasing with the recommended figures (what
-        ``tune --efficient`` uses). The parallel runner stays opt-in (``parallel=True``): on the
-        2-core development machine a model built from the schedules it picked was slower than
-        one from serial measurement, for a reason not found yet (see the README)."""
+        ``tune --efficient`` uses). The parallel runner stays opt-in (``parallel=True``): it pays
+        only on many-core nodes or GPUs, and on the 2-core development machine its control loop
+        stays at degree 1 for most batches (see the README)."""
         base: dict[str, object] = {"policy": PreemptionPolicy(), "filter_fraction": 0.5, "energy_aware": True}
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]

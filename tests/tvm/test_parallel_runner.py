@@ -308,7 +308,46 @@ def test_control_loop_grows_to_max_degree_and_pins_workers(built: tuple[list[str
             assert allowed == ",".join(map(str, cores)) or allowed == f"{cores[0]}-{cores[-1]}"
     assert len({info[("cpu", c)]["pid"] for c in slices}) == len(slices)
     serial = info[("cpu", tuple(CORES))]
-    assert serial["affinity"] == CORES and serial["num_threads"] == len(CORES)
+    assert serial["affinity"] == CORES and serial["num_threads"] == _default_num_threads()
+
+
+def _default_num_threads() -> int:
+    """TVM's thread count in a fresh process with this environment (what LocalRunner's worker
+    and a model run in this process get; on x86 without TVM_NUM_THREADS: half the hardware
+    threads)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import tvm, tvm_ffi; print(tvm_ffi.get_global_func('runtime.NumThreads')())"],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_serial_slot_measures_with_the_parents_thread_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serial figures decide the best schedule, so the serial worker must run as many TVM
+    threads as LocalRunner's worker and the final model in this process would: not one per
+    core (the fork server's environment, frozen when it started, must not leak in either)."""
+    # Not asked in this process: starting TVM's thread pool here pins this thread to core 0,
+    # and the runners of later tests would take that for the usable cores.
+    expected = _default_num_threads()
+    with AdaptiveParallelRunner(evaluator_config=EVAL, initial_degree=1) as runner:
+        runner.warmup()
+        (serial,) = runner.worker_info()
+    assert serial["slot"] == ("cpu", tuple(CORES))
+    assert serial["num_threads"] == expected
+    # The parent's settings at the time the worker starts are what counts (TVM caps the
+    # thread count at the cores, so pick a count other than the default within them).
+    if len(CORES) < 2:
+        return
+    other = 2 if expected == 1 else 1
+    monkeypatch.setenv("TVM_NUM_THREADS", str(other))
+    with AdaptiveParallelRunner(evaluator_config=EVAL, initial_degree=1) as runner:
+        runner.warmup()
+        (serial,) = runner.worker_info()
+    assert serial["num_threads"] == other
 
 
 # -- (5) suspects are re-measured serially -------------------------------------------------------

@@ -27,8 +27,12 @@ Design
   ``len(slice)`` TVM threads (``TVM_NUM_THREADS``, read when TVM's thread pool starts, which is
   after the pinning). In a slice worker ``TVM_BIND_THREADS=0`` as well: TVM otherwise binds its
   threads to cores counted from core 0 of the *machine*, which moved a worker pinned to core 1
-  onto core 0 when this was checked (TVM 0.27, 2-core VM). The serial slot has all the cores,
-  all the threads and TVM's default binding, i.e. what LocalRunner measures with.
+  onto core 0 when this was checked (TVM 0.27, 2-core VM). The serial slot has all the cores
+  and, for ``TVM_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``TVM_BIND_THREADS``, exactly the values
+  this process has when the worker starts (unset stays unset), i.e. what LocalRunner's worker and
+  a model run in this process get. It does *not* force one thread per core: TVM's default thread
+  count on x86 is half the hardware threads (1 on the 2-core VM), and forcing 2 there made the
+  serial figures 2-thread figures while LocalRunner and the final model run with 1 thread.
   ``max_degree`` is capped at the number of usable cores.
 * GPU targets (any other device type): ``d`` unpinned worker processes share GPU 0.
   **Unverified**: no GPU was available when this was written; the path is kept minimal (the
@@ -66,11 +70,13 @@ start at all).
 Honest limits (2-core development VM)
 -------------------------------------
 * With 2 cores the only parallel degree is 2, one core and one thread per worker, while the
-  serial figure uses 2 threads. The parallel/serial ratio is then ~2 for a schedule that
-  parallelises well and ~1 for a single-threaded one, so on a batch that mixes both the ratio
-  is *not* consistent and the loop (correctly) backs off to serial. The scaled parallel figure
-  of a candidate that was not re-measured can be off by up to that factor; that is why the
-  suspects are always re-measured serially. Parallel measurement pays on many-core nodes (each
+  serial figure uses TVM's default thread count (1 on the 2-core x86 VM, but ``n`` wherever
+  that default gives ``n > 1`` threads). Where the serial figure is multi-threaded, the
+  parallel/serial ratio is ~``n`` for a schedule that parallelises well and ~1 for a
+  single-threaded one, so on a batch that mixes both the ratio is *not* consistent and the loop
+  (correctly) backs off to serial. The scaled parallel figure of a candidate that was not
+  re-measured can be off by up to that factor; that is why the suspects are always re-measured
+  serially. Parallel measurement pays on many-core nodes (each
   slice still several cores, with its own cache) and on GPUs, neither of which was tested here.
 * Every batch at degree > 1 re-measures ``top_k + calibration`` candidates serially (default 4),
   so the wall-time gain is at most ``n / (n/d + top_k + calibration)`` for a batch of ``n`` with
@@ -119,6 +125,8 @@ __all__ = [
 _CPU_DEVICES = frozenset({"llvm", "cpu", "c"})
 _IPC_SLACK_S = 1.0
 _ERROR_PREFIX = "AdaptiveParallelRunner"
+# Read by TVM's thread pool when it starts; a serial/GPU worker gets the parent's values.
+_THREAD_ENV = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_BIND_THREADS")
 
 FuncSpec = Callable[..., Any] | str | None
 # A slot: ("cpu", cores) or ("gpu", index).
@@ -280,9 +288,19 @@ def _thread_affinities() -> dict[int, str]:  # pragma: no cover - runs in the wo
 
 
 def _worker_main(
-    conn: Any, cores: tuple[int, ...] | None, nthreads: int | None, unbind: bool, quiet: bool
+    conn: Any,
+    cores: tuple[int, ...] | None,
+    nthreads: int | None,
+    unbind: bool,
+    quiet: bool,
+    thread_env: dict[str, str | None] | None = None,
 ) -> None:  # pragma: no cover - runs in the worker
-    """A measurement worker: configure cores/threads, then measure what the pipe sends."""
+    """A measurement worker: configure cores/threads, then measure what the pipe sends.
+
+    ``thread_env`` (serial slot): the parent's threading variables, applied as they are (None:
+    unset), because a worker forked from the fork server has the fork server's environment,
+    not the parent's current one.
+    """
     try:
         if quiet:  # as LocalRunner: errors travel back through the pipe, not on stderr
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -290,6 +308,11 @@ def _worker_main(
             os.close(devnull)
         if cores is not None:
             os.sched_setaffinity(0, cores)
+        for name, value in (thread_env or {}).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         if nthreads is not None:
             os.environ["TVM_NUM_THREADS"] = str(nthreads)
             os.environ["OMP_NUM_THREADS"] = str(nthreads)
@@ -523,16 +546,22 @@ class AdaptiveParallelRunner(PyRunner):
 
     def _spawn(self, key: SlotKey) -> tuple[Any, Any]:
         kind, value = key
-        if kind == "cpu":
+        thread_env: dict[str, str | None] | None = None
+        if kind == "cpu" and tuple(value) != self.cores:  # a slice: pinned, one thread per core
             cores: tuple[int, ...] | None = tuple(value)
             nthreads: int | None = len(value)
-            unbind = tuple(value) != self.cores
+            unbind = True
+        elif kind == "cpu":  # the serial slot: measure as LocalRunner's worker does
+            cores, nthreads, unbind = tuple(value), None, False
+            thread_env = {name: os.environ.get(name) for name in _THREAD_ENV}
         else:
             cores, nthreads, unbind = None, None, False
+            thread_env = {name: os.environ.get(name) for name in _THREAD_ENV}
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=_worker_main,
-            args=(child, cores, nthreads, unbind, not logger.isEnabledFor(logging.DEBUG)),
+            args=(child, cores, nthreads, unbind, not logger.isEnabledFor(logging.DEBUG),
+                  thread_env),
             daemon=True,
             name=f"AdaptiveParallelRunner-{kind}-{value}",
         )
