@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tune_bench import _latency_ms  # noqa: E402  (same latency measurement as the tuning bench)
+from zeroshot_bench import open_home  # noqa: E402
 
 HW = "x86"
 
@@ -176,25 +177,14 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
 PRIOR = "mlp:batch_size=4,mlp:batch_size=16,small-cnn:image_size=16,small-cnn:image_size=48"
 
 
-def _open(home: Path, store_path: Path | None = None) -> tuple[Any, Any, Any]:
-    from tunefleet.config import load_settings
-    from tunefleet.db import Database
-    from tunefleet.hardware import ensure_hardware_classes
-    from tunefleet.store import open_store
-
-    settings = load_settings(home=home, store_path=store_path)
-    db = Database.from_settings(settings)
-    ensure_hardware_classes(db, settings)
-    return settings, db, open_store(settings)
-
-
 def prior_fleet(home: Path, spec: str, trials: int, per_iter: int, seed: int) -> dict[str, Any]:
     """Tune other shapes of the zoo models in ``home``, export, train the x86 cost model, make it current."""
     from tunefleet import costmodel, dataset, shards
     from tunefleet.models.ingest import ingest
     from tunefleet.pipeline import drain, extract
 
-    _, db, store = _open(home)
+    home.mkdir(parents=True, exist_ok=True)
+    _, db, store = open_home(home)
     t0 = time.perf_counter()
     for item in filter(None, spec.split(",")):
         zoo, _, opt = item.partition(":")
@@ -250,7 +240,7 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
         home.mkdir()
         if prior is not None:  # its database copied; its artifact store (the cost model) shared
             shutil.copy(prior / "tunefleet.db", home / "tunefleet.db")
-        settings, db, store = _open(home, None if prior is None else prior / "artifacts")
+        settings, db, store = open_home(home, store_path=None if prior is None else prior / "artifacts")
         meter = _meter(settings)
         meter.start()
         t0 = time.perf_counter()

@@ -52,8 +52,7 @@ log = logging.getLogger(__name__)
 # A callback seeing each batch as (shard id, [(trace sha256, mean run seconds or None)]).
 CandidateHook = Callable[[int | None, list[tuple[str, float | None]]], None]
 # Scores candidates before they are measured (higher = predicted faster): (TuneContext, candidates).
-# None: the model cannot rank them yet (nothing is filtered).
-Scorer = Callable[[Any, list[Any]], "np.ndarray | None"]
+Scorer = Callable[[Any, list[Any]], "np.ndarray"]
 
 
 def trace_json_of(sch: Any) -> str:
@@ -312,10 +311,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         import numpy as np
 
         keep_n = max(1, math.ceil(self.filter_fraction * len(searched)))
-        raw = self.scorer(self._context, searched)
-        if raw is None:  # the model cannot tell candidates apart yet: measure them all
-            return out
-        scores = np.asarray(raw, dtype=np.float64)
+        scores = np.asarray(self.scorer(self._context, searched), dtype=np.float64)
         order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")
         kept = [searched[i] for i in sorted(order[:keep_n])]
         dropped = [searched[i] for i in sorted(order[keep_n:])]
