@@ -5,6 +5,7 @@ Usage::
     python bench/efficiency_bench.py --models mlp,small-cnn --trials 32 --per-iter 8 --patience 2
     python bench/efficiency_bench.py --arms off,preempt,filter,energy,on   # one lever at a time
     python bench/efficiency_bench.py --models mlp --trials 16 --per-iter 4 --arms off,on   # quick
+    python bench/efficiency_bench.py --arms stock,off,filter,on --seeds 0,1,2 --stock-builder persistent
 
 One run, same models, same maximum trials per workload, same trials per round, same seed, same
 machine, the arms in turn:
@@ -24,6 +25,14 @@ shares its artifact store), so ``off``
 warm-starts with the model like ``on`` (tunefleet's default) and ``filter``/``on`` filter with
 it. The prior's own tuning is not part of any arm's figures (a fleet trains once for every
 model it tunes); its time is printed. ``--prior ''`` skips it (then nothing is filtered).
+
+``--seeds 0,1,2`` repeats every arm with each seed (the prior fleet is trained once, with the
+first) and ends with each arm's latency ratio to stock per seed and their geometric mean: at 32
+trials one seed's latency moves by tens of percent from seed to seed. ``--stock-builder
+persistent`` gives the stock arm tunefleet's persistent builder instead of ``LocalBuilder`` (which
+starts fresh build workers every round, ~1 min each here): the search, runner, cost model and
+database stay stock, so its latencies are stock's, but its wall time and energy are not stock's
+(the ratios of those are then not printed).
 
 Per arm it reports the final latency of each model (median of 3 builds x runs), wall time,
 energy with its source label (the node's meter around the whole arm: RAPL/NVML where present,
@@ -136,10 +145,11 @@ def _round_energy_callback(meter: Any) -> Any:
 
 
 def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed: int, threads: int,
-              target: Any) -> dict[str, Any]:
+              target: Any, builder: str = "local") -> dict[str, Any]:
     from tvm.s_tir import meta_schedule as ms
 
     from tunefleet.models.zoo import build_zoo_model
+    from tunefleet.tvm.builder import PersistentBuilder
     from tunefleet.tvm.extract import extract_workloads
 
     out: dict[str, Any] = {"latency_ms": {}, "candidates": 0}
@@ -157,19 +167,22 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
                 num_threads=threads, seed=seed)
             database = ms.database.JSONDatabase(work_dir=work)
             energy = _round_energy_callback(meter)
+            pb = PersistentBuilder(max_workers=threads) if builder == "persistent" else None
             ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work,
                           max_trials_global=trials * len(found), max_trials_per_task=trials,
-                          num_trials_per_iter=per_iter, builder=ms.builder.LocalBuilder(timeout_sec=600),
+                          num_trials_per_iter=per_iter, builder=pb or ms.builder.LocalBuilder(timeout_sec=600),
                           runner=ms.runner.LocalRunner(), database=database, cost_model="xgb",
                           measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), energy],
                           task_scheduler="round-robin")
+            if pb is not None:
+                pb.shutdown()
             tuned += time.perf_counter() - t0
             reading = meter.read()
             joules, source = joules + reading.joules, reading.source
             useful, wasted = useful + energy.useful_j, wasted + energy.wasted_j
             out["candidates"] += energy.candidates
             out["latency_ms"][name] = _fresh_latency_ms(name, json_dir=work)
-    out.update(wall_s=tuned, source=source, joules=joules, wasted_pct=100 * wasted / max(1e-9, useful + wasted),
+    out.update(wall_s=tuned, source=source if builder == "local" else f"{source}*", joules=joules, wasted_pct=100 * wasted / max(1e-9, useful + wasted),
                filtered=0, preempted=0)
     return out
 
@@ -268,6 +281,52 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
     return out
 
 
+def _report(results: dict[str, dict[str, Any]], models: list[str], seed: int, *, stock_costs: bool) -> None:
+    print(f"\n-- seed {seed}" + ("" if stock_costs else " (* stock with the persistent builder: its wall and energy "
+                                                      "are not stock's)"))
+    head = f"{'arm':<6} {'measured':>8} {'filtered':>8} {'preempt':>7} {'wall s':>8} {'energy J':>10} {'source':>9} " \
+           f"{'wasted %':>8} " + " ".join(f"{m + ' ms':>14}" for m in models)
+    print(head)
+    for arm, r in results.items():
+        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r['preempted']:>7} {r['wall_s']:>8.1f} "
+              f"{r['joules']:>10.0f} {r['source']:>9} {r['wasted_pct']:>8.1f} "
+              + " ".join(f"{r['latency_ms'][m]:>14.4f}" for m in models))
+    base = results.get("stock")
+    if base is not None:
+        for arm, r in results.items():
+            if arm == "stock":
+                continue
+            lat = " ".join(f"{m} {r['latency_ms'][m] / base['latency_ms'][m]:.3f}x" for m in models)
+            costs = f"wall {r['wall_s'] / base['wall_s']:.3f}x, energy {r['joules'] / base['joules']:.3f}x, " \
+                if stock_costs else ""
+            print(f"{arm}/stock: {costs}latency {lat}")
+    off = results.get("off")
+    for arm, r in results.items():
+        if off is None or arm in ("stock", "off"):
+            continue
+        lat = " ".join(f"{m} {r['latency_ms'][m] / off['latency_ms'][m]:.3f}x" for m in models)
+        print(f"{arm}/off: wall {r['wall_s'] / off['wall_s']:.3f}x, energy {r['joules'] / off['joules']:.3f}x, "
+              f"latency {lat}")
+
+
+def _latency_summary(runs: dict[int, dict[str, dict[str, Any]]], models: list[str]) -> None:
+    """Per arm and model: latency per seed, and the geometric mean of its ratios to stock's."""
+    import math
+
+    seeds = sorted(runs)
+    print(f"\n-- latency over seeds {','.join(map(str, seeds))} (ms per seed; ratio to stock: geometric mean "
+          f"[min-max])")
+    for arm in runs[seeds[0]]:
+        for m in models:
+            lats = [runs[s][arm]["latency_ms"][m] for s in seeds]
+            line = f"{arm:<6} {m:<10} " + " ".join(f"{x:.4f}" for x in lats)
+            if arm != "stock" and "stock" in runs[seeds[0]]:
+                ratios = [runs[s][arm]["latency_ms"][m] / runs[s]["stock"]["latency_ms"][m] for s in seeds]
+                gmean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+                line += f"   vs stock {gmean:.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]"
+            print(line)
+
+
 def main() -> int:
     import os
 
@@ -276,6 +335,9 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=32, help="maximum trials per workload, every arm")
     ap.add_argument("--per-iter", type=int, default=8, help="candidates per round, every arm")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", help="comma-separated seeds: every arm once per seed (overrides --seed)")
+    ap.add_argument("--stock-builder", choices=("local", "persistent"), default="local",
+                    help="stock arm's builder: 'persistent' for latency comparisons only (see above)")
     ap.add_argument("--arms", default="stock,off,on")
     ap.add_argument("--patience", type=int, default=3, help="'on' arm: stale rounds that make a plateau")
     ap.add_argument("--filter-fraction", type=float, default=0.5, help="'on' arm: fraction of each round measured")
@@ -300,8 +362,8 @@ def main() -> int:
     target = make_target(spec)
     threads = int(spec.get("num-cores") or len(os.sched_getaffinity(0)))
     models = args.models.split(",")
-    results: dict[str, dict[str, Any]] = {}
     arms = args.arms.split(",")
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     for arm in arms:
         if arm != "stock":
             _efficiency(arm, args.patience, args.filter_fraction, args.parallel)  # unknown arms fail before any work
@@ -310,43 +372,26 @@ def main() -> int:
     if args.prior and any(a != "stock" for a in arms):
         prior = Path(prior_dir.name) / "home"
         print(f"== prior fleet: {args.prior}, {args.prior_trials} trials per workload", flush=True)
-        p = prior_fleet(prior, args.prior, args.prior_trials, args.per_iter, args.seed)
+        p = prior_fleet(prior, args.prior, args.prior_trials, args.per_iter, seeds[0])
         print(f"prior: {p['workloads']} workloads, {p['measured']} measured in {p['wall_s']:.0f} s; cost model "
               f"v{p['version']} on {p['rows']} rows, held-out pairwise accuracy {p['pairwise']:.3f}, "
               f"peak@1 {p['peak@1']:.3f} ({p['guard']}; made current)", flush=True)
-    for arm in arms:
-        print(f"== {arm}: {','.join(models)}, <= {args.trials} trials per workload, {args.per_iter} per round",
-              flush=True)
-        if arm == "stock":
-            results[arm] = stock_arm(models, settings, args.trials, args.per_iter, args.seed, threads, target)
-        else:
-            results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, args.seed, prior, args.patience,
-                                         args.filter_fraction, args.parallel)
-        print(results[arm], flush=True)
-
-    print()
-    head = f"{'arm':<6} {'measured':>8} {'filtered':>8} {'preempt':>7} {'wall s':>8} {'energy J':>10} {'source':>9} " \
-           f"{'wasted %':>8} " + " ".join(f"{m + ' ms':>14}" for m in models)
-    print(head)
-    for arm, r in results.items():
-        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r['preempted']:>7} {r['wall_s']:>8.1f} "
-              f"{r['joules']:>10.0f} {r['source']:>9} {r['wasted_pct']:>8.1f} "
-              + " ".join(f"{r['latency_ms'][m]:>14.4f}" for m in models))
-    base = results.get("stock")
-    if base is not None:
-        for arm, r in results.items():
+    runs: dict[int, dict[str, dict[str, Any]]] = {}
+    for seed in seeds:
+        results = runs[seed] = {}
+        for arm in arms:
+            print(f"== {arm}: {','.join(models)}, <= {args.trials} trials per workload, {args.per_iter} per round, "
+                  f"seed {seed}", flush=True)
             if arm == "stock":
-                continue
-            lat = " ".join(f"{m} {r['latency_ms'][m] / base['latency_ms'][m]:.3f}x" for m in models)
-            print(f"{arm}/stock: wall {r['wall_s'] / base['wall_s']:.3f}x, energy {r['joules'] / base['joules']:.3f}x, "
-                  f"latency {lat}")
-    off = results.get("off")
-    for arm, r in results.items():
-        if off is None or arm in ("stock", "off"):
-            continue
-        lat = " ".join(f"{m} {r['latency_ms'][m] / off['latency_ms'][m]:.3f}x" for m in models)
-        print(f"{arm}/off: wall {r['wall_s'] / off['wall_s']:.3f}x, energy {r['joules'] / off['joules']:.3f}x, "
-              f"latency {lat}")
+                results[arm] = stock_arm(models, settings, args.trials, args.per_iter, seed, threads, target,
+                                         args.stock_builder)
+            else:
+                results[arm] = tunefleet_arm(models, arm, args.trials, args.per_iter, seed, prior, args.patience,
+                                             args.filter_fraction, args.parallel)
+            print(results[arm], flush=True)
+        _report(results, models, seed, stock_costs=args.stock_builder == "local")
+    if len(seeds) > 1:
+        _latency_summary(runs, models)
     prior_dir.cleanup()
     return 0
 

@@ -16,7 +16,8 @@ explored one (by weight), because its first trials (the default schedule, the fi
 round) are where most of the gain is. :func:`reprioritise` writes these ranks into the pending
 shards' priorities, so workers lease the shard with the best expected gain per joule next;
 :func:`reallocate` hands the trials a preempted shard did not use to the workloads still
-improving, in proportion to their expected gain per joule. No TVM and no Prefect here.
+improving, in proportion to their expected gain per joule (into their pending shards where they
+have one). No TVM and no Prefect here.
 """
 
 from __future__ import annotations
@@ -137,15 +138,28 @@ def reprioritise(db: Database, hardware: str) -> int:
     return len(pending)
 
 
+@dataclass(frozen=True)
+class Grant:
+    """Trials a preempted workload gave up, handed to one improving workload."""
+
+    shard_id: int
+    workload_id: int
+    trials: int
+    extended: bool
+    """True: added to a pending shard of the workload; False: a new pending shard."""
+
+
 def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: int, from_shard_id: int | None = None,
-               min_chunk: int = 8, max_attempts: int = 3) -> list[Shard]:
+               min_chunk: int = 8, max_attempts: int = 3) -> list[Grant]:
     """Give ``trials`` a preempted workload did not use to the workloads still improving.
 
     Recipients are the class's other workloads with shards that are not preempted and are either
-    unexplored or improved within their recent window; each gets a new pending shard, in
-    proportion to its expected gain per joule (at least ``min_chunk`` trials each, best first).
-    With no workload improving, the trials are not spent at all (that is energy saved); the
-    freed count is kept on the preempted workload's state either way.
+    unexplored or improved within their recent window, in proportion to their expected gain per
+    joule (at least ``min_chunk`` trials each, best first). A recipient with a pending shard gets
+    the trials added to it (a shard costs seconds to start: its search space, its search's first
+    population); one without gets a new pending shard. With no workload improving, the trials are
+    not spent at all (that is energy saved); the freed count is kept on the preempted workload's
+    state either way.
     """
     hw = db.hardware_class(hardware)
     with db.session() as s:
@@ -167,20 +181,31 @@ def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: in
     total = sum(scores)
     shares = [int(trials * sc / total) for sc in scores]
     shares[0] += trials - sum(shares)
-    created: list[Shard] = []
-    now = utcnow().isoformat(timespec="seconds")
+    granted: list[Grant] = []
+    now = utcnow()
     with db.session() as s:
         for view, n in zip(recipients, shares, strict=True):
             if n <= 0:
                 continue
+            event = {"at": now.isoformat(timespec="seconds"), "event": "reallocated", "trials": n,
+                     "from_workload": from_workload_id, "from_shard": from_shard_id,
+                     "gain_per_joule": None if view.unexplored else view.gain_per_joule}
+            pending = s.scalars(select(Shard).where(Shard.workload_id == view.workload_id,
+                                                    Shard.hardware_class_id == hw.id, Shard.state == PENDING)
+                                .order_by(Shard.id).limit(1)).first()
+            if pending is not None:  # leased meanwhile: the update matches nothing, a new shard follows
+                res = s.execute(update(Shard).where(Shard.id == pending.id, Shard.state == PENDING)
+                                .values(trials=Shard.trials + n, history=[*(pending.history or []), event],
+                                        updated_at=now))
+                if res.rowcount:
+                    granted.append(Grant(pending.id, view.workload_id, n, extended=True))
+                    continue
             shard = Shard(workload_id=view.workload_id, hardware_class_id=hw.id, trials=n, priority=view.priority,
-                          state=PENDING, max_attempts=max_attempts,
-                          history=[{"at": now, "event": "reallocated", "from_workload": from_workload_id,
-                                    "from_shard": from_shard_id, "gain_per_joule": view.gain_per_joule
-                                    if not view.unexplored else None}])
+                          state=PENDING, max_attempts=max_attempts, history=[event])
             s.add(shard)
-            created.append(shard)
-        s.flush()
+            s.flush()
+            granted.append(Grant(shard.id, view.workload_id, n, extended=False))
     log.info("%d trial(s) freed by workload %d on %s reallocated to %s", trials, from_workload_id, hardware,
-             ", ".join(f"workload {sh.workload_id} (+{sh.trials})" for sh in created))
-    return created
+             ", ".join(f"workload {g.workload_id} (+{g.trials}{'' if g.extended else ', new shard'})"
+                       for g in granted))
+    return granted

@@ -102,15 +102,24 @@ def test_reallocate_gives_unused_trials_to_improving_workloads(db: Database) -> 
     st = new_state(dd.id, hw.id, 2e-3)
     st.preempted = True
     db.save_tuning_state(st)
-    created = budget.reallocate(db, "x86", 24, from_workload_id=dd.id, from_shard_id=None, min_chunk=8)
-    got = {db.workload(s.workload_id).structural_hash: s.trials for s in created}
+    granted = budget.reallocate(db, "x86", 24, from_workload_id=dd.id, from_shard_id=None, min_chunk=8)
+    got = {db.workload(g.workload_id).structural_hash: g.trials for g in granted}
     # aa gains 4 ms x weight 1 per J, bb 1 ms x weight 4 per J: equal expected gain, equal shares
     assert got == {"aa": 12, "bb": 12}
-    assert all(s.history[0]["event"] == "reallocated" for s in created)
+    # both still have their planned pending shard (8 trials): the trials are added to it, no new shard
+    assert all(g.extended for g in granted)
+    by_id = {s.id: s for s in shards.list_shards(db, hardware="x86")}
+    assert len(by_id) == 4 and all(by_id[g.shard_id].trials == 8 + 12 for g in granted)
+    assert all(by_id[g.shard_id].history[-1]["event"] == "reallocated" for g in granted)
     assert db.tuning_state(dd.id, hw.id).freed_trials == 24
-    # a preempted workload is never a recipient, and planning skips it
+    # a preempted workload is never a recipient, and planning skips it; a recipient whose shard is
+    # leased (no pending one left) gets a new shard
+    bb_shard = next(s for s in by_id.values() if s.workload_id == db.workload("bb").id)
+    assert shards.lease(db, "x86", "w", shard_id=bb_shard.id) is not None
     again = budget.reallocate(db, "x86", 8, from_workload_id=db.workload("aa").id, min_chunk=8)
-    assert [db.workload(s.workload_id).structural_hash for s in again] == ["bb"]
+    assert [(db.workload(g.workload_id).structural_hash, g.trials, g.extended) for g in again] == [("bb", 8, False)]
+    new = next(s for s in shards.list_shards(db, hardware="x86") if s.id == again[0].shard_id)
+    assert (new.state, new.trials, new.history[0]["event"]) == ("pending", 8, "reallocated")
     _, view = shards.plan(db, "x86", target_trials=100)
     assert {v.structural_hash: v.new_trials for v in view}["dd"] == 0
     assert [v.preempted for v in view if v.structural_hash == "dd"] == [True]

@@ -45,7 +45,7 @@ def test_plateaued_workloads_are_preempted_and_their_trials_reallocated(engine) 
         assert len(_rows(db, wl.id)) <= 13  # 3 rounds of at most 4 (+ the default schedule), never 24
     done = shards.list_shards(db, hardware="x86", state="done")
     preempted = [s for s in done if any(e["event"] == "preempted" for e in s.history)]
-    reallocated = [s for s in done if s.history[0]["event"] == "reallocated"]
+    reallocated = [s for s in done if any(e["event"] == "reallocated" for e in s.history)]
     assert preempted and all(e["unused_trials"] > 0 for s in preempted for e in s.history if e["event"] == "preempted")
     assert reallocated, "the first preempted workload's trials went to the workloads not explored yet"
     # the budget is conserved: trials spent + trials given up never exceed what was planned
