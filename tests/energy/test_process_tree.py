@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import psutil
@@ -12,6 +14,35 @@ import pytest
 
 from tunefleet.energy import ProcessTreeCpu
 
+
+def _in_a_fresh_process(body: Callable[[], None]) -> None:
+    """Run ``body`` in a process forked for it, and fail with its traceback if it fails.
+
+    The tests below measure the tree of the process they run in. Under the full suite pytest's
+    own tree also holds the servers and pools other tests started (an S3 server, Prometheus,
+    builder workers), whose CPU time would leak into the figures; a forked process starts with
+    no children and zeroed ``children_*`` times, so its tree is what ``body`` starts.
+    """
+    ctx = multiprocessing.get_context("fork")
+    results, result_end = ctx.Pipe(duplex=False)
+
+    def main() -> None:
+        try:
+            body()
+            result_end.send(None)
+        except BaseException:
+            result_end.send(traceback.format_exc())
+
+    process = ctx.Process(target=main)
+    process.start()
+    try:
+        error = results.recv() if results.poll(300) else "the test body did not finish in 300 s"
+    finally:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+    if error is not None:
+        pytest.fail(error, pytrace=False)
 
 
 def _burn_cpu(seconds: float) -> None:
@@ -34,6 +65,10 @@ def _burn_twice(conn: Connection, seconds: float) -> None:
 
 
 def test_child_seen_alive_then_reaped_is_counted_once() -> None:
+    _in_a_fresh_process(_child_seen_alive_then_reaped)
+
+
+def _child_seen_alive_then_reaped() -> None:
     tree = ProcessTreeCpu()
     base, own0 = tree.sample(), _own_cpu()
     parent_end, child_end = multiprocessing.get_context("fork").Pipe()
@@ -54,6 +89,10 @@ def test_child_seen_alive_then_reaped_is_counted_once() -> None:
 
 
 def test_orphaned_grandchild_is_followed_after_reparenting() -> None:
+    _in_a_fresh_process(_orphaned_grandchild_followed)
+
+
+def _orphaned_grandchild_followed() -> None:
     tree = ProcessTreeCpu()
     base, own0 = tree.sample(), _own_cpu()
     ready_r, ready_w = os.pipe()
