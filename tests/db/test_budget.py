@@ -93,6 +93,47 @@ def test_outlook_is_weight_times_rate_over_joules(db: Database) -> None:
     assert order[2:] == ["aa", "bb"]  # then by expected gain per joule: bb has the weight but gains nothing
 
 
+def _outlook_by_definition(means: list[float | None], window: int) -> tuple[int, float | None, float]:
+    """(trials, best, rate) read off the best-so-far curve trial by trial: the definition."""
+    curve: list[float | None] = []
+    for mean in means:
+        prev = curve[-1] if curve else None
+        curve.append(mean if mean is not None and (prev is None or mean < prev) else prev)
+    best = curve[-1] if curve else None
+    if best is None:
+        return len(curve), None, 0.0
+    k = min(window, len(curve) - 1)
+    then = curve[-1 - k] if k > 0 else None
+    rate = (then - best) / k if (then is not None and k > 0) else best / max(1, len(curve))
+    return len(curve), best, max(rate, 0.0)
+
+
+def test_outlooks_computed_in_the_database_match_the_definition(db: Database) -> None:
+    import random
+
+    rng = random.Random(7)
+    hw = db.hardware_class("x86")
+    history: dict[str, list[float | None]] = {h: [] for h in ("aa", "bb", "cc", "dd")}
+    for i in range(160):  # interleaved, as several shards commit; errors and filtered rows mixed in
+        h = rng.choice(["aa", "aa", "bb", "cc"])
+        wl = db.workload(h)
+        if rng.random() < 0.1:
+            db.commit_measurements([NewMeasurement(wl.id, hw.id, f"f{i}", None, error_kind=FILTERED, energy_j=0.0)])
+            continue
+        mean = None if rng.random() < 0.15 else rng.uniform(1e-3, 9e-3)
+        history[h].append(mean)
+        db.commit_measurements([NewMeasurement(wl.id, hw.id, f"m{i}", None if mean is None else [mean],
+                                               error_kind=None if mean is not None else "run", energy_j=1.5)])
+    for window in (1, 4, 16, 500):
+        views = budget.outlooks(db, "x86", window=window)
+        for h, means in history.items():
+            trials, best, rate = _outlook_by_definition(means, window)
+            got = views[db.workload(h).id]
+            assert (got.trials, got.best_s is None) == (trials, best is None), (h, window)
+            if best is not None:
+                assert got.best_s == pytest.approx(best) and got.rate_s_per_trial == pytest.approx(rate), (h, window)
+
+
 def test_reallocate_gives_unused_trials_to_improving_workloads(db: Database) -> None:
     _measure(db, "aa", [8e-3, 4e-3], joules=1.0)  # improving fast and cheap
     _measure(db, "bb", [8e-3, 7e-3], joules=1.0)  # improving slowly (but weight 4)
