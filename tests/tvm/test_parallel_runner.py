@@ -53,6 +53,15 @@ def marked_alloc(device: Any, args_info: Any, alloc_repeat: int) -> Any:
     return default_alloc_argument(device, args_info, alloc_repeat)
 
 
+def fails_in_a_slice(device: Any, args_info: Any, alloc_repeat: int) -> Any:
+    """``default_alloc_argument``, except in a parallel slice worker (TVM_BIND_THREADS=0 there)."""
+    from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
+
+    if os.environ.get("TVM_BIND_THREADS") == "0":
+        raise RuntimeError("out of resources while measuring in parallel")
+    return default_alloc_argument(device, args_info, alloc_repeat)
+
+
 # -- candidates ------------------------------------------------------------------------------
 
 
@@ -419,9 +428,12 @@ def test_bad_candidates_give_errors_and_the_runner_recovers(
                 assert runner.pop_measure_info(batch_paths[i]) is None
             else:
                 assert res.error_msg is None and len(res.run_secs) == 3, (i, res.error_msg)
-        assert runner.worker_crashes == 1 and runner.worker_timeouts == 1
+        # Each failure is measured again serially (it might have been the parallelism's doing):
+        # the crash kills the serial worker too, the hang times out there too.
+        assert runner.history[-1]["retried"] == sorted(bad)
+        assert runner.worker_crashes == 2 and runner.worker_timeouts == 2
         assert runner.history[-1]["errors"] == 4
-        assert wall < 3 + 1 + 20  # the hang costs one timeout, nothing hangs
+        assert wall < 2 * 3 + 1 + 20  # the hang costs two timeouts, nothing hangs
         # The next batch (parallel again) works on the replaced workers.
         results = [f.result() for f in runner.run(_runner_inputs(paths, mods))]
         assert all(r.error_msg is None for r in results)
@@ -435,6 +447,23 @@ def test_bad_candidates_give_errors_and_the_runner_recovers(
         assert ["died" in (r.error_msg or "") for r in results] == [True, False, False, False]
         assert results[2].run_secs is None and results[1].error_msg is None
         assert results[3].error_msg is None and serial.worker_crashes == 1
+
+
+def test_failures_in_the_parallel_phase_are_measured_again_serially(built: tuple[list[str], list[Any]]) -> None:
+    """Every candidate fails on the parallel slices and works serially: all are committed with
+    their serial figures, none as an error, and the batch gives no agreement evidence."""
+    paths, mods = built
+    with AdaptiveParallelRunner(evaluator_config=EVAL, initial_degree=2, tolerance=math.inf,
+                                f_alloc_argument=fails_in_a_slice) as runner:
+        results = [f.result() for f in runner.run(_runner_inputs(paths, mods))]
+        record = runner.history[-1]
+        infos = [runner.pop_measure_info(p) for p in paths]
+    assert all(r.error_msg is None and len(r.run_secs) == 3 for r in results), [r.error_msg for r in results]
+    assert record["retried"] == list(range(len(paths))) and record["remeasured"] == len(paths)
+    assert record["errors"] == 0 and record["decision"] == "keep (no evidence)"
+    assert all(i["mode"] == "serial" and i["raw_parallel_secs"] is None for i in infos)
+    for info, res in zip(infos, results):
+        assert [float(x) for x in res.run_secs] == pytest.approx(info["serial_secs"])
 
 
 # -- MetaSchedule integration ----------------------------------------------------------------------

@@ -61,7 +61,10 @@ Control loop (one iteration per :meth:`run` call)
    consecutive batches at degree 1 the next batch probes degree 2; if that batch drifts the
    degree halves back to 1.
 
-A candidate that fails (load error, exception, crashed worker, timeout) gets an error
+A candidate that fails in the parallel phase is measured again serially (a failure there may
+be the parallelism's doing: a slice's fewer cores past the timeout, concurrent processes out of
+GPU memory), and the serial outcome is what is committed (``retried`` in the batch's history).
+A candidate that fails serially (load error, exception, crashed worker, timeout) gets an error
 ``RunnerResult`` (workers' stderr goes to ``/dev/null`` unless this module logs at DEBUG, as
 LocalRunner does it); a worker that died or timed out is killed and replaced. :meth:`run` never
 hangs and never raises for a bad candidate (only :class:`RunnerStartupError` when a worker cannot
@@ -850,12 +853,17 @@ class AdaptiveParallelRunner(PyRunner):
         rng = random.Random(self.seed * 1_000_003 + batch)
         sample = sorted(rng.sample(rest, min(self.calibration, len(rest))))
         chosen = suspects + sample
+        # A failure in the parallel phase is not the candidate's verdict (a slice's fewer cores
+        # can push it past the timeout; concurrent processes can run a GPU out of memory): every
+        # candidate that failed there is measured again serially, and that result is committed.
+        failed = [i for i in range(n) if par[i].costs is None]
         start = time.monotonic()
-        ser = self._measure(chosen, payloads, [serial_key])
+        ser = self._measure(chosen + failed, payloads, [serial_key])
         record["serial_wall_s"] = time.monotonic() - start
-        record["remeasured"] = len(chosen)
+        record["remeasured"] = len(chosen) + len(failed)
         record["suspects"] = list(suspects)
         record["calibration_sample"] = list(sample)
+        record["retried"] = list(failed)
 
         both = [i for i in chosen if ser[i].costs]
         par_fig = [_median(par[i].costs or []) for i in both]
@@ -889,8 +897,8 @@ class AdaptiveParallelRunner(PyRunner):
                 results.append((costs, None))
                 self.measure_info[paths[i]] = {
                     "mode": "serial", "degree": degree,
-                    "raw_parallel_secs": list(par[i].costs or []), "serial_secs": costs,
-                    "scale": 1.0, "batch": batch,
+                    "raw_parallel_secs": None if par[i].costs is None else list(par[i].costs),
+                    "serial_secs": costs, "scale": 1.0, "batch": batch,
                 }
             elif par[i].costs is not None:
                 raw = list(par[i].costs or [])
@@ -899,10 +907,8 @@ class AdaptiveParallelRunner(PyRunner):
                     "mode": "parallel", "degree": degree, "raw_parallel_secs": raw,
                     "serial_secs": None, "scale": scale, "batch": batch,
                 }
-            elif i in ser:  # measured in parallel, failed serially (e.g. a flaky timeout)
+            else:  # failed serially (a suspect or calibration pick, or a retried failure)
                 results.append((None, ser[i].error))
-            else:
-                results.append((None, par[i].error))
         record["errors"] = sum(1 for r in results if r[0] is None)
         return results, record
 
