@@ -1,0 +1,78 @@
+"""FleetCostModel's blended score: the fleet model and the online XGBModel on one feature extraction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tvm.s_tir import meta_schedule as ms
+
+from tunefleet.costmodel import AGGREGATIONS, TrainedModel, _dims
+from tunefleet.tvm.learned import FleetCostModel, _normalised, _same_features
+from tunefleet.tvm.tune import new_online_model
+
+
+def _matmul_context(cpu_target: Any, n: int = 64) -> Any:
+    import tvm
+    from tvm import te
+
+    from tunefleet.tvm.builder import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return ms.TuneContext(tvm.IRModule({"main": te.create_prim_func([a, b, c])}), target=cpu_target,
+                          space_generator="post-order-apply", search_strategy="replay-trace", task_name="mm",
+                          rand_state=0, num_threads=2)
+
+
+def _candidates(ctx: Any, n: int) -> list[Any]:
+    ctx.pre_tuning(max_trials=n, num_trials_per_iter=n, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase(), cost_model=None)
+    try:
+        return list(ctx.generate_measure_candidates())
+    finally:
+        ctx.post_tuning()
+
+
+def _random_fleet_model(seed: int) -> TrainedModel:
+    import xgboost as xgb
+
+    rng = np.random.default_rng(seed)
+    x = rng.random((64, len(AGGREGATIONS) * _dims()), dtype=np.float32)
+    booster = xgb.train({"objective": "reg:squarederror", "max_depth": 3}, xgb.DMatrix(x, label=rng.random(64)), 8)
+    return TrainedModel(booster, "reg:squarederror")
+
+
+def test_blended_score_extracts_features_once_and_equals_the_two_models(cpu_target: Any) -> None:
+    ctx = _matmul_context(cpu_target)
+    cands = _candidates(ctx, 128)
+    assert len(cands) >= 110
+    online = new_online_model(2)
+    rng = np.random.default_rng(1)
+    online.update(ctx, cands[:105], [ms.runner.RunnerResult([float(s)], None) for s in rng.uniform(1e-5, 1e-3, 105)])
+    assert online.data_size >= online.num_warmup_samples and online.booster is not None  # past its warm-up
+    fleet = FleetCostModel(_random_fleet_model(2), online=online)
+    assert _same_features(online, fleet.extractor)  # the single-extraction path is the one taken
+    want = 0.5 * _normalised(fleet.prior(ctx, cands)) + 0.5 * _normalised(online.predict(ctx, cands))
+    got = fleet.predict(ctx, cands)
+    assert got.shape == (len(cands),) and np.allclose(got, want)
+
+    # An online model with another extractor is asked for its own scores (its own features).
+    other = ms.cost_model.XGBModel(
+        extractor=ms.feature_extractor.PerStoreFeature(buffers_per_store=3), num_tuning_cores=2)
+    assert not _same_features(other, fleet.extractor)
+    assert not _same_features(object(), fleet.extractor)
+
+
+def test_before_the_online_warm_up_the_fleet_model_alone_scores(cpu_target: Any) -> None:
+    ctx = _matmul_context(cpu_target)
+    cands = _candidates(ctx, 24)
+    online = new_online_model(2)
+    online.update(ctx, cands, [ms.runner.RunnerResult([1e-4 * (i + 1)], None) for i in range(len(cands))])
+    fleet = FleetCostModel(_random_fleet_model(3), online=online)
+    got = fleet.predict(ctx, cands)
+    # 24 samples < the 100 of the warm-up: the online model's (random) scores are not blended in
+    assert np.allclose(got, _normalised(fleet.prior(ctx, cands)))
