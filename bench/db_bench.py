@@ -5,9 +5,6 @@ Usage::
     python bench/db_bench.py                      # 10,000 workloads x 100 = 1,000,000 rows, both backends
     python bench/db_bench.py --workloads 1000     # smaller run
 
-It also times the energy-aware lease order (``tunefleet.budget.outlooks``) against reading the
-workloads' measurements into Python, as the first version of it did.
-
 PostgreSQL is a real server started here with fsync ON (durable commits); SQLite is a WAL file.
 Prints what it measured; nothing is asserted.
 """
@@ -111,38 +108,6 @@ def bench_backend(name: str, url: str, n_workloads: int, per_workload: int, batc
         db.best_measurements(wl_id, hw.id, 5)
         by_id.append(time.perf_counter() - t)
         assert len(best) == 5
-
-    # The energy-aware lease order (tunefleet.budget.outlooks, before every lease with
-    # TUNEFLEET_ENERGY_AWARE): one aggregate query computed by the database, timed against the
-    # read the earlier version did (every measurement of the workloads into Python), for a
-    # pending queue of 100 workloads and for every workload of the class.
-    from sqlalchemy import select
-
-    from tunefleet import budget
-    from tunefleet.db.database import FILTERED
-    from tunefleet.db.models import Measurement
-
-    m = Measurement.__table__
-
-    def rows_read(ids: list[int]) -> int:
-        with db.session() as s:
-            return len(s.execute(select(m.c.workload_id, m.c.mean_run_s, m.c.energy_j).where(
-                m.c.hardware_class_id == hw.id, m.c.workload_id.in_(ids),
-                m.c.error_kind.is_(None) | (m.c.error_kind != FILTERED)).order_by(m.c.id)).all())
-
-    outlook_s: dict[str, tuple[float, float]] = {}
-    all_ids = [w for w, _ in wl_ids]
-    for label, ids in (("100", rng.sample(all_ids, min(100, len(all_ids)))), ("all", all_ids)):
-        reps = 5 if label == "100" else 1
-        t = time.perf_counter()
-        for _ in range(reps):
-            views = budget.outlooks(db, "x86", ids)
-        agg = (time.perf_counter() - t) / reps
-        assert len(views) == len(ids)
-        t = time.perf_counter()
-        for _ in range(reps):
-            rows_read(ids)
-        outlook_s[label] = (agg, (time.perf_counter() - t) / reps)
     db.close()
 
     def pct(xs: list[float], p: float) -> float:
@@ -158,8 +123,6 @@ def bench_backend(name: str, url: str, n_workloads: int, per_workload: int, batc
         "p99_ms_by_hash": pct(by_name, 99),
         "p50_ms_by_id": pct(by_id, 50),
         "p99_ms_by_id": pct(by_id, 99),
-        "outlooks_100_s": outlook_s["100"][0], "read_100_s": outlook_s["100"][1],
-        "outlooks_all_s": outlook_s["all"][0], "read_all_s": outlook_s["all"][1],
     }
 
 
@@ -192,11 +155,6 @@ def main() -> int:
               f"{r['p99_ms_by_hash']:>8.2f}ms {r['p50_ms_by_id']:>8.2f}ms {r['p99_ms_by_id']:>8.2f}ms")
     for backend, r in results.items():
         print(f"{backend}: ANALYZE + checkpoint before the query phase took {r['maintenance_s']:.1f} s")
-    for backend, r in results.items():
-        for label, what in (("100", "100 workloads"), ("all", f"all {args.workloads:,} workloads")):
-            agg, read = r[f"outlooks_{label}_s"], r[f"read_{label}_s"]
-            print(f"{backend}: outlooks of {what}: aggregate query {agg * 1e3:.1f} ms vs reading their rows "
-                  f"into Python {read * 1e3:.1f} ms ({read / agg:.1f}x)")
     if len(results) == 2:
         pg, lite = results.get("postgresql"), results.get("sqlite")
         if pg and lite:

@@ -27,7 +27,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import select, update
 
 from tunefleet.db import Database
 from tunefleet.shards import PENDING
@@ -90,38 +90,35 @@ def outlooks(db: Database, hardware: str, workload_ids: list[int] | None = None,
         preempted = set(s.scalars(select(TuningState.workload_id).where(
             TuningState.hardware_class_id == hw.id, TuningState.preempted.is_(True),
             TuningState.workload_id.in_(workload_ids))))
-        # One aggregate row per workload, computed by the database (a fleet's measurements never
-        # travel to Python): the trial count, the best, the best before the last k trials (the
-        # window's start) and the energy sums. Rows are numbered newest first, so the best before
-        # the window is the minimum over rows numbered above k = min(window, trials - 1).
-        ok = m.c.error_kind.is_(None) | (m.c.error_kind != FILTERED)
-        ranked = (
-            select(m.c.workload_id, m.c.mean_run_s, m.c.energy_j,
-                   func.row_number().over(partition_by=m.c.workload_id, order_by=m.c.id.desc()).label("rn"),
-                   func.count().over(partition_by=m.c.workload_id).label("n"))
-            .where(m.c.hardware_class_id == hw.id, m.c.workload_id.in_(workload_ids), ok)
-            .subquery()
-        )
-        k = case((ranked.c.n - 1 < window, ranked.c.n - 1), else_=window)
         rows = s.execute(
-            select(ranked.c.workload_id, func.max(ranked.c.n), func.max(k), func.min(ranked.c.mean_run_s),
-                   func.min(case((ranked.c.rn > k, ranked.c.mean_run_s))),
-                   func.sum(ranked.c.energy_j), func.count(ranked.c.energy_j))
-            .group_by(ranked.c.workload_id)
+            select(m.c.workload_id, m.c.mean_run_s, m.c.energy_j)
+            .where(m.c.hardware_class_id == hw.id, m.c.workload_id.in_(workload_ids),
+                   (m.c.error_kind.is_(None)) | (m.c.error_kind != FILTERED))
+            .order_by(m.c.id)
         ).all()
-    stats = {int(r[0]): r[1:] for r in rows}
-    all_j = sum(float(r[5] or 0.0) for r in rows), sum(int(r[6] or 0) for r in rows)
-    class_j = all_j[0] / all_j[1] if all_j[1] else None
+    curves: dict[int, list[float | None]] = defaultdict(list)  # best so far after each trial
+    joules: dict[int, list[float]] = defaultdict(list)
+    for wl, mean, energy in rows:
+        curve = curves[wl]
+        prev = curve[-1] if curve else None
+        curve.append(mean if mean is not None and (prev is None or mean < prev) else prev)
+        if energy is not None:
+            joules[wl].append(float(energy))
+    all_j = [j for js in joules.values() for j in js]
+    class_j = sum(all_j) / len(all_j) if all_j else None
     out: dict[int, Outlook] = {}
     for wl in workload_ids:
-        trials, k, best, then, sum_j, n_j = stats.get(wl, (0, 0, None, None, None, 0))
-        trials, k = int(trials or 0), int(k or 0)
+        curve = curves.get(wl, [])
+        best = curve[-1] if curve else None
         rate = 0.0
         if best is not None:
+            k = min(window, len(curve) - 1)
+            then = curve[-1 - k] if k > 0 else None
             # The window starts before the first success: count the first success as the gain.
-            rate = ((then - best) / k) if (then is not None and k > 0) else (best / max(1, trials))
-        out[wl] = Outlook(wl, weights.get(wl, 1) or 1, trials, best, max(rate, 0.0),
-                          (float(sum_j) / n_j) if n_j else class_j, wl in preempted)
+            rate = ((then - best) / k) if (then is not None and k > 0) else (best / max(1, len(curve)))
+        js = joules.get(wl)
+        out[wl] = Outlook(wl, weights.get(wl, 1) or 1, len(curve), best, max(rate, 0.0),
+                          (sum(js) / len(js)) if js else class_j, wl in preempted)
     return out
 
 
