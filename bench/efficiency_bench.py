@@ -6,6 +6,7 @@ Usage::
     python bench/efficiency_bench.py --arms off,preempt,filter,energy,on   # one lever at a time
     python bench/efficiency_bench.py --models mlp --trials 16 --per-iter 4 --arms off,on   # quick
     python bench/efficiency_bench.py --arms stock,off,filter,on --seeds 0,1,2 --stock-builder persistent
+    python bench/efficiency_bench.py --arms stock,off-cold,on-cold --seeds 0,1,2 --stock-builder persistent
 
 One run, same models, same maximum trials per workload, same trials per round, same seed, same
 machine, the arms in turn:
@@ -16,7 +17,10 @@ machine, the arms in turn:
 * ``on`` — the same with ``Efficiency.on()``: plateau preemption with reallocation, filtering of
   half of each round by the class's trained cost model, energy-aware leasing;
 * ``preempt``, ``filter``, ``energy``, ``parallel`` — one lever alone (``--parallel`` also adds
-  the adaptive parallel runner to ``on``).
+  the adaptive parallel runner to ``on``);
+* any of these with ``-cold`` (``off-cold``, ``on-cold``, ...) — the same without warm start: the
+  search is guided by MetaSchedule's own online XGBModel alone, as in stock, and the trained
+  model only filters (``filter``/``on``).
 
 The fleet's trained cost model: before the arms, a "prior" fleet tunes other shapes of the zoo's
 tiny models (``--prior``, never the benchmarked workloads), exports them and trains the x86 cost
@@ -224,6 +228,7 @@ def _efficiency(arm: str, patience: int, filter_fraction: float, parallel: bool)
     from tunefleet.preemption import PreemptionPolicy
 
     policy = PreemptionPolicy(patience=patience)
+    arm = arm.removesuffix("-cold")
     arms = {
         "off": Efficiency(),
         "preempt": Efficiency(policy=policy),
@@ -247,6 +252,7 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
     from tunefleet.pipeline import drain, extract
 
     eff = _efficiency(arm, patience, filter_fraction, parallel)
+    warm = not arm.endswith("-cold")
     out: dict[str, Any] = {"latency_ms": {}}
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
@@ -263,7 +269,8 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
             extract(db, store, m, HW)
             shards.plan(db, HW, target_trials=trials, model=m.id)
             ids.append(m.id)
-        summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=store)
+        summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=store,
+                        warm_start=warm)
         wall = time.perf_counter() - t0
         reading = meter.read()
         # the wasted share from tunefleet's own per-candidate accounting (shared workloads are split
@@ -300,12 +307,13 @@ def _report(results: dict[str, dict[str, Any]], models: list[str], seed: int, *,
             costs = f"wall {r['wall_s'] / base['wall_s']:.3f}x, energy {r['joules'] / base['joules']:.3f}x, " \
                 if stock_costs else ""
             print(f"{arm}/stock: {costs}latency {lat}")
-    off = results.get("off")
     for arm, r in results.items():
-        if off is None or arm in ("stock", "off"):
+        ref_name = "off-cold" if arm.endswith("-cold") else "off"  # levers against the same search
+        off = results.get(ref_name)
+        if off is None or arm in ("stock", ref_name):
             continue
         lat = " ".join(f"{m} {r['latency_ms'][m] / off['latency_ms'][m]:.3f}x" for m in models)
-        print(f"{arm}/off: wall {r['wall_s'] / off['wall_s']:.3f}x, energy {r['joules'] / off['joules']:.3f}x, "
+        print(f"{arm}/{ref_name}: wall {r['wall_s'] / off['wall_s']:.3f}x, energy {r['joules'] / off['joules']:.3f}x, "
               f"latency {lat}")
 
 
