@@ -292,3 +292,28 @@ def test_spawn_start_method_builds(
         _cleanup([r.artifact_path for r in results])
         assert results[0].error_msg is None
         assert b.stats.startup_seconds and b.stats.startup_seconds[0] > 0
+
+
+def test_every_worker_starts_when_the_parent_is_slow_between_submits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ProcessPoolExecutor starts a worker on submit only when none is idle: a first worker that
+    is up and done with its warm-up before the parent submits the next one (the parent
+    descheduled on a loaded machine) must not leave the pool one worker short, waiting for it
+    until its start-up timeout (seen in a full-suite run: three tests hung 600 s each)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    real_submit = ProcessPoolExecutor.submit
+    submitted: list[str] = []
+
+    def slow_parent(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        future = real_submit(self, fn, *args, **kwargs)
+        submitted.append(fn.__name__)
+        if len(submitted) == 1:
+            time.sleep(8)  # the first worker starts and would finish its warm-up meanwhile
+        return future
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", slow_parent)
+    with PersistentBuilder(max_workers=2, startup_timeout_s=40) as builder:
+        builder.warmup()
+        pool = builder._holder["pool"]
+        assert pool is not None and pool.ready.value == 2
+        assert len(pool.worker_init_seconds) == 2  # warm-ups answered by two distinct workers

@@ -181,7 +181,8 @@ def _worker_init(
     ready: Any, initializer: Callable[[], None] | None
 ) -> None:  # pragma: no cover - runs in the worker
     """Pool initializer: import what ``default_build`` needs once, then report ready."""
-    global _WORKER_INIT_SECONDS
+    global _WORKER_INIT_SECONDS, _READY
+    _READY = ready
     start = time.perf_counter()
     import_tensor_intrinsics()
     from tvm.s_tir.meta_schedule.builder import local_builder  # noqa: F401
@@ -194,9 +195,23 @@ def _worker_init(
 
 
 _WORKER_INIT_SECONDS = 0.0
+_READY: Any = None
+_WARMUP_BARRIER_S = 600.0
 
 
-def _worker_pid() -> tuple[int, float]:  # pragma: no cover - runs in the worker
+def _worker_pid(workers: int) -> tuple[int, float]:  # pragma: no cover - runs in the worker
+    """A warm-up task: returns once all ``workers`` have started (or after a long timeout).
+
+    ``ProcessPoolExecutor`` (spawn/forkserver) starts a new worker on ``submit`` only when none
+    is idle. Were a warm-up to return at once, a first worker that started and ran its warm-up
+    before the parent submitted the next one (a loaded machine descheduling the parent) would
+    be idle, no second worker would start, and the pool would wait for it until its start-up
+    timeout. Holding every warm-up until all workers are up keeps them busy while the rest are
+    submitted.
+    """
+    deadline = time.monotonic() + _WARMUP_BARRIER_S
+    while _READY is not None and _READY.value < workers and time.monotonic() < deadline:
+        time.sleep(0.01)
     return os.getpid(), _WORKER_INIT_SECONDS
 
 
@@ -273,7 +288,7 @@ class _Pool:
             initargs=(self.ready, initializer),
         )
         # With spawn/forkserver, each submit spawns one more worker up to max_workers.
-        self.warmups = [self.executor.submit(_worker_pid) for _ in range(max_workers)]
+        self.warmups = [self.executor.submit(_worker_pid, max_workers) for _ in range(max_workers)]
         self.processes: list[Any] = []
         self.worker_init_seconds: dict[int, float] = {}
         self.is_ready = False
