@@ -287,7 +287,8 @@ class _Pool:
             initializer=_worker_init,
             initargs=(self.ready, initializer),
         )
-        # With spawn/forkserver, each submit spawns one more worker up to max_workers.
+        # With spawn/forkserver, a submit spawns one more worker (up to max_workers) only while none
+        # is idle: the warm-ups wait for each other (_worker_pid), so every submit here spawns one.
         self.warmups = [self.executor.submit(_worker_pid, max_workers) for _ in range(max_workers)]
         self.processes: list[Any] = []
         self.worker_init_seconds: dict[int, float] = {}
