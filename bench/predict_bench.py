@@ -36,13 +36,12 @@ def main() -> int:
     args = ap.parse_args()
 
     import numpy as np
-    import xgboost as xgb
     from tvm.s_tir import meta_schedule as ms
 
     from tunefleet.config import load_settings
-    from tunefleet.costmodel import AGGREGATIONS, TrainedModel, _dims
     from tunefleet.hardware import builtin_classes
     from tunefleet.models.zoo import build_zoo_model
+    from tunefleet.testing.models import arbitrary_trained_model
     from tunefleet.tvm.builder import import_tensor_intrinsics
     from tunefleet.tvm.extract import extract_workloads
     from tunefleet.tvm.learned import FleetCostModel, _normalised
@@ -63,12 +62,13 @@ def main() -> int:
     cands = list(ctx.generate_measure_candidates())
     ctx.post_tuning()
 
-    rng = np.random.default_rng(0)
-    x = rng.random((256, len(AGGREGATIONS) * _dims()), dtype=np.float32)
-    fleet_model = TrainedModel(xgb.train({"objective": "reg:squarederror"}, xgb.DMatrix(x, label=rng.random(256)), 50),
-                               "reg:squarederror")
+    fleet_model = arbitrary_trained_model(0, rows=256, rounds=50)
     online = new_online_model(2)
-    warm = cands[: max(online.num_warmup_samples, 1)]
+    if len(cands) < online.num_warmup_samples:
+        raise SystemExit(f"predict_bench: not supported: {len(cands)} candidates, fewer than the online model's "
+                         f"warm-up ({online.num_warmup_samples}); it would never blend (raise --candidates)")
+    rng = np.random.default_rng(0)
+    warm = cands[: online.num_warmup_samples]
     online.update(ctx, warm, [ms.runner.RunnerResult([float(s)], None) for s in rng.uniform(1e-5, 1e-3, len(warm))])
     fleet = FleetCostModel(fleet_model, online=online)
 

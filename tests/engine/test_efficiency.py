@@ -14,6 +14,7 @@ from tunefleet.efficiency import Efficiency
 from tunefleet.models.ingest import ingest
 from tunefleet.pipeline import drain, extract
 from tunefleet.preemption import PreemptionPolicy, new_state
+from tunefleet.testing.models import arbitrary_trained_model
 from tunefleet.tvm.tune import tune_shard
 
 pytestmark = pytest.mark.slow
@@ -92,20 +93,6 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted
 
 
-def _arbitrary_trained_model():  # type: ignore[no-untyped-def]
-    """A real XGBoost model on tunefleet's feature layout, trained on random rows: its scores are
-    arbitrary but deterministic (what it filters is what this test checks, not how well)."""
-    import numpy as np
-    import xgboost as xgb
-
-    from tunefleet.costmodel import TrainedModel, store_features
-
-    width = store_features([]).shape[1]
-    rng = np.random.default_rng(0)
-    booster = xgb.train({"seed": 0}, xgb.DMatrix(rng.random((64, width)), label=rng.random(64)), 10)
-    return TrainedModel(booster=booster, objective="reg:squarederror", version=1)
-
-
 def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
 
@@ -140,7 +127,7 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> 
     measured: list[str] = []
     leased = shards.lease(db, "x86", "w", shard_id=shard_of[wl.id].id)
     result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=6, filter_fraction=0.5,
-                        filter_model=_arbitrary_trained_model(),
+                        filter_model=arbitrary_trained_model(),
                         on_batch=lambda _sid, batch: measured.extend(sha for sha, _ in batch))
     assert result.state == "done"
     rows = _rows(db, wl.id)

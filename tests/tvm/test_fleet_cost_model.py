@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from tvm.s_tir import meta_schedule as ms
 
-from tunefleet.costmodel import AGGREGATIONS, TrainedModel, _dims
+from tunefleet.testing.models import arbitrary_trained_model
 from tunefleet.tvm.learned import FleetCostModel, _normalised, _same_features
 from tunefleet.tvm.tune import new_online_model
 
@@ -37,15 +37,6 @@ def _candidates(ctx: Any, n: int) -> list[Any]:
         ctx.post_tuning()
 
 
-def _random_fleet_model(seed: int) -> TrainedModel:
-    import xgboost as xgb
-
-    rng = np.random.default_rng(seed)
-    x = rng.random((64, len(AGGREGATIONS) * _dims()), dtype=np.float32)
-    booster = xgb.train({"objective": "reg:squarederror", "max_depth": 3}, xgb.DMatrix(x, label=rng.random(64)), 8)
-    return TrainedModel(booster, "reg:squarederror")
-
-
 def test_blended_score_extracts_features_once_and_equals_the_two_models(cpu_target: Any) -> None:
     ctx = _matmul_context(cpu_target)
     cands = _candidates(ctx, 128)
@@ -54,7 +45,7 @@ def test_blended_score_extracts_features_once_and_equals_the_two_models(cpu_targ
     rng = np.random.default_rng(1)
     online.update(ctx, cands[:105], [ms.runner.RunnerResult([float(s)], None) for s in rng.uniform(1e-5, 1e-3, 105)])
     assert online.data_size >= online.num_warmup_samples and online.booster is not None  # past its warm-up
-    fleet = FleetCostModel(_random_fleet_model(2), online=online)
+    fleet = FleetCostModel(arbitrary_trained_model(2), online=online)
     assert _same_features(online, fleet.extractor)  # the single-extraction path is the one taken
     want = 0.5 * _normalised(fleet.prior(ctx, cands)) + 0.5 * _normalised(online.predict(ctx, cands))
     got = fleet.predict(ctx, cands)
@@ -72,7 +63,7 @@ def test_before_the_online_warm_up_the_fleet_model_alone_scores(cpu_target: Any)
     cands = _candidates(ctx, 24)
     online = new_online_model(2)
     online.update(ctx, cands, [ms.runner.RunnerResult([1e-4 * (i + 1)], None) for i in range(len(cands))])
-    fleet = FleetCostModel(_random_fleet_model(3), online=online)
+    fleet = FleetCostModel(arbitrary_trained_model(3), online=online)
     got = fleet.predict(ctx, cands)
     # 24 samples < the 100 of the warm-up: the online model's (random) scores are not blended in
     assert np.allclose(got, _normalised(fleet.prior(ctx, cands)))

@@ -196,11 +196,10 @@ def _worker_init(
 
 _WORKER_INIT_SECONDS = 0.0
 _READY: Any = None
-_WARMUP_BARRIER_S = 600.0
 
 
-def _worker_pid(workers: int) -> tuple[int, float]:  # pragma: no cover - runs in the worker
-    """A warm-up task: returns once all ``workers`` have started (or after a long timeout).
+def _worker_pid(workers: int, timeout_s: float) -> tuple[int, float]:  # pragma: no cover - runs in the worker
+    """A warm-up task: returns once all ``workers`` have started (or after the pool's start-up timeout).
 
     ``ProcessPoolExecutor`` (spawn/forkserver) starts a new worker on ``submit`` only when none
     is idle. Were a warm-up to return at once, a first worker that started and ran its warm-up
@@ -209,7 +208,7 @@ def _worker_pid(workers: int) -> tuple[int, float]:  # pragma: no cover - runs i
     timeout. Holding every warm-up until all workers are up keeps them busy while the rest are
     submitted.
     """
-    deadline = time.monotonic() + _WARMUP_BARRIER_S
+    deadline = time.monotonic() + timeout_s
     while _READY is not None and _READY.value < workers and time.monotonic() < deadline:
         time.sleep(0.01)
     return os.getpid(), _WORKER_INIT_SECONDS
@@ -274,11 +273,13 @@ class _Pool:
         max_workers: int,
         start_method: StartMethod,
         initializer: Callable[[], None] | None,
+        startup_timeout_s: float,
     ) -> None:
         ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
             ensure_forkserver(ctx)
         self.max_workers = max_workers
+        self.startup_timeout_s = startup_timeout_s
         self.started_at = time.monotonic()
         self.ready = ctx.Value("i", 0)
         self.executor = ProcessPoolExecutor(
@@ -289,13 +290,15 @@ class _Pool:
         )
         # With spawn/forkserver, a submit spawns one more worker (up to max_workers) only while none
         # is idle: the warm-ups wait for each other (_worker_pid), so every submit here spawns one.
-        self.warmups = [self.executor.submit(_worker_pid, max_workers) for _ in range(max_workers)]
+        self.warmups = [self.executor.submit(_worker_pid, max_workers, startup_timeout_s)
+                        for _ in range(max_workers)]
         self.processes: list[Any] = []
         self.worker_init_seconds: dict[int, float] = {}
         self.is_ready = False
 
-    def wait_ready(self, timeout_s: float) -> float:
+    def wait_ready(self) -> float:
         """Block until every worker has run the initializer; return the seconds it took."""
+        timeout_s = self.startup_timeout_s
         deadline = self.started_at + timeout_s
         while True:
             if self.ready.value >= self.max_workers:
@@ -449,7 +452,7 @@ class PersistentBuilder(PyBuilder):
             if pool is None and background and self._closed:
                 return None
             if pool is None:
-                pool = _Pool(self.max_workers, self.start_method, self.initializer)
+                pool = _Pool(self.max_workers, self.start_method, self.initializer, self.startup_timeout_s)
                 self._holder["pool"] = pool
                 self.stats.pool_starts += 1
             return pool
@@ -469,7 +472,7 @@ class PersistentBuilder(PyBuilder):
         assert pool is not None
         if not pool.is_ready:
             try:
-                seconds = pool.wait_ready(self.startup_timeout_s)
+                seconds = pool.wait_ready()
             except BaseException:
                 self._discard_pool()
                 raise

@@ -66,6 +66,8 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         self.model = model
         self.extractor = ms.feature_extractor.PerStoreFeature()
         self.online = online
+        # a stock XGBModel with the same extractor scores the matrices extracted for the prior
+        self._online_shares_features = _same_features(online, self.extractor)
         self.predict_seconds = 0.0
         self.predicted = 0
 
@@ -106,7 +108,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
             # The evolutionary search asks for thousands of scores a round, and extracting the
             # features is most of their cost: a stock XGBModel with the same extractor scores the
             # matrices already extracted instead of extracting them again.
-            if _same_features(online, self.extractor):
+            if self._online_shares_features:
                 theirs = np.asarray(online._predict(xs=matrices), dtype=np.float64)
             else:
                 theirs = online.predict(context, candidates)
