@@ -20,7 +20,10 @@ machine, the arms in turn:
   the adaptive parallel runner to ``on``);
 * any of these with ``-cold`` (``off-cold``, ``on-cold``, ...) — the same without warm start: the
   search is guided by MetaSchedule's own online XGBModel alone, as in stock, and the trained
-  model only filters (``filter``/``on``).
+  model only filters (``filter``/``on``);
+* ``on-noaudit``, ``filter-noaudit`` (also with ``-cold``) — filtering never stops: without the
+  audit that stops it in a shard whose measurements the model does not rank
+  (``filter_min_agreement=0``, :mod:`tunefleet.filter_audit`).
 
 The fleet's trained cost model: before the arms, a "prior" fleet tunes other shapes of the zoo's
 tiny models (``--prior``, never the benchmarked workloads), exports them and trains the x86 cost
@@ -41,10 +44,11 @@ database stay stock, so its latencies are stock's, but its wall time and energy 
 Per arm it reports the final latency of each model (median of 3 builds x runs), wall time,
 energy with its source label (the node's meter around the whole arm: RAPL/NVML where present,
 else the CPU-time estimate) and the wasted share: joules spent on candidates that did not beat
-the best so far of their workload. tunefleet's share comes from its own accounting (each round's
-joules split over its candidates by build + run seconds); stock's from a measure callback that
-splits each round's joules evenly over its candidates (stock does not expose build times per
-candidate). Prints what it measured; asserts nothing.
+the best so far of their workload (``fstop``: shards in which the audit stopped filtering).
+tunefleet's share comes from its own accounting (each round's joules split over its candidates
+by build + run seconds); stock's from a measure callback that splits each round's joules evenly
+over its candidates (stock does not expose build times per candidate). Prints what it measured;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -229,13 +233,15 @@ def _efficiency(arm: str, patience: int, filter_fraction: float, parallel: bool)
 
     policy = PreemptionPolicy(patience=patience)
     arm = arm.removesuffix("-cold")
+    audit = {"filter_min_agreement": 0.0} if arm.endswith("-noaudit") else {}
+    arm = arm.removesuffix("-noaudit")
     arms = {
         "off": Efficiency(),
         "preempt": Efficiency(policy=policy),
-        "filter": Efficiency(filter_fraction=filter_fraction),
+        "filter": Efficiency(filter_fraction=filter_fraction, **audit),
         "energy": Efficiency(energy_aware=True),
         "parallel": Efficiency(parallel=True),
-        "on": Efficiency.on(policy=policy, filter_fraction=filter_fraction, parallel=parallel),
+        "on": Efficiency.on(policy=policy, filter_fraction=filter_fraction, parallel=parallel, **audit),
     }
     if arm not in arms:
         raise SystemExit(f"efficiency_bench: unknown arm {arm!r} (known: stock, {', '.join(arms)})")
@@ -284,18 +290,20 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
         out.update(wall_s=wall, source=reading.source, joules=reading.joules, accounted_joules=accounted,
                    wasted_pct=100 * wasted / max(1e-9, accounted), candidates=summary.measured,
                    filtered=summary.filtered, preempted=summary.preempted, shards=summary.shards_done,
-                   failed=summary.shards_failed)
+                   failed=summary.shards_failed, filter_stopped=summary.filter_stopped)
     return out
 
 
 def _report(results: dict[str, dict[str, Any]], models: list[str], seed: int, *, stock_costs: bool) -> None:
     print(f"\n-- seed {seed}" + ("" if stock_costs else " (* stock with the persistent builder: its wall and energy "
                                                       "are not stock's)"))
-    head = f"{'arm':<6} {'measured':>8} {'filtered':>8} {'preempt':>7} {'wall s':>8} {'energy J':>10} {'source':>9} " \
+    head = f"{'arm':<6} {'measured':>8} {'filtered':>8} {'fstop':>5} {'preempt':>7} {'wall s':>8} {'energy J':>10} " \
+           f"{'source':>9} " \
            f"{'wasted %':>8} " + " ".join(f"{m + ' ms':>14}" for m in models)
     print(head)
     for arm, r in results.items():
-        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r['preempted']:>7} {r['wall_s']:>8.1f} "
+        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r.get('filter_stopped', 0):>5} "
+              f"{r['preempted']:>7} {r['wall_s']:>8.1f} "
               f"{r['joules']:>10.0f} {r['source']:>9} {r['wasted_pct']:>8.1f} "
               + " ".join(f"{r['latency_ms'][m]:>14.4f}" for m in models))
     base = results.get("stock")

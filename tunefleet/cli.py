@@ -185,6 +185,8 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
           f"measured ({summary.errors} errors, {summary.skipped_known} already known"
           + (f", {summary.filtered} filtered, {summary.preempted} shard(s) preempted" if args.efficient or
              summary.filtered or summary.preempted else "")
+          + (f", filtering stopped in {summary.filter_stopped} shard(s) whose measurements the cost model did not "
+             "rank" if summary.filter_stopped else "")
           + f") in {summary.seconds:.0f}s")
     return 0 if not summary.shards_failed else 1
 

@@ -3,7 +3,8 @@
 * ``policy`` — plateau preemption and the gain-per-joule stop (:mod:`tunefleet.preemption`);
   preempted workloads' unused trials are reallocated (:func:`tunefleet.budget.reallocate`);
 * ``filter_fraction`` — measure only that fraction of each round, best-scored by the class's trained cost model
-  (``tunefleet.tvm.tune.ResumingSearch``);
+  (``tunefleet.tvm.tune.ResumingSearch``), until that model stops ranking the shard's measured candidates
+  right (``filter_min_agreement``, :mod:`tunefleet.filter_audit`);
 * ``energy_aware`` — lease shards in order of expected model-latency gain per joule
   (:func:`tunefleet.budget.reprioritise`);
 * ``parallel`` — measure candidates with the adaptive parallel runner
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT
 from tunefleet.preemption import PreemptionPolicy
 
 if TYPE_CHECKING:
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 class Efficiency:
     policy: PreemptionPolicy = field(default_factory=lambda: PreemptionPolicy(enabled=False))
     filter_fraction: float = 1.0
+    filter_min_agreement: float = DEFAULT_MIN_AGREEMENT
     energy_aware: bool = False
     parallel: bool = False
     max_degree: int | None = None
@@ -36,6 +39,8 @@ class Efficiency:
     def __post_init__(self) -> None:
         if not 0.0 < self.filter_fraction <= 1.0:
             raise ValueError(f"filter_fraction must be in (0, 1], not {self.filter_fraction}")
+        if not 0.0 <= self.filter_min_agreement <= 1.0:
+            raise ValueError(f"filter_min_agreement must be in [0, 1], not {self.filter_min_agreement}")
 
     @classmethod
     def on(cls, **overrides: object) -> Efficiency:
@@ -54,6 +59,7 @@ class Efficiency:
                                     min_gain_us_per_kj=settings.preempt_min_gain_us_per_kj,
                                     enabled=settings.preempt),
             filter_fraction=settings.filter_fraction,
+            filter_min_agreement=settings.filter_min_agreement,
             energy_aware=settings.energy_aware,
             parallel=settings.parallel_measure,
             max_degree=settings.parallel_max_degree,

@@ -69,6 +69,8 @@ class TuneSummary:
     seconds: float
     filtered: int = 0
     preempted: int = 0
+    filter_stopped: int = 0
+    """Shards in which filtering stopped because the cost model did not rank their measurements."""
 
 
 class Tuner:
@@ -198,7 +200,8 @@ class Tuner:
                             cost_model=trained if self.warm_start else None,
                             online_model=self.online_model, policy=self.efficiency.policy,
                             filter_fraction=self.efficiency.filter_fraction,
-                            filter_model=trained if filtering else None)
+                            filter_model=trained if filtering else None,
+                            filter_min_agreement=self.efficiency.filter_min_agreement)
         result.lease_s = leased_s
         return result
 
@@ -234,7 +237,7 @@ def drain(
     """
     owner = owner or worker_owner()
     started = time.monotonic()
-    done = failed = measured = errors = skipped = filtered = preempted = 0
+    done = failed = measured = errors = skipped = filtered = preempted = filter_stopped = 0
     tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway, store=store, warm_start=warm_start,
                   efficiency=efficiency)
     try:
@@ -250,12 +253,13 @@ def drain(
             skipped += result.skipped_known
             filtered += result.filtered
             preempted += result.preempted is not None
+            filter_stopped += result.filter_stopped is not None
             if on_shard is not None:
                 on_shard(result)
     finally:
         tuner.close()
     return TuneSummary(tuner.hardware, done, failed, measured, errors, skipped, time.monotonic() - started,
-                       filtered, preempted)
+                       filtered, preempted, filter_stopped)
 
 
 def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str, Any]) -> None:

@@ -145,3 +145,30 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> 
     version = export(db, store, hardware="x86")
     assert version.row_count == len(measured) + plain.measured
     assert version.manifest["hardware"]["x86"]["filtered"] == len(filtered)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the audit does not touch the database backend
+def test_filtering_stops_when_the_cost_model_does_not_rank_the_measurements(engine, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    db, _, model = _mlp(engine)
+    wl = max((pair[0] for pair in db.workloads(model.id)), key=lambda w: w.flops)
+    shards.plan(db, "x86", target_trials=24, model=model.id)
+    (shard,) = [s for s in shards.list_shards(db, hardware="x86") if s.workload_id == wl.id]
+    leased = shards.lease(db, "x86", "w", shard_id=shard.id)
+    # agreement 1.0 demanded: an arbitrary model cannot order every pair of real measurements
+    # right, so filtering stops at the first check (4 kept candidates measured, after round 2)
+    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.tune"):
+        result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=6, filter_fraction=0.5,
+                            filter_model=arbitrary_trained_model(), filter_min_agreement=1.0)
+    assert result.state == "done" and result.filter_stopped is not None
+    assert "pairs of this workload's measured candidates right (< 100%)" in result.filter_stopped
+    assert "filtering stops for" in caplog.text
+    rows = sorted(_rows(db, wl.id), key=lambda m: m.id)
+    assert len(rows) == 24
+    last_filtered = max(i for i, m in enumerate(rows) if m.error_kind == FILTERED)
+    after = rows[last_filtered + 1:]
+    # round 1: the default schedule + 3 of 6 search candidates measured, 3 filtered; round 2: 3 and 3
+    # (a round's filtered rows are committed before its measured ones); with 6 kept candidates
+    # measured the audit stops filtering, and rounds 3 and 4 measure the remaining 11 trials
+    assert result.filtered == 6 and len(after) == 3 + 11 and all(m.error_kind != FILTERED for m in after)

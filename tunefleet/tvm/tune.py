@@ -37,6 +37,7 @@ from tunefleet.db import Database, NewMeasurement
 from tunefleet.db.database import FILTERED
 from tunefleet.db.models import Shard
 from tunefleet.errors import DatabaseError, TransientError
+from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT, FilterAudit
 from tunefleet.shards import LeaseLostError
 from tunefleet.tvm.bridge import FleetDatabase
 
@@ -86,6 +87,7 @@ class ShardProgress:
     skipped_known: int = 0
     filtered: int = 0
     stop_reason: str | None = None
+    filter_stopped: str | None = None
     best_s: float | None = None
     first_best_s: float | None = None
     batches: int = 0
@@ -241,6 +243,10 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         1, each round's new candidates are scored and only the best ``ceil(fraction x n)`` are
         measured; the default schedule and seeds are always measured. The others are passed to
         ``on_filtered`` (which records them) and never reach the builder or runner.
+    audit:
+        Checks the scorer against the measurements of the candidates it kept and stops
+        filtering when it does not rank them (:class:`tunefleet.filter_audit.FilterAudit`).
+        None: filtering never stops.
     should_stop:
         Asked before every round; a reason (text) ends the search (plateau preemption).
     """
@@ -249,7 +255,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
                  progress: ShardProgress | None = None, seeds: list[str] | None = None,
                  budget: int | None = None, scorer: Scorer | None = None, filter_fraction: float = 1.0,
                  on_filtered: Callable[[list[Any]], None] | None = None,
-                 should_stop: Callable[[], str | None] | None = None) -> None:
+                 should_stop: Callable[[], str | None] | None = None, audit: FilterAudit | None = None) -> None:
         if not 0.0 < filter_fraction <= 1.0:
             raise ValueError(f"filter_fraction must be in (0, 1], not {filter_fraction}")
         self.inner = inner
@@ -260,6 +266,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self.budget = budget
         self.scorer, self.filter_fraction, self.on_filtered = scorer, filter_fraction, on_filtered
         self.should_stop = should_stop
+        self.audit = audit
         self.handed_out = 0
         self._forced_now = self._filtered_now = 0
         self._mod: Any = None
@@ -306,6 +313,8 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         forced, searched = out[: self._forced_now], out[self._forced_now:]
         if self.scorer is None or self.filter_fraction >= 1.0 or len(searched) < 2:
             return out
+        if self.audit is not None and self.audit.stopped:
+            return out
         import math
 
         import numpy as np
@@ -313,8 +322,11 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         keep_n = max(1, math.ceil(self.filter_fraction * len(searched)))
         scores = np.asarray(self.scorer(self._context, searched), dtype=np.float64)
         order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")
-        kept = [searched[i] for i in sorted(order[:keep_n])]
+        kept_at = sorted(order[:keep_n])
+        kept = [searched[i] for i in kept_at]
         dropped = [searched[i] for i in sorted(order[keep_n:])]
+        if self.audit is not None:
+            self.audit.kept([trace_sha256_of(c.sch) for c in kept], [float(scores[i]) for i in kept_at])
         if dropped and self.on_filtered is not None:
             self.on_filtered(dropped)
         self._filtered_now = len(dropped)
@@ -356,13 +368,22 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         return out or None
 
     def notify_runner_results(self, measure_candidates: list[Any], results: list[Any]) -> None:
+        if self.audit is not None and not self.audit.stopped and measure_candidates:
+            for cand, res in zip(measure_candidates, results, strict=True):
+                secs = None if res.error_msg or not res.run_secs else [float(x) for x in res.run_secs]
+                self.audit.measured(trace_sha256_of(cand.sch), sum(secs) / len(secs) if secs else None)
+            reason = self.audit.check()
+            if reason:
+                self.progress.filter_stopped = reason
+                log.info("filtering stops for %s: %s; every later candidate is measured",
+                         getattr(self._context, "task_name", "this workload"), reason)
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> Any:
         return ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default,
                               progress=self.progress, seeds=self.seeds, budget=self.budget, scorer=self.scorer,
                               filter_fraction=self.filter_fraction, on_filtered=self.on_filtered,
-                              should_stop=self.should_stop)
+                              should_stop=self.should_stop, audit=self.audit)
 
 
 def new_online_model(threads: int) -> Any:
@@ -393,6 +414,8 @@ class ShardResult:
     preempted: str | None = None
     """Why the shard stopped before its budget (plateau preemption), or None."""
     unused_trials: int = 0
+    filter_stopped: str | None = None
+    """Why filtering stopped in this shard (:class:`tunefleet.filter_audit.FilterAudit`), or None."""
 
 
 def tune_shard(
@@ -415,6 +438,7 @@ def tune_shard(
     policy: PreemptionPolicy | None = None,
     filter_fraction: float = 1.0,
     filter_model: TrainedModel | None = None,
+    filter_min_agreement: float = DEFAULT_MIN_AGREEMENT,
 ) -> ShardResult:
     """Tune a leased shard to its trial budget, committing as it goes; mark it done or failed.
 
@@ -438,9 +462,11 @@ def tune_shard(
     ends at once the same way. With ``filter_fraction`` < 1 and a ``filter_model`` (the class's
     current trained model), that model scores each round's search candidates and only that
     fraction of them is measured; the rest are committed as ``filtered`` (no run time, no
-    energy) and spend the budget without being built or run. Without a trained model nothing is
-    filtered: the online model that guides the search is not used as a filter, since ranking its
-    own picks again only removes the search's exploration.
+    energy) and spend the budget without being built or run. Filtering stops for the rest of the
+    shard once that model orders fewer than ``filter_min_agreement`` of the pairs of the
+    candidates it kept and that were measured right (:mod:`tunefleet.filter_audit`; 0: never).
+    Without a trained model nothing is filtered: the online model that guides the search is not
+    used as a filter, since ranking its own picks again only removes the search's exploration.
     """
     from tunefleet.accounting import ShardAccountant, add_shard_energy
     from tunefleet.preemption import PreemptionPolicy, new_state, observe_round, stop_reason
@@ -531,6 +557,7 @@ def tune_shard(
         from tunefleet.tvm.learned import FleetCostModel
 
         search.scorer = FleetCostModel(filter_model).prior
+        search.audit = FilterAudit(filter_min_agreement)
     accountant = ShardAccountant(db, hw, wl, pushgateway=pushgateway, shard_id=shard.id, attempt=shard.attempts)
     if accountant.metrics is not None and hasattr(runner, "on_degree"):  # the adaptive parallel runner
         from functools import partial
@@ -581,7 +608,7 @@ def tune_shard(
     progress.commit_s += time.perf_counter() - t0
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
                        progress.best_s, time.monotonic() - started, commit_s=progress.commit_s,
-                       filtered=progress.filtered)
+                       filtered=progress.filtered, filter_stopped=progress.filter_stopped)
 
 
 def _end_preempted(db: Database, shard: Shard, owner: str, hardware: str, reason: str, unused: int,
@@ -594,4 +621,4 @@ def _end_preempted(db: Database, shard: Shard, owner: str, hardware: str, reason
                max_attempts=shard.max_attempts)
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
                        progress.best_s, time.monotonic() - started, filtered=progress.filtered,
-                       preempted=reason, unused_trials=unused)
+                       preempted=reason, unused_trials=unused, filter_stopped=progress.filter_stopped)
