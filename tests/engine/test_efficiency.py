@@ -172,3 +172,18 @@ def test_filtering_stops_when_the_cost_model_does_not_rank_the_measurements(engi
     # (a round's filtered rows are committed before its measured ones); with 6 kept candidates
     # measured the audit stops filtering, and rounds 3 and 4 measure the remaining 11 trials
     assert result.filtered == 6 and len(after) == 3 + 11 and all(m.error_kind != FILTERED for m in after)
+
+    # a later shard of the same workload is judged on the measurements committed before it: with
+    # the same model it measures its whole budget, nothing filtered
+    from tunefleet.db.models import Shard
+
+    with db.session() as sess:
+        again = Shard(workload_id=wl.id, hardware_class_id=db.hardware_class("x86").id, trials=6, priority=0.0,
+                      state="pending", max_attempts=3, history=[])
+        sess.add(again)
+        sess.flush()
+        again_id = again.id
+    second = tune_shard(db, shards.lease(db, "x86", "w", shard_id=again_id), "w", seed=1, num_trials_per_iter=6,
+                        filter_fraction=0.5, filter_model=arbitrary_trained_model(), filter_min_agreement=1.0)
+    assert second.state == "done" and second.filtered == 0 and second.filter_stopped is not None
+    assert len(_rows(db, wl.id)) == 24 + 6

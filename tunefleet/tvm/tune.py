@@ -285,10 +285,8 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self.inner.post_tuning()
 
     def _default_candidate(self) -> Any | None:
-        sch = tvm.s_tir.Schedule(self._mod)
-        if trace_sha256_of(sch) in self.known:
-            return None
-        return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(_entry_func(self._mod)))
+        cand = _candidate(self._mod)
+        return None if trace_sha256_of(cand.sch) in self.known else cand
 
     def generate_measure_candidates(self) -> list[Any] | None:
         reason = self.should_stop() if self.should_stop else None
@@ -342,12 +340,11 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
                 out.append(default)
         seeds, self.seeds = self.seeds, []
         for trace in seeds:
-            sch = tvm.s_tir.Schedule(self._mod)
-            tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace), sch)
-            key = trace_sha256_of(sch)
+            cand = _candidate(self._mod, trace)
+            key = trace_sha256_of(cand.sch)
             if key not in self.known:
                 self.known.add(key)
-                out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(_entry_func(sch.mod))))
+                out.append(cand)
         self._forced_now = len(out)
         for _ in range(8):  # a batch made only of known candidates: ask again
             batch = self.inner.generate_measure_candidates()
@@ -372,18 +369,46 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
             for cand, res in zip(measure_candidates, results, strict=True):
                 secs = None if res.error_msg or not res.run_secs else [float(x) for x in res.run_secs]
                 self.audit.measured(trace_sha256_of(cand.sch), sum(secs) / len(secs) if secs else None)
-            reason = self.audit.check()
-            if reason:
-                self.progress.filter_stopped = reason
-                log.info("filtering stops for %s: %s; every later candidate is measured",
-                         getattr(self._context, "task_name", "this workload"), reason)
+            self._check_audit(self._context)
         self.inner.notify_runner_results(measure_candidates, results)
+
+    def audit_past(self, context: Any, rows: list[Any]) -> None:
+        """Judge the filter's model on measurements committed before this search (a resumed
+        shard, or a workload tuned before): its first round is then filtered only if the model
+        ranks them. ``rows`` are measurements with ``trace_json`` and ``mean_run_s``."""
+        if self.audit is None or self.scorer is None or self.filter_fraction >= 1.0:
+            return
+        cands, means = [], []
+        for row in rows:
+            try:
+                cands.append(_candidate(context.mod, row.trace_json))
+            except Exception:  # noqa: BLE001 - e.g. a trace another TVM version wrote: not judged
+                continue
+            means.append(float(row.mean_run_s))
+        if len(cands) < 2:
+            return
+        keys = [f"committed-{i}" for i in range(len(cands))]
+        self.audit.kept(keys, [float(x) for x in self.scorer(context, cands)])
+        for key, mean in zip(keys, means, strict=True):
+            self.audit.measured(key, mean)
+        self._check_audit(context)
+
+    def _check_audit(self, context: Any) -> None:
+        reason = self.audit.check() if self.audit is not None else None
+        if reason:
+            self.progress.filter_stopped = reason
+            log.info("filtering stops for %s: %s; every later candidate is measured",
+                     getattr(context, "task_name", None) or "this workload", reason)
 
     def clone(self) -> Any:
         return ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default,
                               progress=self.progress, seeds=self.seeds, budget=self.budget, scorer=self.scorer,
                               filter_fraction=self.filter_fraction, on_filtered=self.on_filtered,
                               should_stop=self.should_stop, audit=self.audit)
+
+
+_AUDIT_PAST = 64
+"""Committed measurements (the fastest) the filter's model is judged on when a shard starts."""
 
 
 def new_online_model(threads: int) -> Any:
@@ -394,6 +419,14 @@ def new_online_model(threads: int) -> Any:
 def _entry_func(mod: Any) -> Any:
     names = [gv.name_hint for gv in mod.get_global_vars()]
     return mod["main"] if "main" in names else mod[mod.get_global_vars()[0]]
+
+
+def _candidate(mod: Any, trace_json: str | None = None) -> Any:
+    """A MeasureCandidate of ``mod`` scheduled by a trace (its JSON text; None: unscheduled)."""
+    sch = tvm.s_tir.Schedule(mod)
+    if trace_json is not None:
+        tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace_json), sch)
+    return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(_entry_func(sch.mod)))
 
 
 @dataclass
@@ -464,7 +497,8 @@ def tune_shard(
     fraction of them is measured; the rest are committed as ``filtered`` (no run time, no
     energy) and spend the budget without being built or run. Filtering stops for the rest of the
     shard once that model orders fewer than ``filter_min_agreement`` of the pairs of the
-    candidates it kept and that were measured right (:mod:`tunefleet.filter_audit`; 0: never).
+    candidates it kept and that were measured right (:mod:`tunefleet.filter_audit`; 0: never);
+    a shard whose workload already has measurements here is judged on them first.
     Without a trained model nothing is filtered: the online model that guides the search is not
     used as a filter, since ranking its own picks again only removes the search's exploration.
     """
@@ -558,6 +592,8 @@ def tune_shard(
 
         search.scorer = FleetCostModel(filter_model).prior
         search.audit = FilterAudit(filter_min_agreement)
+        if known:
+            search.audit_past(ctx, db.best_measurements(wl.id, hw.id, _AUDIT_PAST))
     accountant = ShardAccountant(db, hw, wl, pushgateway=pushgateway, shard_id=shard.id, attempt=shard.attempts)
     if accountant.metrics is not None and hasattr(runner, "on_degree"):  # the adaptive parallel runner
         from functools import partial
