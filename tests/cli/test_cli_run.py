@@ -62,8 +62,11 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     assert measured_only.returncode == 2 and "no measurement of workload" in error_line(measured_only.stderr)
 
     # cost-efficient tuning from the CLI: the current model filters half of each round from the start
+    # (the audit that may stop it is off here: its decision depends on measured times, and
+    # tests/engine/test_efficiency.py checks it)
     assert run_cli("plan", "--hardware", "x86", "--trials", "14", "--model", "mlp", env=env).returncode == 0
-    tuned = run_cli("tune", "--efficient", "--trials-per-iter", "4", "--seed", "0", env=env, timeout=900)
+    tuned = run_cli("tune", "--efficient", "--trials-per-iter", "4", "--seed", "0",
+                    env={**env, "TUNEFLEET_FILTER_MIN_AGREEMENT": "0"}, timeout=900)
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     counted = re.search(r"(\d+) filtered, (\d+) shard\(s\) preempted", tuned.stdout)
     assert counted and int(counted.group(1)) > 0, tuned.stdout
