@@ -191,7 +191,7 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
             out["candidates"] += energy.candidates
             out["latency_ms"][name] = _fresh_latency_ms(name, json_dir=work)
     out.update(wall_s=tuned, source=source if builder == "local" else f"{source}*", joules=joules, wasted_pct=100 * wasted / max(1e-9, useful + wasted),
-               filtered=0, preempted=0)
+               filtered=0, preempted=0, filter_stopped=0)
     return out
 
 
@@ -302,7 +302,7 @@ def _report(results: dict[str, dict[str, Any]], models: list[str], seed: int, *,
            f"{'wasted %':>8} " + " ".join(f"{m + ' ms':>14}" for m in models)
     print(head)
     for arm, r in results.items():
-        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r.get('filter_stopped', 0):>5} "
+        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r['filter_stopped']:>5} "
               f"{r['preempted']:>7} {r['wall_s']:>8.1f} "
               f"{r['joules']:>10.0f} {r['source']:>9} {r['wasted_pct']:>8.1f} "
               + " ".join(f"{r['latency_ms'][m]:>14.4f}" for m in models))

@@ -212,8 +212,12 @@ def model_holdout(db: Database, models: list[str]) -> set[str]:
 
 
 # -- metrics --------------------------------------------------------------------------------------
-def _pairwise(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
-    """(sum of credit, number of pairs) over pairs in the same group with different labels."""
+def pairwise_credit(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
+    """(sum of credit, number of pairs) over pairs in the same group with different labels.
+
+    A pair earns 1 when the higher label has the higher score, 0.5 when the scores tie; the
+    pairwise accuracy is credit / pairs (also :func:`tunefleet.filter_audit.agreement`).
+    """
     credit, pairs = 0.0, 0
     for g in np.unique(groups):
         idx = np.flatnonzero(groups == g)
@@ -258,7 +262,7 @@ def evaluate_scores(scores: np.ndarray, table: pa.Table, *, seed: int = 0) -> di
         raise CostModelError(f"{scores.shape[0] if scores.ndim else 0} scores for {table.num_rows} rows")
     ok = _ok_mask(table)
     labels, sc, groups = _labels(table)[ok], scores[ok], _group_ids(table)[ok]
-    credit, pairs = _pairwise(labels, sc, groups)
+    credit, pairs = pairwise_credit(labels, sc, groups)
     return {
         "pairwise_accuracy": credit / pairs if pairs else None,
         "n_pairs": pairs,

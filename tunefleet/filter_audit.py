@@ -34,20 +34,17 @@ def agreement(scores: np.ndarray, mean_s: np.ndarray) -> tuple[float | None, int
     """Share of pairs with different run times that ``scores`` order right, and how many pairs.
 
     A higher score means predicted faster, so a pair is right when the higher-scored one has the
-    lower run time; equal scores count half. None when no pair has different run times.
+    lower run time; equal scores count half: the cost model's pairwise accuracy
+    (:func:`tunefleet.costmodel.pairwise_credit`) with the negated run time as the label and one
+    group. None when no pair has different run times.
     """
     import numpy as np
 
-    s = np.asarray(scores, dtype=np.float64)
+    from tunefleet.costmodel import pairwise_credit
+
     t = np.asarray(mean_s, dtype=np.float64)
-    i, j = np.triu_indices(len(s), k=1)
-    ds, dt = s[i] - s[j], t[j] - t[i]  # right when both positive or both negative
-    valid = dt != 0
-    pairs = int(valid.sum())
-    if pairs == 0:
-        return None, 0
-    credit = np.where(ds[valid] == 0, 0.5, (np.sign(ds[valid]) == np.sign(dt[valid])).astype(np.float64))
-    return float(credit.sum() / pairs), pairs
+    credit, pairs = pairwise_credit(-t, np.asarray(scores, dtype=np.float64), np.zeros(len(t), dtype=np.int64))
+    return (credit / pairs if pairs else None), pairs
 
 
 class FilterAudit:

@@ -31,6 +31,18 @@ def _rows(db, workload_id: int) -> list[Measurement]:  # type: ignore[no-untyped
     return [m for m in db.measurements() if m.workload_id == workload_id]
 
 
+def _extra_shard(db, workload_id: int, trials: int) -> int:  # type: ignore[no-untyped-def]
+    """A pending x86 shard of one workload besides those ``shards.plan`` made; its id."""
+    from tunefleet.db.models import Shard
+
+    with db.session() as sess:
+        shard = Shard(workload_id=workload_id, hardware_class_id=db.hardware_class("x86").id, trials=trials,
+                      priority=0.0, state="pending", max_attempts=3, history=[])
+        sess.add(shard)
+        sess.flush()
+        return int(shard.id)
+
+
 def test_plateaued_workloads_are_preempted_and_their_trials_reallocated(engine) -> None:  # type: ignore[no-untyped-def]
     db, _, model = _mlp(engine)
     hw = db.hardware_class("x86")
@@ -79,15 +91,7 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     assert (after.rounds, after.stale_rounds, after.preempted) == (3, 2, True)
     # a shard of the workload planned before the plateau (e.g. a second 64-trial shard) ends at once:
     # it measures nothing and its trials go to the workloads still improving
-    from tunefleet.db.models import Shard
-
-    with db.session() as sess:
-        extra = Shard(workload_id=wl.id, hardware_class_id=hw.id, trials=8, priority=0.0, state="pending",
-                      max_attempts=3, history=[])
-        sess.add(extra)
-        sess.flush()
-        extra_id = extra.id
-    late = shards.lease(db, "x86", "w", shard_id=extra_id)
+    late = shards.lease(db, "x86", "w", shard_id=_extra_shard(db, wl.id, 8))
     assert late is not None and late.workload_id == wl.id
     again = tune_shard(db, late, "w", seed=0, num_trials_per_iter=4, policy=PreemptionPolicy(patience=2))
     assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted
@@ -99,7 +103,6 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> 
     from tunefleet.pipeline import Tuner
 
     db, store, model = _mlp(engine)
-    hw = db.hardware_class("x86")
     by_flops = sorted((pair[0] for pair in db.workloads(model.id)), key=lambda w: w.flops)
     wl, small = by_flops[-1], by_flops[0]
     shards.plan(db, "x86", target_trials=24, model=model.id)
@@ -107,14 +110,7 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> 
 
     # filtering on, but the class has no trained model: one warning, and every candidate is measured
     # (the online model that guides the search is never used as the filter)
-    from tunefleet.db.models import Shard
-
-    with db.session() as sess:  # one round of the smallest workload is enough to show it
-        one_round = Shard(workload_id=small.id, hardware_class_id=hw.id, trials=6, priority=0.0, state="pending",
-                          max_attempts=3, history=[])
-        sess.add(one_round)
-        sess.flush()
-        one_round_id = one_round.id
+    one_round_id = _extra_shard(db, small.id, 6)  # one round of the smallest workload is enough to show it
     tuner = Tuner(db, "x86", store=store, efficiency=Efficiency(filter_fraction=0.5))
     try:
         with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
@@ -175,14 +171,7 @@ def test_filtering_stops_when_the_cost_model_does_not_rank_the_measurements(engi
 
     # a later shard of the same workload is judged on the measurements committed before it: with
     # the same model it measures its whole budget, nothing filtered
-    from tunefleet.db.models import Shard
-
-    with db.session() as sess:
-        again = Shard(workload_id=wl.id, hardware_class_id=db.hardware_class("x86").id, trials=6, priority=0.0,
-                      state="pending", max_attempts=3, history=[])
-        sess.add(again)
-        sess.flush()
-        again_id = again.id
+    again_id = _extra_shard(db, wl.id, 6)
     second = tune_shard(db, shards.lease(db, "x86", "w", shard_id=again_id), "w", seed=1, num_trials_per_iter=6,
                         filter_fraction=0.5, filter_model=arbitrary_trained_model(), filter_min_agreement=1.0)
     assert second.state == "done" and second.filtered == 0 and second.filter_stopped is not None
