@@ -95,8 +95,9 @@ class Settings(BaseSettings):
     filter_fraction: float = Field(default=1.0, gt=0, le=1, description="Measure only this best-scored fraction of "
                                    "each round (the cost model filters); 1: measure all.")
     filter_min_agreement: float = Field(default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
-                                        description="Stop filtering in a shard once the cost model orders fewer than "
-                                        "this share of pairs of its measured candidates right; 0: never stop.")
+                                        description="Filter in a shard only while the cost model orders at least this "
+                                        "share of pairs of its measured candidates right (rounds are measured in "
+                                        "full until it does); 0: filter from the first round, never stop.")
     energy_aware: bool = Field(default=False, description="Lease shards by expected model-latency gain per joule.")
     parallel_measure: bool = Field(default=False, description="Measure candidates with the adaptive parallel runner.")
     parallel_max_degree: int | None = Field(default=None, ge=1, le=256, description="Most candidates measured at "

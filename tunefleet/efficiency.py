@@ -3,7 +3,7 @@
 * ``policy`` — plateau preemption and the gain-per-joule stop (:mod:`tunefleet.preemption`);
   preempted workloads' unused trials are reallocated (:func:`tunefleet.budget.reallocate`);
 * ``filter_fraction`` — measure only that fraction of each round, best-scored by the class's trained cost model
-  (``tunefleet.tvm.tune.ResumingSearch``), until that model stops ranking the shard's measured candidates
+  (``tunefleet.tvm.tune.ResumingSearch``), once and while that model ranks the shard's measured candidates
   right (``filter_min_agreement``, :mod:`tunefleet.filter_audit`);
 * ``energy_aware`` — lease shards in order of expected model-latency gain per joule
   (:func:`tunefleet.budget.reprioritise`);

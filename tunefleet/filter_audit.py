@@ -7,13 +7,22 @@ throws half of the trials away (in ``bench/efficiency_bench.py``, filtering half
 with a model of held-out pairwise accuracy 0.54-0.55 lost small-cnn latency in 4 of 5 seeded
 comparisons with measuring everything: 1.05-1.76x).
 
-:class:`FilterAudit` keeps, for every search candidate the filter kept, its score and then its
-measured mean run time. Once ``min_measured`` of them are in, it computes the *agreement*: the
-share of pairs with different run times whose scores order them right (higher score = faster;
-equal scores count half). Below ``min_agreement`` filtering stops for the rest of the shard and
-every later candidate is measured. The check uses only the candidates the filter kept (the
-best-scored part of each round), so it judges the model where it decides — among candidates it
-already likes — and it is repeated after every round on everything measured so far.
+:class:`FilterAudit` keeps, for every scored search candidate that is measured, its score and then
+its measured mean run time, and computes the *agreement*: the share of pairs with different run
+times whose scores order them right (higher score = faster; equal scores count half).
+
+* **Probation.** Until ``min_measured`` candidates are in and their agreement reaches
+  ``min_agreement``, nothing is filtered: the rounds are scored and measured in full, so the model
+  is first judged on an unbiased sample of this workload's candidates (or, for a workload that
+  already has measurements on the class, on the fastest of those). A model that never passes never
+  drops a candidate, so it costs no trial.
+* **Trusted.** Once it passes, the filter drops the worse-scored part of every round. The check is
+  repeated after every round on everything measured so far (from then on, the candidates the
+  filter kept: where it decides).
+* **Stopped.** Below ``min_agreement``, filtering stops for the rest of the shard and every later
+  candidate is measured.
+
+``min_agreement = 0`` turns the audit off: filtering starts at the first round and never stops.
 """
 
 from __future__ import annotations
@@ -68,9 +77,17 @@ class FilterAudit:
         self._measured: list[tuple[float, float]] = []
         self.stopped: str | None = None
         """Why filtering stopped (None while it goes on)."""
+        self.passed: str | None = None
+        """The check that ended the probation (None while on probation)."""
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the filter may drop candidates now: past its probation (or the audit is off), not stopped."""
+        return self.stopped is None and (self.min_agreement <= 0.0 or self.passed is not None)
 
     def kept(self, keys: list[str], scores: list[float]) -> None:
-        """The filter kept these candidates (trace hashes) with these scores: they will be measured."""
+        """These candidates (trace hashes) with these scores will be measured (all of a probation
+        round, or the part the filter kept)."""
         self._scores.update(zip(keys, (float(s) for s in scores), strict=True))
 
     def measured(self, key: str, mean_s: float | None) -> None:
@@ -80,11 +97,17 @@ class FilterAudit:
             self._measured.append((score, float(mean_s)))
 
     def check(self) -> str | None:
-        """After a round: the reason filtering stops now, or None (also None once already stopped)."""
+        """After a round: the reason filtering stops now, or None (also None once already stopped).
+
+        A passing check on probation ends it (:attr:`passed`)."""
         if self.stopped is not None or self.min_agreement <= 0.0 or len(self._measured) < self.min_measured:
             return None
         share, pairs = self.agreement
-        if share is None or share >= self.min_agreement:
+        if share is None:
+            return None
+        if share >= self.min_agreement:
+            if self.passed is None:
+                self.passed = f"the cost model ordered {share:.0%} of {pairs} pairs right (>= {self.min_agreement:.0%})"
             return None
         self.stopped = (f"the cost model ordered {share:.0%} of {pairs} pairs of this workload's measured "
                         f"candidates right (< {self.min_agreement:.0%})")

@@ -1,5 +1,5 @@
 """The filter's audit of its cost model against the measurements (pure logic; the engine test
-``test_filtering_stops_when_the_cost_model_does_not_rank_the_measurements`` runs it in tuning)."""
+``test_the_filter_is_on_probation_until_its_model_ranks_the_measurements`` runs it in tuning)."""
 
 from __future__ import annotations
 
@@ -28,23 +28,38 @@ def _feed(audit: FilterAudit, scores: list[float], means: list[float | None], st
         audit.measured(key, mean)
 
 
-def test_a_model_that_ranks_the_measurements_keeps_filtering() -> None:
+def test_a_model_that_ranks_the_measurements_ends_its_probation_and_keeps_filtering() -> None:
     audit = FilterAudit(0.6)
-    _feed(audit, [4.0, 3.0, 2.0, 1.0], [1e-3, 2e-3, 3e-3, 4e-3])
-    assert audit.check() is None and audit.stopped is None
+    assert not audit.trusted, "on probation until judged: nothing is filtered"
+    _feed(audit, [4.0, 3.0, 2.0], [1e-3, 2e-3, 3e-3])
+    assert audit.check() is None and not audit.trusted, "3 measured: too few to judge (min_measured 4)"
+    _feed(audit, [1.0], [4e-3], start=3)
+    assert audit.check() is None and audit.stopped is None and audit.trusted
+    assert audit.passed == "the cost model ordered 100% of 6 pairs right (>= 60%)"
     _feed(audit, [2.5, 0.5], [2.5e-3, 9e-3], start=4)
-    assert audit.check() is None and audit.agreement == (1.0, 15)
+    assert audit.check() is None and audit.trusted and audit.agreement == (1.0, 15)
 
 
-def test_a_model_that_does_not_rank_them_stops_filtering_once() -> None:
+def test_a_model_that_does_not_rank_them_never_filters() -> None:
     audit = FilterAudit(0.6)
-    _feed(audit, [1.0, 2.0, 3.0], [1e-3, 2e-3, 3e-3])
-    assert audit.check() is None, "3 measured: too few to judge (min_measured 4)"
-    _feed(audit, [4.0], [4e-3], start=3)
+    _feed(audit, [1.0, 2.0, 3.0, 4.0], [1e-3, 2e-3, 3e-3, 4e-3])
     reason = audit.check()
     assert reason == "the cost model ordered 0% of 6 pairs of this workload's measured candidates right (< 60%)"
-    assert audit.stopped == reason
+    assert audit.stopped == reason and audit.passed is None and not audit.trusted
     assert audit.check() is None, "said once"
+
+
+def test_a_trusted_model_that_stops_ranking_them_stops_filtering() -> None:
+    audit = FilterAudit(0.6)
+    _feed(audit, [4.0, 3.0, 2.0, 1.0], [1e-3, 2e-3, 3e-3, 4e-3])
+    assert audit.check() is None and audit.trusted
+    # the kept candidates of the next rounds come out in the reverse order of their scores
+    _feed(audit, [9.0, 8.0, 7.0, 6.0], [9e-3, 8e-3, 7e-3, 6e-3], start=4)
+    reason = audit.check()
+    assert reason is not None and reason.startswith("the cost model ordered 21% of 28 pairs")
+    assert not audit.trusted and audit.passed is not None, "stopped for good, though it once passed"
+    _feed(audit, [1.0, 2.0], [1e-3, 2e-3], start=8)
+    assert audit.check() is None and not audit.trusted
 
 
 def test_failed_and_unscored_candidates_are_not_judged() -> None:
@@ -58,8 +73,9 @@ def test_failed_and_unscored_candidates_are_not_judged() -> None:
 
 def test_zero_never_stops_and_bad_settings_are_refused() -> None:
     audit = FilterAudit(0.0)
+    assert audit.trusted, "audit off: filtering from the first round"
     _feed(audit, [1.0, 2.0, 3.0, 4.0, 5.0], [1e-3, 2e-3, 3e-3, 4e-3, 5e-3])
-    assert audit.check() is None and audit.agreement == (0.0, 10)
+    assert audit.check() is None and audit.trusted and audit.agreement == (0.0, 10)
     with pytest.raises(ValueError, match="min_agreement must be in"):
         FilterAudit(1.5)
     with pytest.raises(ValueError, match="min_measured must be >= 2"):

@@ -244,9 +244,9 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         measured; the default schedule and seeds are always measured. The others are passed to
         ``on_filtered`` (which records them) and never reach the builder or runner.
     audit:
-        Checks the scorer against the measurements of the candidates it kept and stops
-        filtering when it does not rank them (:class:`tunefleet.filter_audit.FilterAudit`).
-        None: filtering never stops.
+        Checks the scorer against the measured candidates: rounds are measured in full until the
+        scorer ranks them (probation), and filtering stops when it no longer does
+        (:class:`tunefleet.filter_audit.FilterAudit`). None: filtering from the first round, never stopped.
     should_stop:
         Asked before every round; a reason (text) ends the search (plateau preemption).
     """
@@ -317,8 +317,11 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
 
         import numpy as np
 
-        keep_n = max(1, math.ceil(self.filter_fraction * len(searched)))
         scores = np.asarray(self.scorer(self._context, searched), dtype=np.float64)
+        if self.audit is not None and not self.audit.trusted:  # probation: measured in full, to judge the model
+            self.audit.kept([trace_sha256_of(c.sch) for c in searched], [float(x) for x in scores])
+            return out
+        keep_n = max(1, math.ceil(self.filter_fraction * len(searched)))
         order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")
         kept_at = sorted(order[:keep_n])
         kept = [searched[i] for i in kept_at]
@@ -394,7 +397,13 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self._check_audit(context)
 
     def _check_audit(self, context: Any) -> None:
-        reason = self.audit.check() if self.audit is not None else None
+        if self.audit is None:
+            return
+        was_trusted = self.audit.trusted
+        reason = self.audit.check()
+        if self.audit.trusted and not was_trusted:
+            log.info("filtering starts for %s: %s", getattr(context, "task_name", None) or "this workload",
+                     self.audit.passed)
         if reason:
             self.progress.filter_stopped = reason
             log.info("filtering stops for %s: %s; every later candidate is measured",
@@ -495,10 +504,11 @@ def tune_shard(
     ends at once the same way. With ``filter_fraction`` < 1 and a ``filter_model`` (the class's
     current trained model), that model scores each round's search candidates and only that
     fraction of them is measured; the rest are committed as ``filtered`` (no run time, no
-    energy) and spend the budget without being built or run. Filtering stops for the rest of the
-    shard once that model orders fewer than ``filter_min_agreement`` of the pairs of the
-    candidates it kept and that were measured right (:mod:`tunefleet.filter_audit`; 0: never);
-    a shard whose workload already has measurements here is judged on them first.
+    energy) and spend the budget without being built or run. Filtering starts only once that
+    model orders at least ``filter_min_agreement`` of the pairs of this workload's measured
+    candidates right (until then rounds are scored and measured in full; a shard whose workload
+    already has measurements here is judged on them first), and stops for the rest of the shard
+    when it falls below (:mod:`tunefleet.filter_audit`; 0: filtering from the first round, never stopped).
     Without a trained model nothing is filtered: the online model that guides the search is not
     used as a filter, since ranking its own picks again only removes the search's exploration.
     """
