@@ -57,12 +57,13 @@ def agreement(scores: np.ndarray, mean_s: np.ndarray) -> tuple[float | None, int
 
 
 class FilterAudit:
-    """Stops filtering in a shard whose measurements the filter's cost model does not rank.
+    """Lets a shard filter only once and while the filter's cost model ranks its measurements.
 
     Parameters
     ----------
     min_agreement:
-        Filtering stops when the agreement falls below this; 0 never stops it.
+        Filtering starts when the agreement reaches this (:attr:`trusted`) and stops for good when
+        it falls below; 0: trusted from the start, never stopped.
     min_measured:
         Measured candidates needed before the first check (4 give 6 pairs).
     """
