@@ -21,6 +21,9 @@ machine, the arms in turn:
 * any of these with ``-cold`` (``off-cold``, ``on-cold``, ...) — the same without warm start: the
   search is guided by MetaSchedule's own online XGBModel alone, as in stock, and the trained
   model only filters (``filter``/``on``);
+* ``off-keepwarm``, ``on-keepwarm`` (any warm arm) — the warm start is never dropped: without the
+  audit that drops the trained model from a shard's search once it misranks the shard's
+  measurements (``warm_start_min_agreement=0``, :class:`tunefleet.tvm.learned.FleetCostModel`);
 * ``on-noaudit``, ``filter-noaudit`` (also with ``-cold``) — filtering never stops: without the
   audit that stops it in a shard whose measurements the model does not rank
   (``filter_min_agreement=0``, :mod:`tunefleet.filter_audit`).
@@ -232,7 +235,7 @@ def _efficiency(arm: str, patience: int, filter_fraction: float, parallel: bool)
     from tunefleet.preemption import PreemptionPolicy
 
     policy = PreemptionPolicy(patience=patience)
-    arm = arm.removesuffix("-cold")
+    arm = arm.removesuffix("-keepwarm").removesuffix("-cold")
     audit = {"filter_min_agreement": 0.0} if arm.endswith("-noaudit") else {}
     arm = arm.removesuffix("-noaudit")
     arms = {
@@ -257,6 +260,8 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
     from tunefleet.models.ingest import ingest
     from tunefleet.pipeline import drain, extract
 
+    keep_warm = arm.endswith("-keepwarm")  # the warm start is never dropped (before its audit)
+    arm = arm.removesuffix("-keepwarm")
     eff = _efficiency(arm, patience, filter_fraction, parallel)
     warm = not arm.endswith("-cold")
     out: dict[str, Any] = {"latency_ms": {}}
@@ -276,7 +281,7 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
             shards.plan(db, HW, target_trials=trials, model=m.id)
             ids.append(m.id)
         summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=store,
-                        warm_start=warm)
+                        warm_start=warm, warm_start_min_agreement=0.0 if keep_warm else None)
         wall = time.perf_counter() - t0
         reading = meter.read()
         # the wasted share from tunefleet's own per-candidate accounting (shared workloads are split

@@ -180,7 +180,8 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
         return 0 if not any(codes) else 1
     summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed, lease_s=args.lease_s,
                     num_trials_per_iter=args.trials_per_iter, pushgateway=settings.metrics_pushgateway,
-                    store=ctx.store, warm_start=settings.warm_start, efficiency=Efficiency.from_settings(settings))
+                    store=ctx.store, warm_start=settings.warm_start, efficiency=Efficiency.from_settings(settings),
+                    warm_start_min_agreement=settings.warm_start_min_agreement)
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known"
           + (f", {summary.filtered} filtered, {summary.preempted} shard(s) preempted" if args.efficient or

@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     warm_start: bool = Field(
         default=True,
         description="New tuning shards start with the class's current cost model (if one was promoted).")
+    warm_start_min_agreement: float = Field(
+        default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
+        description="Drop the warm start in a shard once the cost model orders fewer than this share of pairs of "
+        "its measured candidates right (the online model alone guides the rest); 0: never drop it.")
     # Cost-efficient tuning (tunefleet.efficiency); all off by default, `tune --efficient` turns them on.
     preempt: bool = Field(default=False, description="Stop tuning workloads whose best latency plateaued; "
                           "their unused trials go to workloads still improving.")

@@ -63,7 +63,8 @@ class Context:
             if tuner is None:
                 tuner = self._tuners[hardware] = Tuner(db, hardware, pushgateway=self.settings.metrics_pushgateway,
                                                        store=self._store_unlocked(), warm_start=self.settings.warm_start,
-                                                       efficiency=Efficiency.from_settings(self.settings))
+                                                       efficiency=Efficiency.from_settings(self.settings),
+                                                       warm_start_min_agreement=self.settings.warm_start_min_agreement)
             return tuner
 
     def close(self) -> None:

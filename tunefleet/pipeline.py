@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet import shards
 from tunefleet.errors import TunefleetError
+from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -89,7 +90,7 @@ class Tuner:
 
     def __init__(self, db: Database, hardware: str, *, builder: Any = None, pushgateway: str | None = None,
                  store: ArtifactStore | None = None, warm_start: bool = True,
-                 efficiency: Efficiency | None = None) -> None:
+                 efficiency: Efficiency | None = None, warm_start_min_agreement: float | None = None) -> None:
         from tunefleet.efficiency import Efficiency as _Efficiency
         from tunefleet.hardware import check_runs_here
 
@@ -105,6 +106,8 @@ class Tuner:
         self.hardware_class_id = hw.id
         self.store = store
         self.warm_start = warm_start
+        self.warm_start_min_agreement = (DEFAULT_MIN_AGREEMENT if warm_start_min_agreement is None
+                                         else warm_start_min_agreement)
         self._model: Any = None
         self._unreadable: int | None = None
         self._warned_no_filter = False
@@ -198,6 +201,7 @@ class Tuner:
                             num_trials_per_iter=num_trials_per_iter, seed=seed, num_threads=self.threads,
                             on_batch=on_batch, pushgateway=self.pushgateway,
                             cost_model=trained if self.warm_start else None,
+                            warm_start_min_agreement=self.warm_start_min_agreement,
                             online_model=self.online_model, policy=self.efficiency.policy,
                             filter_fraction=self.efficiency.filter_fraction,
                             filter_model=trained if filtering else None,
@@ -230,6 +234,7 @@ def drain(
     store: ArtifactStore | None = None,
     warm_start: bool = True,
     efficiency: Efficiency | None = None,
+    warm_start_min_agreement: float | None = None,
 ) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left.
 
@@ -239,7 +244,7 @@ def drain(
     started = time.monotonic()
     done = failed = measured = errors = skipped = filtered = preempted = filter_stopped = 0
     tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway, store=store, warm_start=warm_start,
-                  efficiency=efficiency)
+                  efficiency=efficiency, warm_start_min_agreement=warm_start_min_agreement)
     try:
         while max_shards is None or done + failed < max_shards:
             result = tuner.tune_next(db, owner, lease_s=lease_s, num_trials_per_iter=num_trials_per_iter,
@@ -274,7 +279,8 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str,
     from tunefleet.efficiency import Efficiency
 
     drain(db, hardware, pushgateway=settings.metrics_pushgateway, store=open_store(settings),
-          warm_start=settings.warm_start, efficiency=Efficiency.from_settings(settings), **kwargs)
+          warm_start=settings.warm_start, efficiency=Efficiency.from_settings(settings),
+          warm_start_min_agreement=settings.warm_start_min_agreement, **kwargs)
 
 
 def tune_with_workers(settings: Settings, hardware: str, *, workers: int = 1, **kwargs: Any) -> list[int]:

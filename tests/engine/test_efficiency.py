@@ -1,6 +1,6 @@
 """Cost-efficient tuning on real TVM tuning of the tiny ``mlp``, on SQLite and PostgreSQL:
 plateau preemption (and resuming with its persisted state), reallocation of the unused trials,
-and cost-model filtering (recorded, never measured)."""
+cost-model filtering (recorded, never measured), and the warm start dropped when it misranks a shard."""
 
 from __future__ import annotations
 
@@ -190,3 +190,20 @@ def test_the_filter_is_on_probation_until_its_model_ranks_the_measurements(engin
                       num_trials_per_iter=6, filter_fraction=0.5, filter_model=arbitrary_trained_model(),
                       filter_min_agreement=0.01)
     assert more.state == "done" and more.filtered == 3 and more.filter_stopped is None
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the warm start's audit does not touch the database
+def test_a_warm_start_that_misranks_the_shard_is_dropped_in_tuning(engine, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    db, _, model = _mlp(engine)
+    big = max((pair[0] for pair in db.workloads(model.id)), key=lambda w: w.flops)
+    shards.plan(db, "x86", target_trials=12, model=model.id)
+    (shard,) = [s for s in shards.list_shards(db, hardware="x86") if s.workload_id == big.id]
+    # agreement 1.0 demanded: an arbitrary model cannot order every pair of 12 real measurements right,
+    # so tune_shard's FleetCostModel drops it (the unit test checks the scores that follow)
+    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
+        result = tune_shard(db, shards.lease(db, "x86", "w", shard_id=shard.id), "w", seed=0, num_trials_per_iter=6,
+                            cost_model=arbitrary_trained_model(), warm_start_min_agreement=1.0)
+    assert result.state == "done" and len(_rows(db, big.id)) == 12
+    assert f"warm start ends for {big.name}" in caplog.text

@@ -67,3 +67,49 @@ def test_before_the_online_warm_up_the_fleet_model_alone_scores(cpu_target: Any)
     got = fleet.predict(ctx, cands)
     # 24 samples < the 100 of the warm-up: the online model's (random) scores are not blended in
     assert np.allclose(got, _normalised(fleet.prior(ctx, cands)))
+
+
+def _results_ranked(prior: np.ndarray, *, agree: bool) -> list[Any]:
+    """Run times that order the candidates exactly as ``prior`` does (higher score faster), or reversed
+    (a decreasing function of the score, so rounds agree with each other too)."""
+    sign = 1.0 if agree else -1.0
+    return [ms.runner.RunnerResult([1e-5 * (1.0 + 1.0 / (1.0 + np.exp(sign * float(x))))], None) for x in prior]
+
+
+def test_the_warm_start_is_dropped_once_the_fleet_model_misranks_the_measurements(cpu_target: Any, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from tunefleet.filter_audit import FilterAudit
+
+    ctx = _matmul_context(cpu_target)
+    cands = _candidates(ctx, 128)
+    online = new_online_model(2)
+    rng = np.random.default_rng(2)
+    online.update(ctx, cands[:105], [ms.runner.RunnerResult([float(s)], None) for s in rng.uniform(1e-5, 1e-3, 105)])
+    rounds = [cands[105:113], cands[113:121]]
+
+    # a model whose scores order the measured run times right keeps guiding the search
+    trusted = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
+    for rnd in rounds:
+        trusted.update(ctx, rnd, _results_ranked(trusted.prior(ctx, rnd), agree=True))
+    assert trusted.dropped is None
+    assert np.allclose(trusted.predict(ctx, cands[:20]),
+                       0.5 * _normalised(trusted.prior(ctx, cands[:20]))
+                       + 0.5 * _normalised(online.predict(ctx, cands[:20])))
+
+    # one that orders them backwards is dropped after the round that shows it: the online model alone scores
+    wrong = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
+    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
+        wrong.update(ctx, rounds[0], _results_ranked(wrong.prior(ctx, rounds[0]), agree=False))
+    assert wrong.dropped is not None and wrong.dropped.startswith("the cost model ordered 0% of")
+    assert "warm start ends for mm" in caplog.text
+    assert np.allclose(wrong.predict(ctx, cands[:20]), online.predict(ctx, cands[:20]))
+
+    # failed candidates are not judged; threshold 0 (or no online model: zero-shot) never drops it
+    failed = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
+    failed.update(ctx, rounds[0], [ms.runner.RunnerResult(None, "build error")] * len(rounds[0]))
+    assert failed.dropped is None
+    never = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.0))
+    never.update(ctx, rounds[0], _results_ranked(never.prior(ctx, rounds[0]), agree=False))
+    assert never.dropped is None
+    assert FleetCostModel(arbitrary_trained_model(2), audit=FilterAudit(0.6)).audit is None

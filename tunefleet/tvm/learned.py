@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from tunefleet.costmodel import TrainedModel
     from tunefleet.db import Database
     from tunefleet.db.models import HardwareClass, Workload
+    from tunefleet.filter_audit import FilterAudit
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,23 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         shares one across tasks). Once past its warm-up (``num_warmup_samples``; it predicts
         random numbers before) it is blended in: score = (prior + online) / 2, each scaled to
         [0, 1] within the batch. None (zero-shot) scores with the fleet model alone.
+    audit:
+        Judges the fleet model on this workload's measurements
+        (:class:`tunefleet.filter_audit.FilterAudit`): every measured candidate's fleet score is
+        checked against its run time after each round, and once the model orders fewer than
+        ``audit.min_agreement`` of their pairs right it is dropped and the online model alone
+        scores, as in stock MetaSchedule (:attr:`dropped` says why). The trained model has usually
+        never seen this workload; one that misranks it would otherwise steer half of every score
+        for the whole shard. None (or an online model of None): never dropped.
     """
 
-    def __init__(self, model: TrainedModel, *, online: Any = None) -> None:
+    def __init__(self, model: TrainedModel, *, online: Any = None, audit: FilterAudit | None = None) -> None:
         self.model = model
         self.extractor = ms.feature_extractor.PerStoreFeature()
         self.online = online
+        self.audit = audit if online is not None else None
+        self.dropped: str | None = None
+        """Why the fleet model no longer scores (None while it does)."""
         # a stock XGBModel with the same extractor scores the matrices extracted for the prior
         self._online_shares_features = _same_features(online, self.extractor)
         self.predict_seconds = 0.0
@@ -82,6 +94,21 @@ class FleetCostModel(ms.cost_model.PyCostModel):
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
         if self.online is not None:
             self.online.update(context, candidates, results)
+        if self.audit is not None and self.dropped is None and candidates:
+            self._judge(context, candidates, results)
+
+    def _judge(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+        """Check the fleet model's scores of a measured round against the run times."""
+        keys = [str(i) for i in range(len(candidates))]  # a round's candidates are judged together
+        self.audit.kept(keys, [float(x) for x in self.prior(context, candidates)])
+        for key, res in zip(keys, results, strict=True):
+            secs = [float(x) for x in (res.run_secs or [])] if res.error_msg is None else []
+            self.audit.measured(key, sum(secs) / len(secs) if secs else None)
+        reason = self.audit.check()
+        if reason:
+            self.dropped = reason
+            log.info("warm start ends for %s: %s; the search goes on with MetaSchedule's online model",
+                     getattr(context, "task_name", None) or "this workload", reason)
 
     def prior(self, context: Any, candidates: list[Any]) -> np.ndarray:
         """The fleet model's raw scores (higher = faster)."""
@@ -101,9 +128,14 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         t0 = time.perf_counter()
         if not candidates:
             return np.zeros(0)
+        online = self.online
+        if self.dropped is not None:  # the fleet model misranks this workload: the online model alone
+            scores = np.asarray(online.predict(context, candidates), dtype=np.float64)
+            self.predict_seconds += time.perf_counter() - t0
+            self.predicted += len(candidates)
+            return scores
         matrices = self._features(context, candidates)
         scores = _normalised(self._prior_of(matrices))
-        online = self.online
         if online is not None and online.data_size >= online.num_warmup_samples and online.booster is not None:
             # The evolutionary search asks for thousands of scores a round, and extracting the
             # features is most of their cost: a stock XGBModel with the same extractor scores the

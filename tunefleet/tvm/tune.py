@@ -475,6 +475,7 @@ def tune_shard(
     work_dir: str | None = None,
     pushgateway: str | None = None,
     cost_model: TrainedModel | None = None,
+    warm_start_min_agreement: float = DEFAULT_MIN_AGREEMENT,
     online_model: Any = None,
     transfer: bool = True,
     policy: PreemptionPolicy | None = None,
@@ -491,7 +492,9 @@ def tune_shard(
     are pushed there as it goes. With ``cost_model`` (the class's current trained model) the
     search is warm-started: guided by it from the first round and refined online
     (:class:`tunefleet.tvm.learned.FleetCostModel`); without, MetaSchedule's own XGBModel guides
-    it. ``online_model`` is that XGBModel when the caller keeps one across shards (a fresh one
+    it. The warm start is judged after every round: once the trained model orders fewer than
+    ``warm_start_min_agreement`` of the pairs of this shard's measured candidates right, it is
+    dropped and the online model alone guides the rest of the shard (0: never dropped). ``online_model`` is that XGBModel when the caller keeps one across shards (a fresh one
     otherwise): like stock ``tune_tasks`` over many tasks, it then learns from every shard tuned
     before this one instead of starting each from nothing. With ``transfer``, a workload this
     class never measured first measures the best schedule of the most compatible class that
@@ -595,7 +598,7 @@ def tune_shard(
     if cost_model is not None:
         from tunefleet.tvm.learned import FleetCostModel
 
-        model = FleetCostModel(cost_model, online=online)
+        model = FleetCostModel(cost_model, online=online, audit=FilterAudit(warm_start_min_agreement))
         log.info("shard %d warm-starts with cost model v%s", shard.id, cost_model.version)
     if filter_fraction < 1.0 and filter_model is not None:
         from tunefleet.tvm.learned import FleetCostModel
