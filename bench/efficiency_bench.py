@@ -257,6 +257,7 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
 
     from tunefleet import shards
     from tunefleet.accounting import energy_report
+    from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT
     from tunefleet.models.ingest import ingest
     from tunefleet.pipeline import drain, extract
 
@@ -281,7 +282,7 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
             shards.plan(db, HW, target_trials=trials, model=m.id)
             ids.append(m.id)
         summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=store,
-                        warm_start=warm, warm_start_min_agreement=0.0 if keep_warm else None)
+                        warm_start=warm, warm_start_min_agreement=0.0 if keep_warm else DEFAULT_MIN_AGREEMENT)
         wall = time.perf_counter() - t0
         reading = meter.read()
         # the wasted share from tunefleet's own per-candidate accounting (shared workloads are split

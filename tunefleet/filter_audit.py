@@ -28,15 +28,23 @@ times whose scores order them right (higher score = faster; equal scores count h
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["DEFAULT_MIN_AGREEMENT", "FilterAudit", "agreement"]
+__all__ = ["DEFAULT_MIN_AGREEMENT", "FilterAudit", "agreement", "mean_run_s"]
 
 DEFAULT_MIN_AGREEMENT = 0.6
 """Agreement below which filtering stops (0.5 is a random ranking)."""
+
+
+def mean_run_s(result: Any) -> float | None:
+    """A MetaSchedule ``RunnerResult``'s mean run time in seconds; None when it failed."""
+    if result.error_msg or not result.run_secs:
+        return None
+    secs = [float(x) for x in result.run_secs]
+    return sum(secs) / len(secs)
 
 
 def agreement(scores: np.ndarray, mean_s: np.ndarray) -> tuple[float | None, int]:

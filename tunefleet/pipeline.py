@@ -90,7 +90,7 @@ class Tuner:
 
     def __init__(self, db: Database, hardware: str, *, builder: Any = None, pushgateway: str | None = None,
                  store: ArtifactStore | None = None, warm_start: bool = True,
-                 efficiency: Efficiency | None = None, warm_start_min_agreement: float | None = None) -> None:
+                 efficiency: Efficiency | None = None, warm_start_min_agreement: float = DEFAULT_MIN_AGREEMENT) -> None:
         from tunefleet.efficiency import Efficiency as _Efficiency
         from tunefleet.hardware import check_runs_here
 
@@ -106,8 +106,7 @@ class Tuner:
         self.hardware_class_id = hw.id
         self.store = store
         self.warm_start = warm_start
-        self.warm_start_min_agreement = (DEFAULT_MIN_AGREEMENT if warm_start_min_agreement is None
-                                         else warm_start_min_agreement)
+        self.warm_start_min_agreement = warm_start_min_agreement
         self._model: Any = None
         self._unreadable: int | None = None
         self._warned_no_filter = False
@@ -234,7 +233,7 @@ def drain(
     store: ArtifactStore | None = None,
     warm_start: bool = True,
     efficiency: Efficiency | None = None,
-    warm_start_min_agreement: float | None = None,
+    warm_start_min_agreement: float = DEFAULT_MIN_AGREEMENT,
 ) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left.
 

@@ -28,6 +28,8 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from tunefleet.filter_audit import mean_run_s
+
 if TYPE_CHECKING:
     from tunefleet.costmodel import TrainedModel
     from tunefleet.db import Database
@@ -76,8 +78,6 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         self.extractor = ms.feature_extractor.PerStoreFeature()
         self.online = online
         self.audit = audit if online is not None else None
-        self.dropped: str | None = None
-        """Why the fleet model no longer scores (None while it does)."""
         # a stock XGBModel with the same extractor scores the matrices extracted for the prior
         self._online_shares_features = _same_features(online, self.extractor)
         self.predict_seconds = 0.0
@@ -91,6 +91,11 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         if self.online is not None:
             self.online.save(path)
 
+    @property
+    def dropped(self) -> str | None:
+        """Why the fleet model no longer scores (None while it does)."""
+        return self.audit.stopped if self.audit is not None else None
+
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
         if self.online is not None:
             self.online.update(context, candidates, results)
@@ -102,11 +107,9 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         keys = [str(i) for i in range(len(candidates))]  # a round's candidates are judged together
         self.audit.kept(keys, [float(x) for x in self.prior(context, candidates)])
         for key, res in zip(keys, results, strict=True):
-            secs = [float(x) for x in (res.run_secs or [])] if res.error_msg is None else []
-            self.audit.measured(key, sum(secs) / len(secs) if secs else None)
+            self.audit.measured(key, mean_run_s(res))
         reason = self.audit.check()
         if reason:
-            self.dropped = reason
             log.info("warm start ends for %s: %s; the search goes on with MetaSchedule's online model",
                      getattr(context, "task_name", None) or "this workload", reason)
 
@@ -128,12 +131,17 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         t0 = time.perf_counter()
         if not candidates:
             return np.zeros(0)
-        online = self.online
         if self.dropped is not None:  # the fleet model misranks this workload: the online model alone
-            scores = np.asarray(online.predict(context, candidates), dtype=np.float64)
-            self.predict_seconds += time.perf_counter() - t0
-            self.predicted += len(candidates)
-            return scores
+            scores = np.asarray(self.online.predict(context, candidates), dtype=np.float64)
+        else:
+            scores = self._blend(context, candidates)
+        self.predict_seconds += time.perf_counter() - t0
+        self.predicted += len(candidates)
+        return scores
+
+    def _blend(self, context: Any, candidates: list[Any]) -> np.ndarray:
+        """The fleet model's scores, blended with the online model's once it is past its warm-up."""
+        online = self.online
         matrices = self._features(context, candidates)
         scores = _normalised(self._prior_of(matrices))
         if online is not None and online.data_size >= online.num_warmup_samples and online.booster is not None:
@@ -145,8 +153,6 @@ class FleetCostModel(ms.cost_model.PyCostModel):
             else:
                 theirs = online.predict(context, candidates)
             scores = 0.5 * scores + 0.5 * _normalised(theirs)
-        self.predict_seconds += time.perf_counter() - t0
-        self.predicted += len(candidates)
         return scores
 
 

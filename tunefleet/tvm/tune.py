@@ -37,7 +37,7 @@ from tunefleet.db import Database, NewMeasurement
 from tunefleet.db.database import FILTERED
 from tunefleet.db.models import Shard
 from tunefleet.errors import DatabaseError, TransientError
-from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT, FilterAudit
+from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT, FilterAudit, mean_run_s
 from tunefleet.shards import LeaseLostError
 from tunefleet.tvm.bridge import FleetDatabase
 
@@ -370,8 +370,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
     def notify_runner_results(self, measure_candidates: list[Any], results: list[Any]) -> None:
         if self.audit is not None and not self.audit.stopped and measure_candidates:
             for cand, res in zip(measure_candidates, results, strict=True):
-                secs = None if res.error_msg or not res.run_secs else [float(x) for x in res.run_secs]
-                self.audit.measured(trace_sha256_of(cand.sch), sum(secs) / len(secs) if secs else None)
+                self.audit.measured(trace_sha256_of(cand.sch), mean_run_s(res))
             self._check_audit(self._context)
         self.inner.notify_runner_results(measure_candidates, results)
 
@@ -494,7 +493,8 @@ def tune_shard(
     (:class:`tunefleet.tvm.learned.FleetCostModel`); without, MetaSchedule's own XGBModel guides
     it. The warm start is judged after every round: once the trained model orders fewer than
     ``warm_start_min_agreement`` of the pairs of this shard's measured candidates right, it is
-    dropped and the online model alone guides the rest of the shard (0: never dropped). ``online_model`` is that XGBModel when the caller keeps one across shards (a fresh one
+    dropped and the online model alone guides the rest of the shard (0: never dropped).
+    ``online_model`` is that XGBModel when the caller keeps one across shards (a fresh one
     otherwise): like stock ``tune_tasks`` over many tasks, it then learns from every shard tuned
     before this one instead of starting each from nothing. With ``transfer``, a workload this
     class never measured first measures the best schedule of the most compatible class that
