@@ -47,7 +47,8 @@ database stay stock, so its latencies are stock's, but its wall time and energy 
 Per arm it reports the final latency of each model (median of 3 builds x runs), wall time,
 energy with its source label (the node's meter around the whole arm: RAPL/NVML where present,
 else the CPU-time estimate) and the wasted share: joules spent on candidates that did not beat
-the best so far of their workload (``fstop``: shards in which the audit stopped filtering).
+the best so far of their workload (``fstop``: shards in which the audit stopped filtering;
+``wdrop``: shards that dropped their warm start, which misranked their measurements).
 tunefleet's share comes from its own accounting (each round's joules split over its candidates
 by build + run seconds); stock's from a measure callback that splits each round's joules evenly
 over its candidates (stock does not expose build times per candidate). Prints what it measured;
@@ -194,7 +195,7 @@ def stock_arm(models: list[str], settings: Any, trials: int, per_iter: int, seed
             out["candidates"] += energy.candidates
             out["latency_ms"][name] = _fresh_latency_ms(name, json_dir=work)
     out.update(wall_s=tuned, source=source if builder == "local" else f"{source}*", joules=joules, wasted_pct=100 * wasted / max(1e-9, useful + wasted),
-               filtered=0, preempted=0, filter_stopped=0)
+               filtered=0, preempted=0, filter_stopped=0, warm_dropped=0)
     return out
 
 
@@ -296,19 +297,21 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
         out.update(wall_s=wall, source=reading.source, joules=reading.joules, accounted_joules=accounted,
                    wasted_pct=100 * wasted / max(1e-9, accounted), candidates=summary.measured,
                    filtered=summary.filtered, preempted=summary.preempted, shards=summary.shards_done,
-                   failed=summary.shards_failed, filter_stopped=summary.filter_stopped)
+                   failed=summary.shards_failed, filter_stopped=summary.filter_stopped,
+                   warm_dropped=summary.warm_start_dropped)
     return out
 
 
 def _report(results: dict[str, dict[str, Any]], models: list[str], seed: int, *, stock_costs: bool) -> None:
     print(f"\n-- seed {seed}" + ("" if stock_costs else " (* stock with the persistent builder: its wall and energy "
                                                       "are not stock's)"))
-    head = f"{'arm':<6} {'measured':>8} {'filtered':>8} {'fstop':>5} {'preempt':>7} {'wall s':>8} {'energy J':>10} " \
+    head = f"{'arm':<6} {'measured':>8} {'filtered':>8} {'fstop':>5} {'wdrop':>5} {'preempt':>7} {'wall s':>8} " \
+           f"{'energy J':>10} " \
            f"{'source':>9} " \
            f"{'wasted %':>8} " + " ".join(f"{m + ' ms':>14}" for m in models)
     print(head)
     for arm, r in results.items():
-        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r['filter_stopped']:>5} "
+        print(f"{arm:<6} {r['candidates']:>8} {r['filtered']:>8} {r['filter_stopped']:>5} {r['warm_dropped']:>5} "
               f"{r['preempted']:>7} {r['wall_s']:>8.1f} "
               f"{r['joules']:>10.0f} {r['source']:>9} {r['wasted_pct']:>8.1f} "
               + " ".join(f"{r['latency_ms'][m]:>14.4f}" for m in models))

@@ -188,6 +188,8 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
              summary.filtered or summary.preempted else "")
           + (f", filtering stopped in {summary.filter_stopped} shard(s) whose measurements the cost model did not "
              "rank" if summary.filter_stopped else "")
+          + (f", the warm start dropped in {summary.warm_start_dropped} shard(s) whose measurements it misranked"
+             if summary.warm_start_dropped else "")
           + f") in {summary.seconds:.0f}s")
     return 0 if not summary.shards_failed else 1
 

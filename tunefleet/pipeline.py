@@ -72,6 +72,9 @@ class TuneSummary:
     preempted: int = 0
     filter_stopped: int = 0
     """Shards in which filtering stopped because the cost model did not rank their measurements."""
+    warm_start_dropped: int = 0
+    """Shards whose search the class's trained model stopped guiding because it misranked their
+    measurements."""
 
 
 class Tuner:
@@ -241,7 +244,7 @@ def drain(
     """
     owner = owner or worker_owner()
     started = time.monotonic()
-    done = failed = measured = errors = skipped = filtered = preempted = filter_stopped = 0
+    done = failed = measured = errors = skipped = filtered = preempted = filter_stopped = dropped = 0
     tuner = Tuner(db, hardware, builder=builder, pushgateway=pushgateway, store=store, warm_start=warm_start,
                   efficiency=efficiency, warm_start_min_agreement=warm_start_min_agreement)
     try:
@@ -258,12 +261,13 @@ def drain(
             filtered += result.filtered
             preempted += result.preempted is not None
             filter_stopped += result.filter_stopped is not None
+            dropped += result.warm_start_dropped is not None
             if on_shard is not None:
                 on_shard(result)
     finally:
         tuner.close()
     return TuneSummary(tuner.hardware, done, failed, measured, errors, skipped, time.monotonic() - started,
-                       filtered, preempted, filter_stopped)
+                       filtered, preempted, filter_stopped, dropped)
 
 
 def _worker_main(settings_data: dict[str, Any], hardware: str, kwargs: dict[str, Any]) -> None:

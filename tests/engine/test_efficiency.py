@@ -209,3 +209,20 @@ def test_a_warm_start_that_misranks_the_shard_is_dropped_in_tuning(engine, caplo
                             cost_model=arbitrary_trained_model(), warm_start_min_agreement=1.0)
     assert result.state == "done" and len(_rows(db, big.id)) == 12
     assert f"warm start ends for {big.name}" in caplog.text
+    assert result.warm_start_dropped is not None and "(< 100%)" in result.warm_start_dropped
+    # a later shard of the workload is judged on its 12 committed measurements before its one round
+    # of 2 candidates (too few to judge alone: 4 are needed), and the same model is dropped at once
+    caplog.clear()
+    later = shards.lease(db, "x86", "w", shard_id=_extra_shard(db, big.id, trials=2))
+    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
+        again = tune_shard(db, later, "w", seed=0, num_trials_per_iter=2, cost_model=arbitrary_trained_model(),
+                           warm_start_min_agreement=1.0)
+    assert again.state == "done" and again.measured == 2 and again.warm_start_dropped is not None
+    assert f"warm start ends for {big.name}" in caplog.text
+    # a threshold of 0 keeps it: nothing dropped, nothing logged
+    caplog.clear()
+    kept = shards.lease(db, "x86", "w", shard_id=_extra_shard(db, big.id, trials=2))
+    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
+        same = tune_shard(db, kept, "w", seed=0, num_trials_per_iter=2, cost_model=arbitrary_trained_model(),
+                          warm_start_min_agreement=0.0)
+    assert same.state == "done" and same.warm_start_dropped is None and "warm start ends" not in caplog.text

@@ -113,3 +113,26 @@ def test_the_warm_start_is_dropped_once_the_fleet_model_misranks_the_measurement
     never.update(ctx, rounds[0], _results_ranked(never.prior(ctx, rounds[0]), agree=False))
     assert never.dropped is None
     assert FleetCostModel(arbitrary_trained_model(2), audit=FilterAudit(0.6)).audit is None
+
+
+def test_the_warm_start_is_judged_on_the_workloads_committed_measurements_first(cpu_target: Any) -> None:
+    from tunefleet.filter_audit import FilterAudit
+
+    ctx = _matmul_context(cpu_target)
+    past = _candidates(ctx, 12)
+    online = new_online_model(2)
+
+    def means(model: FleetCostModel, *, agree: bool) -> list[float]:
+        return [float(r.run_secs[0]) for r in _results_ranked(model.prior(ctx, past), agree=agree)]
+
+    # a resumed shard (or a workload measured here before) judges the model before its first round
+    wrong = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
+    wrong.judge_past(ctx, past, means(wrong, agree=False))
+    assert wrong.dropped is not None and wrong.dropped.startswith("the cost model ordered 0% of")
+    right = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
+    right.judge_past(ctx, past, means(right, agree=True))
+    assert right.dropped is None
+    # one past measurement makes no pair: nothing is judged
+    one = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
+    one.judge_past(ctx, past[:1], means(one, agree=False)[:1])
+    assert one.dropped is None and not one.audit.agreement[1]

@@ -99,15 +99,24 @@ class FleetCostModel(ms.cost_model.PyCostModel):
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
         if self.online is not None:
             self.online.update(context, candidates, results)
-        if self.audit is not None and self.dropped is None and candidates:
-            self._judge(context, candidates, results)
+        if candidates:
+            self._judge(context, candidates, [mean_run_s(r) for r in results])
 
-    def _judge(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
-        """Check the fleet model's scores of a measured round against the run times."""
-        keys = [str(i) for i in range(len(candidates))]  # a round's candidates are judged together
+    def judge_past(self, context: Any, candidates: list[Any], means: list[float]) -> None:
+        """Judge the fleet model on measurements committed before this shard (a resumed shard,
+        or a workload measured here before: :func:`tunefleet.tvm.tune.past_candidates`), so one
+        that misranks them is dropped before the first round instead of after it."""
+        if len(candidates) >= 2:
+            self._judge(context, candidates, means)
+
+    def _judge(self, context: Any, candidates: list[Any], means: list[float | None]) -> None:
+        """Check the fleet model's scores of measured candidates against their run times."""
+        if self.audit is None or self.dropped is not None:
+            return
+        keys = [str(i) for i in range(len(candidates))]  # a batch's candidates are judged together
         self.audit.kept(keys, [float(x) for x in self.prior(context, candidates)])
-        for key, res in zip(keys, results, strict=True):
-            self.audit.measured(key, mean_run_s(res))
+        for key, mean in zip(keys, means, strict=True):
+            self.audit.measured(key, mean)
         reason = self.audit.check()
         if reason:
             log.info("warm start ends for %s: %s; the search goes on with MetaSchedule's online model",

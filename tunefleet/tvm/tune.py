@@ -88,6 +88,7 @@ class ShardProgress:
     filtered: int = 0
     stop_reason: str | None = None
     filter_stopped: str | None = None
+    warm_start_dropped: str | None = None
     best_s: float | None = None
     first_best_s: float | None = None
     batches: int = 0
@@ -374,20 +375,11 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
             self._check_audit(self._context)
         self.inner.notify_runner_results(measure_candidates, results)
 
-    def audit_past(self, context: Any, rows: list[Any]) -> None:
+    def audit_past(self, context: Any, cands: list[Any], means: list[float]) -> None:
         """Judge the filter's model on measurements committed before this search (a resumed
-        shard, or a workload tuned before): its first round is then filtered only if the model
-        ranks them. ``rows`` are measurements with ``trace_json`` and ``mean_run_s``."""
-        if self.audit is None or self.scorer is None or self.filter_fraction >= 1.0:
-            return
-        cands, means = [], []
-        for row in rows:
-            try:
-                cands.append(_candidate(context.mod, row.trace_json))
-            except Exception:  # noqa: BLE001 - e.g. a trace another TVM version wrote: not judged
-                continue
-            means.append(float(row.mean_run_s))
-        if len(cands) < 2:
+        shard, or a workload tuned before; :func:`past_candidates`): its first round is then
+        filtered only if the model ranks them."""
+        if self.audit is None or self.scorer is None or self.filter_fraction >= 1.0 or len(cands) < 2:
             return
         keys = [f"committed-{i}" for i in range(len(cands))]
         self.audit.kept(keys, [float(x) for x in self.scorer(context, cands)])
@@ -416,12 +408,27 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
 
 
 _AUDIT_PAST = 64
-"""Committed measurements (the fastest) the filter's model is judged on when a shard starts."""
+"""Committed measurements (the fastest) the filter's and the warm start's models are judged on
+when a shard of a workload measured here before starts."""
 
 
 def new_online_model(threads: int) -> Any:
     """MetaSchedule's XGBModel as stock ``tune_tasks`` creates it for ``cost_model="xgb"``."""
     return ms.cost_model.XGBModel(num_tuning_cores=threads, tree_method="auto")
+
+
+def past_candidates(mod: Any, rows: list[Any]) -> tuple[list[Any], list[float]]:
+    """Committed measurements (``trace_json``, ``mean_run_s``) as MeasureCandidates of ``mod``
+    with their mean run times, to judge a cost model on; a trace that does not apply (e.g. one
+    another TVM version wrote) is left out."""
+    cands, means = [], []
+    for row in rows:
+        try:
+            cands.append(_candidate(mod, row.trace_json))
+        except Exception:  # noqa: BLE001 - not judged
+            continue
+        means.append(float(row.mean_run_s))
+    return cands, means
 
 
 def _entry_func(mod: Any) -> Any:
@@ -457,6 +464,9 @@ class ShardResult:
     unused_trials: int = 0
     filter_stopped: str | None = None
     """Why filtering stopped in this shard (:class:`tunefleet.filter_audit.FilterAudit`), or None."""
+    warm_start_dropped: str | None = None
+    """Why the class's trained model stopped guiding this shard's search (it misranked its
+    measurements: :class:`tunefleet.tvm.learned.FleetCostModel`), or None."""
 
 
 def tune_shard(
@@ -595,18 +605,23 @@ def tune_shard(
     callback: CommitCallback | None = None
     online = online_model if online_model is not None else new_online_model(threads)
     model: Any = online
+    past: tuple[list[Any], list[float]] | None = None
+    if known and (cost_model is not None or (filter_fraction < 1.0 and filter_model is not None)):
+        past = past_candidates(ctx.mod, db.best_measurements(wl.id, hw.id, _AUDIT_PAST))
     if cost_model is not None:
         from tunefleet.tvm.learned import FleetCostModel
 
         model = FleetCostModel(cost_model, online=online, audit=FilterAudit(warm_start_min_agreement))
         log.info("shard %d warm-starts with cost model v%s", shard.id, cost_model.version)
+        if past is not None:
+            model.judge_past(ctx, *past)
     if filter_fraction < 1.0 and filter_model is not None:
         from tunefleet.tvm.learned import FleetCostModel
 
         search.scorer = FleetCostModel(filter_model).prior
         search.audit = FilterAudit(filter_min_agreement)
-        if known:
-            search.audit_past(ctx, db.best_measurements(wl.id, hw.id, _AUDIT_PAST))
+        if past is not None:
+            search.audit_past(ctx, *past)
     accountant = ShardAccountant(db, hw, wl, pushgateway=pushgateway, shard_id=shard.id, attempt=shard.attempts)
     if accountant.metrics is not None and hasattr(runner, "on_degree"):  # the adaptive parallel runner
         from functools import partial
@@ -642,6 +657,7 @@ def tune_shard(
         return ShardResult(shard.id, state, progress.measured, progress.errors, progress.skipped_known,
                            progress.best_s, time.monotonic() - started, commit_s=progress.commit_s)
     finally:
+        progress.warm_start_dropped = getattr(model, "dropped", None)
         if own_builder and hasattr(builder, "shutdown"):
             builder.shutdown()
     t0 = time.perf_counter()
@@ -657,7 +673,8 @@ def tune_shard(
     progress.commit_s += time.perf_counter() - t0
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
                        progress.best_s, time.monotonic() - started, commit_s=progress.commit_s,
-                       filtered=progress.filtered, filter_stopped=progress.filter_stopped)
+                       filtered=progress.filtered, filter_stopped=progress.filter_stopped,
+                       warm_start_dropped=progress.warm_start_dropped)
 
 
 def _end_preempted(db: Database, shard: Shard, owner: str, hardware: str, reason: str, unused: int,
@@ -670,4 +687,5 @@ def _end_preempted(db: Database, shard: Shard, owner: str, hardware: str, reason
                max_attempts=shard.max_attempts)
     return ShardResult(shard.id, "done", progress.measured, progress.errors, progress.skipped_known,
                        progress.best_s, time.monotonic() - started, filtered=progress.filtered,
-                       preempted=reason, unused_trials=unused, filter_stopped=progress.filter_stopped)
+                       preempted=reason, unused_trials=unused, filter_stopped=progress.filter_stopped,
+                       warm_start_dropped=progress.warm_start_dropped)
