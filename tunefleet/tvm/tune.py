@@ -501,9 +501,11 @@ def tune_shard(
     are pushed there as it goes. With ``cost_model`` (the class's current trained model) the
     search is warm-started: guided by it from the first round and refined online
     (:class:`tunefleet.tvm.learned.FleetCostModel`); without, MetaSchedule's own XGBModel guides
-    it. The warm start is judged after every round: once the trained model orders fewer than
-    ``warm_start_min_agreement`` of the pairs of this shard's measured candidates right, it is
-    dropped and the online model alone guides the rest of the shard (0: never dropped).
+    it. The warm start is judged after every round (and, for a workload already measured here,
+    first on those measurements): once the trained model orders fewer than
+    ``warm_start_min_agreement`` of the pairs of the measured candidates right, it is dropped
+    and the online model alone guides the rest of the shard (0: never dropped;
+    ``ShardResult.warm_start_dropped`` says why).
     ``online_model`` is that XGBModel when the caller keeps one across shards (a fresh one
     otherwise): like stock ``tune_tasks`` over many tasks, it then learns from every shard tuned
     before this one instead of starting each from nothing. With ``transfer``, a workload this
