@@ -31,6 +31,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import numpy as np
 
 __all__ = ["DEFAULT_MIN_AGREEMENT", "FilterAudit", "agreement", "mean_run_s"]
@@ -102,8 +104,15 @@ class FilterAudit:
     def measured(self, key: str, mean_s: float | None) -> None:
         """A candidate's measured mean run time (None: it failed; not counted)."""
         score = self._scores.pop(key, None)
-        if score is not None and mean_s is not None and math.isfinite(score):
-            self._measured.append((score, float(mean_s)))
+        if score is not None:
+            self.observe([score], [mean_s])
+
+    def observe(self, scores: Sequence[float], means: Sequence[float | None]) -> None:
+        """Candidates already scored and measured (e.g. committed before this shard, or a round the
+        scores are taken of afterwards): each score with its mean run time (None: failed; not counted)."""
+        for score, mean_s in zip(scores, means, strict=True):
+            if mean_s is not None and math.isfinite(float(score)):
+                self._measured.append((float(score), float(mean_s)))
 
     def check(self) -> str | None:
         """After a round: the reason filtering stops now, or None (also None once already stopped).

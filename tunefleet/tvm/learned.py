@@ -113,10 +113,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         """Check the fleet model's scores of measured candidates against their run times."""
         if self.audit is None or self.dropped is not None:
             return
-        keys = [str(i) for i in range(len(candidates))]  # a batch's candidates are judged together
-        self.audit.kept(keys, [float(x) for x in self.prior(context, candidates)])
-        for key, mean in zip(keys, means, strict=True):
-            self.audit.measured(key, mean)
+        self.audit.observe([float(x) for x in self.prior(context, candidates)], means)
         reason = self.audit.check()
         if reason:
             log.info("warm start ends for %s: %s; the search goes on with MetaSchedule's online model",

@@ -381,10 +381,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         filtered only if the model ranks them."""
         if self.audit is None or self.scorer is None or self.filter_fraction >= 1.0 or len(cands) < 2:
             return
-        keys = [f"committed-{i}" for i in range(len(cands))]
-        self.audit.kept(keys, [float(x) for x in self.scorer(context, cands)])
-        for key, mean in zip(keys, means, strict=True):
-            self.audit.measured(key, mean)
+        self.audit.observe([float(x) for x in self.scorer(context, cands)], means)
         self._check_audit(context)
 
     def _check_audit(self, context: Any) -> None:
