@@ -258,7 +258,7 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
 
     from tunefleet import shards
     from tunefleet.accounting import energy_report
-    from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT
+    from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
     from tunefleet.models.ingest import ingest
     from tunefleet.pipeline import drain, extract
 

@@ -15,12 +15,8 @@ from prefect import flow, tags
 from prefect.artifacts import create_table_artifact
 
 from tunefleet.context import shared_context
-from tunefleet.errors import TunefleetError
+from tunefleet.errors import ParameterError
 from tunefleet.tasks import steps
-
-
-class ParameterError(TunefleetError):
-    """A flow parameter is invalid."""
 
 
 def check_hardware(hardware: list[str]) -> None:

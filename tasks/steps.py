@@ -21,16 +21,12 @@ from prefect.tasks import exponential_backoff
 
 from tunefleet.context import shared_context
 from tunefleet.errors import is_transient
+from tunefleet.vocab import EXPORT_TAG, hardware_tag
 
 log = logging.getLogger("tunefleet.tasks")
 
 RETRIES = 4
 """Task retries for transient failures; with the backoff below they span about 75 s (5+10+20+40)."""
-
-
-def hardware_tag(hardware: str) -> str:
-    """The tag tuning tasks of a hardware class carry (for tag-based concurrency limits)."""
-    return f"tunefleet-hw:{hardware}"
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -126,11 +122,6 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
         publish_fleet_metrics(ctx.db, metrics, report)
         metrics.push(gateway, grouping_key={"instance": "accounting"})
     return [r.as_dict() for r in rows]
-
-
-EXPORT_TAG = "tunefleet-export"
-"""Exports must run one at a time (two would take the same new measurements): `tunefleet deploy`
-sets a concurrency limit of 1 on this tag."""
 
 
 @task(name="export", tags=[EXPORT_TAG], **_RETRY)

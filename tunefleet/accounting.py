@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import case, func, select, update
 
-from tunefleet.db.database import FILTERED
 from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, Workload
+from tunefleet.vocab import FILTERED
 
 if TYPE_CHECKING:
     from tunefleet.db import Database, NewMeasurement

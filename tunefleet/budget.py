@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 
 from tunefleet.db import Database
-from tunefleet.shards import PENDING
-from tunefleet.db.database import FILTERED
 from tunefleet.db.models import Measurement, ModelWorkload, Shard, TuningState, utcnow
+from tunefleet.vocab import FILTERED, PENDING
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,10 @@ when present) and the embedded defaults: a SQLite database and a local artifact 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -21,9 +23,23 @@ from pydantic_settings import (
 )
 
 from tunefleet.errors import ConfigError
-from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT
+from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
 
 ENV_PREFIX = "TUNEFLEET_"
+
+# A database URL's scheme, as SQLAlchemy reads it: dialect[+driver]://... (parsed here without
+# SQLAlchemy, which only tunefleet.db imports).
+_URL_SCHEME = re.compile(r"^(?P<backend>[A-Za-z][A-Za-z0-9_]*)(\+[A-Za-z0-9_]+)?://")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with the password of its user-info replaced by ``***`` (as SQLAlchemy shows it)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user_info, _, host = parts.netloc.rpartition("@")
+    user = user_info.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _default_home() -> Path:
@@ -125,15 +141,11 @@ class Settings(BaseSettings):
     def _valid_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
-
-        try:
-            url = make_url(value)
-        except ArgumentError as exc:
-            raise ValueError(f"not a database URL ({exc})") from None
-        if url.get_backend_name() not in {"sqlite", "postgresql"}:
-            raise ValueError(f"unsupported database {url.get_backend_name()!r}; use sqlite or postgresql")
+        match = _URL_SCHEME.match(value)
+        if match is None:
+            raise ValueError(f"not a database URL ({mask_url(value)!r}): expected dialect[+driver]://...")
+        if match["backend"] not in {"sqlite", "postgresql"}:
+            raise ValueError(f"unsupported database {match['backend']!r}; use sqlite or postgresql")
         return value
 
     @classmethod
@@ -162,8 +174,6 @@ class Settings(BaseSettings):
 
     def masked(self) -> dict[str, Any]:
         """The effective configuration with secrets masked, for display."""
-        from sqlalchemy.engine import make_url
-
         out: dict[str, Any] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
@@ -172,7 +182,7 @@ class Settings(BaseSettings):
             elif isinstance(value, Path):
                 value = str(value)
             out[name] = value
-        out["database_url"] = make_url(self.effective_database_url).render_as_string(hide_password=True)
+        out["database_url"] = mask_url(self.effective_database_url)
         out["store_path"] = str(self.effective_store_path)
         return out
 

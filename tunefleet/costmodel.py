@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tunefleet.errors import TunefleetError
+from tunefleet.ranking import pairwise_credit
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -212,25 +213,6 @@ def model_holdout(db: Database, models: list[str]) -> set[str]:
 
 
 # -- metrics --------------------------------------------------------------------------------------
-def pairwise_credit(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
-    """(sum of credit, number of pairs) over pairs in the same group with different labels.
-
-    A pair earns 1 when the higher label has the higher score, 0.5 when the scores tie; the
-    pairwise accuracy is credit / pairs (also :func:`tunefleet.filter_audit.agreement`).
-    """
-    credit, pairs = 0.0, 0
-    for g in np.unique(groups):
-        idx = np.flatnonzero(groups == g)
-        lab, sc = labels[idx], scores[idx]
-        for start in range(0, len(idx), 512):  # bounded memory for large groups
-            dl = np.sign(lab[start:start + 512, None] - lab[None, :])
-            ds = np.sign(sc[start:start + 512, None] - sc[None, :])
-            valid = dl > 0  # each unordered pair counted once, from its better row
-            pairs += int(valid.sum())
-            credit += float((ds[valid] > 0).sum()) + 0.5 * float((ds[valid] == 0).sum())
-    return credit, pairs
-
-
 def _peak(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, k: int, seed: int) -> float | None:
     rng = np.random.default_rng(seed)
     values = []

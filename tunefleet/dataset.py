@@ -59,7 +59,7 @@ from urllib.parse import quote
 
 from sqlalchemy import delete, func, select, update
 
-from tunefleet.db.database import FILTERED
+from tunefleet.vocab import FILTERED
 from tunefleet.db.models import Dataset, Measurement
 from tunefleet.errors import NotFoundError, TunefleetError
 

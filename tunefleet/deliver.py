@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunefleet.errors import NotFoundError, NotSupportedError
+from tunefleet.errors import CorrectnessError, NotFoundError
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
@@ -250,7 +250,7 @@ def build_model(
     for a, b in zip(outs["tuned"], outs["untuned"], strict=True):
         scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
         if not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
-            raise NotSupportedError(
+            raise CorrectnessError(
                 f"tuned build of {model.name} disagrees with the untuned build (max abs diff {report.max_abs_diff:.3g}); "
                 "a stored schedule is wrong for this model — report it"
             )

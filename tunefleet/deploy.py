@@ -134,7 +134,7 @@ def deploy(hardware: Mapping[str, str], *, pool_type: PoolType = "process", conc
     result = DeployResult(api_url=api_url())
     if concurrency is not None and concurrency < 1:
         raise ConfigError(f"invalid concurrency {concurrency}: must be >= 1")
-    from tunefleet.tasks.steps import EXPORT_TAG, hardware_tag
+    from tunefleet.vocab import EXPORT_TAG, hardware_tag
 
     with get_client(sync_client=True) as client:
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT
+from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
 from tunefleet.preemption import PreemptionPolicy
 
 if TYPE_CHECKING:

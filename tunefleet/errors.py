@@ -58,6 +58,14 @@ class NotSupportedError(TunefleetError):
     """A feature or input that tunefleet does not support (yet)."""
 
 
+class ParameterError(TunefleetError):
+    """A parameter of a command, flow or tuning run is invalid."""
+
+
+class CorrectnessError(TunefleetError):
+    """A result is wrong: e.g. a tuned build whose outputs disagree with the untuned build's."""
+
+
 def is_transient(exc: BaseException) -> bool:
     """True for failures worth retrying: connection problems and lease conflicts, never bad input."""
     return isinstance(exc, TransientError)

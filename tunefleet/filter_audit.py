@@ -35,10 +35,10 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-__all__ = ["DEFAULT_MIN_AGREEMENT", "FilterAudit", "agreement", "mean_run_s"]
+from tunefleet.ranking import agreement
+from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
 
-DEFAULT_MIN_AGREEMENT = 0.6
-"""Agreement below which filtering stops (0.5 is a random ranking)."""
+__all__ = ["DEFAULT_MIN_AGREEMENT", "FilterAudit", "agreement", "mean_run_s"]
 
 
 def mean_run_s(result: Any) -> float | None:
@@ -47,23 +47,6 @@ def mean_run_s(result: Any) -> float | None:
         return None
     secs = [float(x) for x in result.run_secs]
     return sum(secs) / len(secs)
-
-
-def agreement(scores: np.ndarray, mean_s: np.ndarray) -> tuple[float | None, int]:
-    """Share of pairs with different run times that ``scores`` order right, and how many pairs.
-
-    A higher score means predicted faster, so a pair is right when the higher-scored one has the
-    lower run time; equal scores count half: the cost model's pairwise accuracy
-    (:func:`tunefleet.costmodel.pairwise_credit`) with the negated run time as the label and one
-    group. None when no pair has different run times.
-    """
-    import numpy as np
-
-    from tunefleet.costmodel import pairwise_credit
-
-    t = np.asarray(mean_s, dtype=np.float64)
-    credit, pairs = pairwise_credit(-t, np.asarray(scores, dtype=np.float64), np.zeros(len(t), dtype=np.int64))
-    return (credit / pairs if pairs else None), pairs
 
 
 class FilterAudit:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet import shards
 from tunefleet.errors import TunefleetError
-from tunefleet.filter_audit import DEFAULT_MIN_AGREEMENT
+from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings

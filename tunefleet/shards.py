@@ -28,12 +28,10 @@ from sqlalchemy import func, select, update
 from tunefleet.db import Database
 from tunefleet.db.models import Measurement, ModelWorkload, Shard, TuningState, Workload, utcnow
 from tunefleet.errors import NotFoundError, TransientError, TunefleetError
+from tunefleet.vocab import CANCELLED, DEFAULT_LEASE_S, DONE, FAILED, LEASED, PENDING, STATES
 
 log = logging.getLogger(__name__)
 
-PENDING, LEASED, DONE, FAILED, CANCELLED = "pending", "leased", "done", "failed", "cancelled"
-STATES = (PENDING, LEASED, DONE, FAILED, CANCELLED)
-DEFAULT_LEASE_S = 120.0
 
 
 class LeaseLostError(TransientError):

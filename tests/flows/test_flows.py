@@ -7,7 +7,8 @@ from prefect.states import Completed, Failed
 
 from tunefleet.errors import DatabaseUnavailableError, NotFoundError, NotSupportedError
 from tunefleet.flows.pipeline import pipeline
-from tunefleet.flows.steps import ParameterError, plan, tune
+from tunefleet.errors import ParameterError
+from tunefleet.flows.steps import plan, tune
 from tunefleet.models.frontends import ModelFormatError
 from tunefleet.shards import LeaseLostError
 from tunefleet.tasks import steps

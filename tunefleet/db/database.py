@@ -35,15 +35,13 @@ from tunefleet.db.models import (
     Workload,
 )
 from tunefleet.errors import DatabaseError, DatabaseUnavailableError, NotFoundError
+from tunefleet.vocab import FILTERED
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
 
 log = logging.getLogger(__name__)
 
-# ``error_kind`` of a candidate the cost model scored out before measuring: it was never built
-# or run, has no run time and no energy, and counts as a spent trial of its shard.
-FILTERED = "filtered"
 
 # Batches at least this large go through PostgreSQL's COPY path (see _pg_copy.py).
 _COPY_MIN_ROWS = 32

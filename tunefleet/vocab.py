@@ -1,0 +1,35 @@
+"""The words tunefleet's layers share: shard states, candidate kinds, Prefect tags, defaults.
+
+A leaf module (it imports nothing of tunefleet), so the settings, the database layer, the
+engine and the orchestration layer can all name these without importing each other.
+"""
+
+from __future__ import annotations
+
+# -- shard states (the lease state machine: tunefleet.shards) -----------------------------------
+PENDING, LEASED, DONE, FAILED, CANCELLED = "pending", "leased", "done", "failed", "cancelled"
+STATES = (PENDING, LEASED, DONE, FAILED, CANCELLED)
+
+DEFAULT_LEASE_S = 120.0
+"""Lease length of a shard; heartbeats renew it every third of it."""
+
+# -- candidate kinds (a measurement's ``error_kind``) ---------------------------------------------
+BUILD_ERROR, RUN_ERROR = "build", "run"
+FILTERED = "filtered"
+"""A candidate the cost model scored out before measuring: never built or run, no run time and no
+energy; it counts as a spent trial of its shard."""
+
+# -- cost-model audits ------------------------------------------------------------------------------
+DEFAULT_MIN_AGREEMENT = 0.6
+"""Pairwise agreement below which a shard stops trusting the class's trained cost model (filtering
+stops, the warm start is dropped); 0.5 is a random ranking."""
+
+# -- Prefect tags -------------------------------------------------------------------------------------
+EXPORT_TAG = "tunefleet-export"
+"""Exports must run one at a time (two would take the same new measurements): `tunefleet deploy`
+sets a concurrency limit of 1 on this tag."""
+
+
+def hardware_tag(hardware: str) -> str:
+    """The tag tuning tasks of a hardware class carry (for tag-based concurrency limits)."""
+    return f"tunefleet-hw:{hardware}"
