@@ -14,7 +14,7 @@ machine, the arms in turn:
 * ``stock`` — ``ms.tune_tasks`` with LocalBuilder, LocalRunner, JSONDatabase, round-robin over all
   tasks of each model (what ``bench/tune_bench.py`` runs);
 * ``off`` — tunefleet's engine (ingest, extract, plan, drain) with every lever off;
-* ``on`` — the same with ``Efficiency.on()``: plateau preemption with reallocation, filtering of
+* ``on`` — the same with ``TuneOptions.efficient()``: plateau preemption with reallocation, filtering of
   half of each round by the class's trained cost model, energy-aware leasing;
 * ``preempt``, ``filter``, ``energy``, ``parallel`` — one lever alone (``--parallel`` also adds
   the adaptive parallel runner to ``on``);
@@ -23,7 +23,7 @@ machine, the arms in turn:
   model only filters (``filter``/``on``);
 * ``off-keepwarm``, ``on-keepwarm`` (any warm arm) — the warm start is never dropped: without the
   audit that drops the trained model from a shard's search once it misranks the shard's
-  measurements (``warm_start_min_agreement=0``, :class:`tunefleet.tvm.learned.FleetCostModel`);
+  measurements (``warm_start_min_agreement=0``, :class:`tunefleet.engine.learned.FleetCostModel`);
 * ``on-noaudit``, ``filter-noaudit`` (also with ``-cold``) — filtering never stops: without the
   audit that stops it in a shard whose measurements the model does not rank
   (``filter_min_agreement=0``, :mod:`tunefleet.filter_audit`).
@@ -206,7 +206,9 @@ def prior_fleet(home: Path, spec: str, trials: int, per_iter: int, seed: int) ->
     """Tune other shapes of the zoo models in ``home``, export, train the x86 cost model, make it current."""
     from tunefleet import costmodel, dataset, shards
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import drain, extract
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.worker import drain
+    from tunefleet.extraction import extract
 
     home.mkdir(parents=True, exist_ok=True)
     _, db, store = open_home(home)
@@ -218,7 +220,7 @@ def prior_fleet(home: Path, spec: str, trials: int, per_iter: int, seed: int) ->
         m = ingest(db, store, zoo, name=f"prior-{zoo}-{key}{value}", **kwargs).model
         extract(db, store, m, HW)
         shards.plan(db, HW, target_trials=trials, model=m.id)
-    summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, store=None)
+    summary = drain(db, HW, TuneOptions(seed=seed, trials_per_iter=per_iter), store=None)
     version = dataset.export(db, store, hardware=HW)
     res = costmodel.retrain(db, store, HW, holdout_fraction=0.25, seed=seed)
     if not res.promoted:
@@ -231,21 +233,20 @@ def prior_fleet(home: Path, spec: str, trials: int, per_iter: int, seed: int) ->
     return out
 
 
-def _efficiency(arm: str, patience: int, filter_fraction: float, parallel: bool) -> Any:
-    from tunefleet.efficiency import Efficiency
-    from tunefleet.preemption import PreemptionPolicy
-
-    policy = PreemptionPolicy(patience=patience)
+def _efficiency(arm: str, patience: int, filter_fraction: float, parallel: bool) -> dict[str, Any]:
+    """The arm's tuning knobs (:class:`tunefleet.engine.options.TuneOptions` fields)."""
     arm = arm.removesuffix("-keepwarm").removesuffix("-cold")
     audit = {"filter_min_agreement": 0.0} if arm.endswith("-noaudit") else {}
     arm = arm.removesuffix("-noaudit")
-    arms = {
-        "off": Efficiency(),
-        "preempt": Efficiency(policy=policy),
-        "filter": Efficiency(filter_fraction=filter_fraction, **audit),
-        "energy": Efficiency(energy_aware=True),
-        "parallel": Efficiency(parallel=True),
-        "on": Efficiency.on(policy=policy, filter_fraction=filter_fraction, parallel=parallel, **audit),
+    preempt = {"preempt": True, "preempt_patience": patience}
+    arms: dict[str, dict[str, Any]] = {
+        "off": {},
+        "preempt": preempt,
+        "filter": {"filter_fraction": filter_fraction, **audit},
+        "energy": {"energy_aware": True},
+        "parallel": {"parallel_measure": True},
+        "on": {**preempt, "energy_aware": True, "filter_fraction": filter_fraction, "parallel_measure": parallel,
+               **audit},
     }
     if arm not in arms:
         raise SystemExit(f"efficiency_bench: unknown arm {arm!r} (known: stock, {', '.join(arms)})")
@@ -260,7 +261,9 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
     from tunefleet.accounting import energy_report
     from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import drain, extract
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.worker import drain
+    from tunefleet.extraction import extract
 
     keep_warm = arm.endswith("-keepwarm")  # the warm start is never dropped (before its audit)
     arm = arm.removesuffix("-keepwarm")
@@ -282,8 +285,9 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
             extract(db, store, m, HW)
             shards.plan(db, HW, target_trials=trials, model=m.id)
             ids.append(m.id)
-        summary = drain(db, HW, seed=seed, num_trials_per_iter=per_iter, efficiency=eff, store=store,
-                        warm_start=warm, warm_start_min_agreement=0.0 if keep_warm else DEFAULT_MIN_AGREEMENT)
+        options = TuneOptions(seed=seed, trials_per_iter=per_iter, warm_start=warm,
+                              warm_start_min_agreement=0.0 if keep_warm else DEFAULT_MIN_AGREEMENT, **eff)
+        summary = drain(db, HW, options, store=store)
         wall = time.perf_counter() - t0
         reading = meter.read()
         # the wasted share from tunefleet's own per-candidate accounting (shared workloads are split

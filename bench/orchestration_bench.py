@@ -109,7 +109,7 @@ def prepare(env: dict[str, str], shards: int, trials: int) -> tuple[int, int]:
     from tunefleet.db import Database
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import extract
+    from tunefleet.extraction import extract
     from tunefleet.store import open_store
 
     settings = load_settings(home=Path(env["TUNEFLEET_HOME"]), database_url=env["TUNEFLEET_DATABASE_URL"])

@@ -44,9 +44,9 @@ def main() -> int:
     from tunefleet.testing.models import arbitrary_trained_model
     from tunefleet.tvm.builder import import_tensor_intrinsics
     from tunefleet.tvm.extract import extract_workloads
-    from tunefleet.tvm.learned import FleetCostModel, _normalised
+    from tunefleet.engine.learned import FleetCostModel, _normalised
     from tunefleet.tvm.targets import make_target
-    from tunefleet.tvm.tune import new_online_model
+    from tunefleet.engine.shard import new_online_model
 
     with tempfile.TemporaryDirectory() as home:
         spec = builtin_classes(load_settings(home=Path(home)))["x86"]["target"]

@@ -111,7 +111,9 @@ def tunefleet_arm(model: str, loaded: Any, target: Any, trials: int, per_iter: i
     from tunefleet.db import Database
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import drain, extract
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.worker import Tuner, drain
+    from tunefleet.extraction import extract
     from tunefleet.store import open_store
     from tunefleet.tvm.bridge import FleetDatabase
     from tunefleet.tvm.builder import PersistentBuilder
@@ -127,7 +129,7 @@ def tunefleet_arm(model: str, loaded: Any, target: Any, trials: int, per_iter: i
         shards.plan(db, "x86", target_trials=trials, model=m.id)
         builder = _timed_builder(PersistentBuilder(max_workers=threads))
         with ms.Profiler() as prof:
-            summary = drain(db, "x86", seed=seed, num_trials_per_iter=per_iter, builder=builder)
+            summary = drain(db, "x86", tuner=Tuner(db, "x86", TuneOptions(seed=seed, trials_per_iter=per_iter), builder=builder))
         builder.inner.shutdown()
         wall = time.perf_counter() - start
         build_s = builder.seconds

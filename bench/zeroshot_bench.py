@@ -66,7 +66,9 @@ def open_home(home: Path, *, db_file: Path | None = None, store_path: Path | Non
 def tune_all(db: Any, store: Any, models: list[str], trials: int, seed: int) -> dict[str, int]:
     from tunefleet import shards
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import drain, extract
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.worker import drain
+    from tunefleet.extraction import extract
 
     ids = {}
     for name in models:
@@ -77,7 +79,7 @@ def tune_all(db: Any, store: Any, models: list[str], trials: int, seed: int) -> 
     if created:
         t0 = time.perf_counter()
         print(f"tuning {len(created)} shards ({sum(s.trials for s in created)} trials)...", flush=True)
-        summary = drain(db, HW, seed=seed, store=None)  # the training data is tuned cold
+        summary = drain(db, HW, TuneOptions(seed=seed), store=None)  # the training data is tuned cold
         print(f"  tuned in {time.perf_counter() - t0:.0f}s: {summary.measured} measured, "
               f"{summary.shards_failed} shards failed")
     return ids
@@ -166,7 +168,8 @@ def zero_shot(home: Path, db: Any, store: Any, heldout_models: list[str], heldou
 
 def warm_start(home: Path, db: Any, store: Any, heldout: set[str], n: int, trials: int, seed: int) -> None:
     from tunefleet import shards
-    from tunefleet.pipeline import drain
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.worker import drain
 
     hw = db.hardware_class(HW)
     heavy = sorted((db.workload(h) for h in heldout), key=lambda w: -w.flops)[:n]
@@ -179,7 +182,7 @@ def warm_start(home: Path, db: Any, store: Any, heldout: set[str], n: int, trial
             _, adb, _ = open_home(Path(tmp), db_file=copy, store_path=store.root)
             shards.plan(adb, HW, target_trials=trials)
             t0 = time.perf_counter()
-            drain(adb, HW, seed=seed, store=store, warm_start=arm == "warm")
+            drain(adb, HW, TuneOptions(seed=seed, warm_start=arm == "warm"), store=store)
             seconds[arm] = time.perf_counter() - t0
             curves[arm] = {}
             for i in ids:

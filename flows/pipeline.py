@@ -16,9 +16,9 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from tunefleet.errors import NotSupportedError, TunefleetError
+from tunefleet.errors import NotSupportedError, ParameterError, TunefleetError
 from tunefleet.flows import steps as step_flows
-from tunefleet.flows.steps import ParameterError, artifact_key, check_hardware, check_positive
+from tunefleet.flows.steps import artifact_key, check_hardware, check_positive, tune_options
 
 
 def tune_through_deployments(hardware: list[str], parameters: dict[str, Any],
@@ -55,22 +55,25 @@ def pipeline(
     image_size: int | None = None,
     seq_len: int | None = None,
     tune_on: Literal["here", "deployments"] = "here",
-    lease_s: float = 120.0,
-    trials_per_iter: int = 64,
+    lease_s: float | None = None,
+    trials_per_iter: int | None = None,
     seed: int | None = None,
     build: bool = True,
     output_dir: str | None = None,
 ) -> dict[str, Any]:
     """Tune every workload of ``models`` to ``trials`` trials on each of ``hardware``, then build.
 
-    Returns ``{"models", "extracted", "planned", "tuned", "energy", "builds"}`` (plain dicts).
+    ``lease_s``, ``trials_per_iter`` and ``seed`` override the settings of the same names
+    (``TUNEFLEET_LEASE_S``, ...). Returns ``{"models", "extracted", "planned", "tuned", "energy",
+    "builds"}`` (plain dicts).
     """
     logger = get_run_logger()
     if not models:
         raise ParameterError("invalid parameter models: give at least one model")
     check_hardware(hardware)
-    check_positive(trials=trials, shard_trials=shard_trials, lease_s=lease_s, trials_per_iter=trials_per_iter,
-                   batch_size=batch_size, image_size=image_size, seq_len=seq_len)
+    check_positive(trials=trials, shard_trials=shard_trials, batch_size=batch_size, image_size=image_size,
+                   seq_len=seq_len)
+    tune_params = tune_options(lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
     if tune_on == "here":  # fail before any work, not after ingesting and planning
         from tunefleet.context import shared_context
         from tunefleet.hardware import check_runs_here
@@ -86,7 +89,6 @@ def pipeline(
     model_ids = [m["model_id"] for m in ingested]
     extracted = step_flows.extract(model_ids, hardware)
     planned = step_flows.plan(hardware, trials=trials, model_ids=model_ids, shard_trials=shard_trials)
-    tune_params = {"lease_s": lease_s, "trials_per_iter": trials_per_iter, "seed": seed}
     if tune_on == "deployments":
         tuned = tune_through_deployments(hardware, tune_params)
     else:

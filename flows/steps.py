@@ -17,6 +17,7 @@ from prefect.artifacts import create_table_artifact
 from tunefleet.context import shared_context
 from tunefleet.errors import ParameterError
 from tunefleet.tasks import steps
+from tunefleet.vocab import hardware_tag
 
 
 def check_hardware(hardware: list[str]) -> None:
@@ -32,6 +33,15 @@ def check_positive(**values: float | None) -> None:
     for name, value in values.items():
         if value is not None and value <= 0:
             raise ParameterError(f"invalid parameter {name}: {value} (must be positive)")
+
+
+def tune_options(**parameters: Any) -> dict[str, Any]:
+    """Tuning-knob parameters (named like :class:`tunefleet.config.TuneKnobs` fields) checked once
+    against the settings, here in the flow and before any work; the given ones, to pass to
+    ``tune_shard`` tasks."""
+    given = {name: value for name, value in parameters.items() if value is not None}
+    shared_context().options(**given)  # raises ParameterError naming the first bad parameter
+    return given
 
 
 def check_verify(verify: int) -> None:
@@ -73,19 +83,22 @@ def plan(hardware: list[str], trials: int = 8, model_ids: list[int] | None = Non
 
 
 @flow(name="tune")
-def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float = 120.0,
-         trials_per_iter: int = 64, seed: int | None = None) -> dict[str, Any]:
+def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | None = None,
+         trials_per_iter: int | None = None, seed: int | None = None) -> dict[str, Any]:
     """Lease and tune pending shards of one hardware class on this node until none is left.
+
+    ``lease_s``, ``trials_per_iter`` and ``seed`` override the settings of the same names.
 
     A shard whose worker died is taken over once its lease (``lease_s``) expires and resumes from
     what was committed; a shard leased by another live worker is left alone.
     """
     check_hardware([hardware])
-    check_positive(max_shards=max_shards, lease_s=lease_s, trials_per_iter=trials_per_iter)
+    check_positive(max_shards=max_shards)
+    options = tune_options(lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
     results: list[dict[str, Any]] = []
-    with tags(steps.hardware_tag(hardware)):
+    with tags(hardware_tag(hardware)):
         while max_shards is None or len(results) < max_shards:
-            result = steps.tune_shard(hardware, lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
+            result = steps.tune_shard(hardware, options)
             if result is None:
                 break
             results.append(result)

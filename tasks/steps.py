@@ -1,7 +1,7 @@
 """One thin Prefect task per pipeline step over the ``tunefleet`` core.
 
-The logic lives in :mod:`tunefleet.pipeline`, :mod:`tunefleet.shards`, :mod:`tunefleet.deliver`
-and :mod:`tunefleet.models.ingest`; these tasks only add what Prefect is for: retries with backoff
+The logic lives in :mod:`tunefleet.extraction`, :mod:`tunefleet.engine`, :mod:`tunefleet.shards`,
+:mod:`tunefleet.deliver` and :mod:`tunefleet.models.ingest`; these tasks only add what Prefect is for: retries with backoff
 for transient failures (a lost database or S3 connection, a lease conflict — never a corrupt
 model or an invalid target), names, and plain-dict results. Every task opens the process's
 shared :class:`~tunefleet.context.Context` from the environment (``TUNEFLEET_*``), so the same
@@ -61,7 +61,7 @@ def extract(model_id: int, hardware: str) -> dict[str, Any]:
     """Extract and store a model's workloads for one hardware class."""
     from dataclasses import asdict
 
-    from tunefleet.pipeline import extract as extract_workloads
+    from tunefleet.extraction import extract as extract_workloads
 
     ctx = shared_context()
     return asdict(extract_workloads(ctx.db, ctx.store, ctx.db.model(model_id), hardware))
@@ -84,24 +84,24 @@ def plan(hardware: str, trials: int, model_ids: list[int] | None = None, shard_t
 
 
 @task(name="tune_shard", **_RETRY)
-def tune_shard(hardware: str, lease_s: float = 120.0, trials_per_iter: int = 64, seed: int | None = None,
-               shard_id: int | None = None) -> dict[str, Any] | None:
+def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: int | None = None) -> dict[str, Any] | None:
     """Lease the next shard of a hardware class, tune it (heartbeating, committing every batch).
 
-    Returns the shard's result, or None when no shard is pending. The lease owner includes the
-    task run id: a retry after a lost connection reclaims its own shard at once, while a run
-    whose worker died leaves the shard to whoever leases it after the lease expires.
+    ``options`` override the settings' tuning knobs by name (see
+    :class:`tunefleet.engine.options.TuneOptions`). Returns the shard's result, or None when no
+    shard is pending. The lease owner includes the task run id: a retry after a lost connection
+    reclaims its own shard at once, while a run whose worker died leaves the shard to whoever
+    leases it after the lease expires.
     """
     from dataclasses import asdict
 
     from prefect.runtime import task_run
 
-    from tunefleet.pipeline import worker_owner
+    from tunefleet.engine.worker import worker_owner
 
     ctx = shared_context()
     owner = f"{worker_owner()}:{task_run.id}"
-    result = ctx.tuner(hardware).tune_next(ctx.db, owner, lease_s=lease_s, num_trials_per_iter=trials_per_iter,
-                                           seed=seed, shard_id=shard_id)
+    result = ctx.tuner(hardware).tune_next(ctx.db, owner, ctx.options(**(options or {})), shard_id=shard_id)
     return None if result is None else asdict(result)
 
 

@@ -21,6 +21,7 @@ from tunefleet.errors import TunefleetError
 if TYPE_CHECKING:
     from tunefleet.config import Settings
     from tunefleet.db import Database
+    from tunefleet.engine.options import TuneOptions
 
 log = logging.getLogger("tunefleet")
 
@@ -137,7 +138,7 @@ def cmd_hardware_list(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- pipeline steps -------------------------------------------------------------------------
 def cmd_extract(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.pipeline import extract
+    from tunefleet.extraction import extract
 
     ctx = Context(settings)
     res = extract(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware)
@@ -161,27 +162,30 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def tune_options(args: argparse.Namespace, settings: Settings) -> TuneOptions:
+    """The run's tuning options: the settings, overridden by every flag named like a
+    :class:`~tunefleet.config.TuneKnobs` field that was given, then ``--cold`` and ``--efficient``."""
+    from tunefleet.config import TuneKnobs
+    from tunefleet.engine.options import TuneOptions
+
+    given = {name: getattr(args, name, None) for name in TuneKnobs.model_fields}
+    options = TuneOptions.from_settings(settings, **given)
+    if getattr(args, "cold", False):
+        options = options.replace(warm_start=False)
+    return options.efficient() if getattr(args, "efficient", False) else options
+
+
 def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.pipeline import drain, tune_with_workers
+    from tunefleet.engine.worker import drain, tune_with_workers
 
-    from tunefleet.efficiency import Efficiency
-
-    if args.cold:
-        settings = settings.model_copy(update={"warm_start": False})
-    if args.efficient:
-        settings = settings.model_copy(update={"preempt": True, "energy_aware": True,
-                                               "filter_fraction": min(settings.filter_fraction, 0.5)})
+    options = tune_options(args, settings)
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
     if args.workers > 1:
-        codes = tune_with_workers(settings, args.hardware, workers=args.workers, max_shards=args.max_shards,
-                                  lease_s=args.lease_s, num_trials_per_iter=args.trials_per_iter, seed=args.seed)
+        codes = tune_with_workers(settings, args.hardware, options, workers=args.workers, max_shards=args.max_shards)
         print(f"workers exited with {codes}")
         return 0 if not any(codes) else 1
-    summary = drain(ctx.db, args.hardware, max_shards=args.max_shards, seed=args.seed, lease_s=args.lease_s,
-                    num_trials_per_iter=args.trials_per_iter, pushgateway=settings.metrics_pushgateway,
-                    store=ctx.store, warm_start=settings.warm_start, efficiency=Efficiency.from_settings(settings),
-                    warm_start_min_agreement=settings.warm_start_min_agreement)
+    summary = drain(ctx.db, args.hardware, options, max_shards=args.max_shards, store=ctx.store)
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known"
           + (f", {summary.filtered} filtered, {summary.preempted} shard(s) preempted" if args.efficient or
@@ -256,10 +260,14 @@ def _best_transferred(ctx: Context, args: argparse.Namespace) -> int:
     from tunefleet.errors import NotFoundError
     from tunefleet.transfer import transfer_best
 
-    found = transfer_best(ctx.db, args.workload, args.hardware, verify=bool(args.verify))
+    found = transfer_best(ctx.db, args.workload, args.hardware)
     if found is None:
         raise NotFoundError(f"no measurement of workload {args.workload} on {args.hardware}, and no compatible "
                             "class has a schedule that builds for it")
+    if args.verify:
+        from tunefleet.engine.worker import verify_transfer
+
+        verify_transfer(ctx.db, found)
     if args.json:
         _print_json([found.as_dict()])
         return 0
@@ -676,9 +684,11 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--hardware", default="x86")
     tu.add_argument("--workers", type=int, default=1)
     tu.add_argument("--max-shards", type=int, default=None)
-    tu.add_argument("--seed", type=int, default=None)
-    tu.add_argument("--lease-s", type=float, default=120.0, help="lease length; heartbeats renew it every third")
-    tu.add_argument("--trials-per-iter", type=int, default=64, help="candidates measured per batch")
+    tu.add_argument("--seed", type=int, default=None, help="seed of the search (default TUNEFLEET_SEED, else random)")
+    tu.add_argument("--lease-s", type=float, default=None,
+                    help="lease length in seconds; heartbeats renew it every third (default TUNEFLEET_LEASE_S, 120)")
+    tu.add_argument("--trials-per-iter", type=int, default=None,
+                    help="candidates measured per batch (default TUNEFLEET_TRIALS_PER_ITER, 64)")
     tu.add_argument("--cold", action="store_true",
                     help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
     tu.add_argument("--efficient", action="store_true",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,7 +23,7 @@ from pydantic_settings import (
 )
 
 from tunefleet.errors import ConfigError
-from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
+from tunefleet.vocab import DEFAULT_LEASE_S, DEFAULT_MIN_AGREEMENT
 
 ENV_PREFIX = "TUNEFLEET_"
 
@@ -57,8 +57,50 @@ def _config_file() -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-class Settings(BaseSettings):
-    """Effective tunefleet configuration (see the README's configuration table)."""
+class TuneKnobs(BaseModel):
+    """Every knob a tuning run takes, declared once: a setting (``TUNEFLEET_<NAME>``) and a field of
+    the engine's options object (:class:`tunefleet.engine.options.TuneOptions`), which CLI flags and
+    flow parameters of the same name override. A new knob is one field here."""
+
+    lease_s: float = Field(default=DEFAULT_LEASE_S, gt=0, description="Shard lease length in seconds; "
+                           "heartbeats renew it every third.")
+    trials_per_iter: int = Field(default=64, ge=1, description="Candidates measured per batch.")
+    seed: int | None = Field(default=None, description="Seed of the search (None: random).")
+    transfer: bool = Field(default=True, description="A workload this class never measured first measures the "
+                           "best schedule of the most compatible class that builds here.")
+    metrics_pushgateway: str | None = Field(
+        default=None,
+        description="Prometheus Pushgateway (host:port or URL) that tuning shards push their metrics to.")
+    warm_start: bool = Field(
+        default=True,
+        description="New tuning shards start with the class's current cost model (if one was promoted).")
+    warm_start_min_agreement: float = Field(
+        default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
+        description="Drop the warm start in a shard once the cost model orders fewer than this share of pairs of "
+        "its measured candidates right (the online model alone guides the rest); 0: never drop it.")
+    # Cost-efficient tuning; all off by default, `tune --efficient` turns them on.
+    preempt: bool = Field(default=False, description="Stop tuning workloads whose best latency plateaued; "
+                          "their unused trials go to workloads still improving.")
+    preempt_epsilon: float = Field(default=0.01, ge=0, le=1, description="A round improving the best by at "
+                                   "most this fraction is stale.")
+    preempt_patience: int = Field(default=3, ge=1, le=1000, description="Stale rounds in a row that make a plateau.")
+    preempt_min_gain_us_per_kj: float = Field(default=0.0, ge=0, description="Stop a workload whose weighted "
+                                              "model-latency gain over its last rounds falls below this (us per kJ); 0: off.")
+    filter_fraction: float = Field(default=1.0, gt=0, le=1, description="Measure only this best-scored fraction of "
+                                   "each round (the cost model filters); 1: measure all.")
+    filter_min_agreement: float = Field(default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
+                                        description="Filter in a shard only while the cost model orders at least this "
+                                        "share of pairs of its measured candidates right (rounds are measured in "
+                                        "full until it does); 0: filter from the first round, never stop.")
+    energy_aware: bool = Field(default=False, description="Lease shards by expected model-latency gain per joule.")
+    parallel_measure: bool = Field(default=False, description="Measure candidates with the adaptive parallel runner.")
+    parallel_max_degree: int | None = Field(default=None, ge=1, le=256, description="Most candidates measured at "
+                                            "once (default: the usable cores on CPU).")
+
+
+class Settings(BaseSettings, TuneKnobs):
+    """Effective tunefleet configuration (see the README's configuration table); the tuning knobs
+    are declared in :class:`TuneKnobs`."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
@@ -94,34 +136,6 @@ class Settings(BaseSettings):
         "target, node_pool, watts_per_core, idle_watts, watts_per_gpu, price_per_hour.",
     )
 
-    metrics_pushgateway: str | None = Field(
-        default=None,
-        description="Prometheus Pushgateway (host:port or URL) that tuning shards push their metrics to.")
-    warm_start: bool = Field(
-        default=True,
-        description="New tuning shards start with the class's current cost model (if one was promoted).")
-    warm_start_min_agreement: float = Field(
-        default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
-        description="Drop the warm start in a shard once the cost model orders fewer than this share of pairs of "
-        "its measured candidates right (the online model alone guides the rest); 0: never drop it.")
-    # Cost-efficient tuning (tunefleet.efficiency); all off by default, `tune --efficient` turns them on.
-    preempt: bool = Field(default=False, description="Stop tuning workloads whose best latency plateaued; "
-                          "their unused trials go to workloads still improving.")
-    preempt_epsilon: float = Field(default=0.01, ge=0, le=1, description="A round improving the best by at "
-                                   "most this fraction is stale.")
-    preempt_patience: int = Field(default=3, ge=1, le=1000, description="Stale rounds in a row that make a plateau.")
-    preempt_min_gain_us_per_kj: float = Field(default=0.0, ge=0, description="Stop a workload whose weighted "
-                                              "model-latency gain over its last rounds falls below this (us per kJ); 0: off.")
-    filter_fraction: float = Field(default=1.0, gt=0, le=1, description="Measure only this best-scored fraction of "
-                                   "each round (the cost model filters); 1: measure all.")
-    filter_min_agreement: float = Field(default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
-                                        description="Filter in a shard only while the cost model orders at least this "
-                                        "share of pairs of its measured candidates right (rounds are measured in "
-                                        "full until it does); 0: filter from the first round, never stop.")
-    energy_aware: bool = Field(default=False, description="Lease shards by expected model-latency gain per joule.")
-    parallel_measure: bool = Field(default=False, description="Measure candidates with the adaptive parallel runner.")
-    parallel_max_degree: int | None = Field(default=None, ge=1, le=256, description="Most candidates measured at "
-                                            "once (default: the usable cores on CPU).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tunefleet.config import Settings
     from tunefleet.db import Database
-    from tunefleet.pipeline import Tuner
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.worker import Tuner
     from tunefleet.store import ArtifactStore
 
 
@@ -52,19 +53,21 @@ class Context:
             self._store = open_store(self.settings)
         return self._store
 
+    def options(self, **overrides: object) -> TuneOptions:
+        """The settings' tuning options with ``overrides`` (None leaves a setting), validated."""
+        from tunefleet.engine.options import TuneOptions
+
+        return TuneOptions.from_settings(self.settings, **overrides)
+
     def tuner(self, hardware: str) -> Tuner:
         """The tuner of a hardware class, created on first use and kept until :meth:`close`."""
-        from tunefleet.efficiency import Efficiency
-        from tunefleet.pipeline import Tuner
+        from tunefleet.engine.worker import Tuner
 
         db = self.db
         with self._lock:
             tuner = self._tuners.get(hardware)
             if tuner is None:
-                tuner = self._tuners[hardware] = Tuner(db, hardware, pushgateway=self.settings.metrics_pushgateway,
-                                                       store=self._store_unlocked(), warm_start=self.settings.warm_start,
-                                                       efficiency=Efficiency.from_settings(self.settings),
-                                                       warm_start_min_agreement=self.settings.warm_start_min_agreement)
+                tuner = self._tuners[hardware] = Tuner(db, hardware, self.options(), store=self._store_unlocked())
             return tuner
 
     def close(self) -> None:

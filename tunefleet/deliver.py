@@ -9,6 +9,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,13 @@ def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> flo
 _EMPTY_TRACE_JSON = '[[],[]]'
 
 
+def _transfer_lookup(db: Database, hardware: str) -> Callable[[int], Any]:
+    """Workload id -> the best schedule a compatible class has for it (the bridge's transfer answer)."""
+    from tunefleet.transfer import transfer_best
+
+    return lambda workload_id: transfer_best(db, workload_id, hardware)
+
+
 def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False) -> Any:
     """A MetaSchedule ``Database`` over the fleet's measurements of one hardware class.
 
@@ -83,7 +91,7 @@ def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False
     """
     from tunefleet.tvm.bridge import FleetDatabase
 
-    return FleetDatabase(db, hardware, with_transfer=transfer)
+    return FleetDatabase(db, hardware, transfer=_transfer_lookup(db, hardware) if transfer else None)
 
 
 def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> tuple[int, int]:
@@ -223,7 +231,8 @@ def build_model(
     with target:
         # compile_relax runs the fusion passes itself: hand it the module before them (extract.py).
         prepared = prepare_for_build(loaded.mod, target, loaded.params)
-        fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot, with_transfer=transfer)
+        fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot,
+                                 transfer=_transfer_lookup(db, hardware) if transfer else None)
         tuned_exec = ms.relax_integration.compile_relax(fleet_db, prepared, target, params=None)
     report.transferred_workloads = sum(v is not None for v in fleet_db.transferred.values())
     report.default_workloads -= report.transferred_workloads

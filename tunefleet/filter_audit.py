@@ -1,11 +1,9 @@
 """The filter checks its cost model against the measurements of the workload it filters.
 
-Filtering (``Efficiency.filter_fraction``) drops the worse-scored part of every round before it
+Filtering (``TuneOptions.filter_fraction``) drops the worse-scored part of every round before it
 is measured, and a dropped candidate spends its trial. That pays only if the class's trained
 model can rank *this* workload's candidates; a model that ranks them no better than a coin
-throws half of the trials away (in ``bench/efficiency_bench.py``, filtering half of each round
-with a model of held-out pairwise accuracy 0.54-0.55 lost small-cnn latency in 4 of 5 seeded
-comparisons with measuring everything: 1.05-1.76x).
+throws half of the trials away (``docs/performance.md`` has the efficiency bench's figures).
 
 :class:`FilterAudit` keeps, for every scored search candidate that is measured, its score and then
 its measured mean run time, and computes the *agreement*: the share of pairs with different run
@@ -28,25 +26,15 @@ times whose scores order them right (higher score = faster; equal scores count h
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    import numpy as np
+from typing import TYPE_CHECKING
 
 from tunefleet.ranking import agreement
 from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
 
-__all__ = ["DEFAULT_MIN_AGREEMENT", "FilterAudit", "agreement", "mean_run_s"]
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
-
-def mean_run_s(result: Any) -> float | None:
-    """A MetaSchedule ``RunnerResult``'s mean run time in seconds; None when it failed."""
-    if result.error_msg or not result.run_secs:
-        return None
-    secs = [float(x) for x in result.run_secs]
-    return sum(secs) / len(secs)
+__all__ = ["DEFAULT_MIN_AGREEMENT", "FilterAudit", "agreement"]
 
 
 class FilterAudit:

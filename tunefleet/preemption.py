@@ -10,7 +10,7 @@ After every measured round of a shard, :func:`observe_round` updates the persist
   (call count x seconds the best got faster) per joule spent fell below ``min_gain_us_per_kj``
   microseconds per kilojoule.
 
-A stopped workload is marked ``preempted``: its shard ends early (``tunefleet.tvm.tune``), the
+A stopped workload is marked ``preempted``: its shard ends early (:class:`tunefleet.engine.policies.Preemption`), the
 trials it did not use go to workloads still improving (:func:`tunefleet.budget.reallocate`), its
 later shards end at once, and planning skips it until ``tunefleet plan --reset-plateaus``.
 Because the state lives in the database, a shard resumed by another worker after a crash keeps

@@ -117,13 +117,12 @@ def transfer_candidates(db: Database, wl: Workload, asking: HardwareClass) -> li
     return ranked
 
 
-def transfer_best(db: Database, workload: str | int, hardware: str, *, verify: bool = False,
-                  tuner: Any = None) -> TransferredSchedule | None:
+def transfer_best(db: Database, workload: str | int, hardware: str) -> TransferredSchedule | None:
     """The best schedule of the most compatible class that builds for ``hardware``, or None.
 
     Only for a workload the class has no measurement of (otherwise there is nothing to borrow:
-    use :func:`tunefleet.deliver.best`). With ``verify``, it is measured here (needs a node that
-    can run the class) and committed as an ordinary measurement.
+    use :func:`tunefleet.deliver.best`). :func:`tunefleet.engine.worker.verify_transfer`
+    measures it here and commits it as an ordinary measurement.
     """
     wl = db.workload(workload)
     asking = db.hardware_class(hardware)
@@ -133,27 +132,9 @@ def transfer_best(db: Database, workload: str | int, hardware: str, *, verify: b
         for row in db.best_measurements(wl.id, source.id, CANDIDATES_PER_SOURCE):
             if not builds_for(wl, asking, row.trace_json):
                 continue
-            found = TransferredSchedule(wl.structural_hash, asking.name, source.name, float(row.mean_run_s or 0.0),
-                                        row.id, score, row.trace_json, row.args_info)
-            if verify:
-                found.verified_mean_run_s = _verify(db, wl, asking, found, tuner)
-            return found
+            return TransferredSchedule(wl.structural_hash, asking.name, source.name, float(row.mean_run_s or 0.0),
+                                       row.id, score, row.trace_json, row.args_info)
     return None
-
-
-def _verify(db: Database, wl: Workload, hw: HardwareClass, found: TransferredSchedule, tuner: Any) -> float | None:
-    from tunefleet.pipeline import Tuner
-    from tunefleet.tvm.learned import measure_traces
-
-    own = tuner is None
-    tuner = tuner or Tuner(db, hw.name)
-    try:
-        measure_traces(db, wl, hw, [(found.trace_json, found.args_info)], builder=tuner.builder, runner=tuner.runner)
-    finally:
-        if own:
-            tuner.close()
-    best = db.best_measurements(wl.id, hw.id, 1)
-    return float(best[0].mean_run_s) if best and best[0].mean_run_s is not None else None
 
 
 __all__ = ["TransferredSchedule", "builds_for", "compatibility", "transfer_best", "transfer_candidates"]

@@ -2,7 +2,7 @@
 
 For every workload of a hardware class with no measurement there, :func:`predict_workloads`
 runs the evolutionary search guided by the class's current cost model alone
-(:func:`tunefleet.tvm.learned.propose`) and stores its ``top_k`` proposals in the
+(:func:`propose`) and stores its ``top_k`` proposals in the
 ``predictions`` table — never among the measurements, so ``best``, the MetaSchedule
 ``Database`` and the datasets never see them as measured. With ``verify=K`` the top K proposals
 of each such workload are then built and measured on this node and committed as ordinary
@@ -14,6 +14,8 @@ Re-running is idempotent: a workload the current model already predicted is not 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,8 @@ from tunefleet.errors import NotSupportedError, TunefleetError
 if TYPE_CHECKING:
     from tunefleet.costmodel import TrainedModel
     from tunefleet.db import Database
-    from tunefleet.pipeline import Tuner
+    from tunefleet.db.models import HardwareClass, Workload
+    from tunefleet.engine.worker import Tuner
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -102,7 +105,7 @@ def predict_workloads(
     ``tuner`` (its builder and runner) measures the verified proposals; one is created for the
     class when ``verify`` is set and none is given (which refuses a class this node cannot run).
     """
-    from tunefleet.tvm.learned import measure_traces, propose
+    from tunefleet.engine.learned import measure_traces
 
     if top_k < 1:
         raise TunefleetError(f"top_k must be >= 1, got {top_k}")
@@ -112,7 +115,7 @@ def predict_workloads(
     model = model or require_model(db, store, hardware)
     own_tuner = None
     if verify and tuner is None:
-        from tunefleet.pipeline import Tuner
+        from tunefleet.engine.worker import Tuner
 
         tuner = own_tuner = Tuner(db, hardware)
     result = ZeroShotResult(hw.name, model.version)
@@ -155,3 +158,95 @@ def model_workload_ids(db: Database, model_id: int) -> list[int]:
 
 __all__ = ["DEFAULT_TOP_K", "WorkloadPrediction", "ZeroShotResult", "model_workload_ids", "predict_workloads",
            "require_model"]
+
+
+@dataclass
+class Proposal:
+    """A schedule the cost model proposes for a workload (not measured)."""
+
+    trace_json: str
+    trace_sha256: str
+    score: float
+    args_info: list[Any]
+
+
+@dataclass
+class ProposeResult:
+    proposals: list[Proposal]
+    candidates_scored: int
+    seconds: float
+
+
+def _context(wl: Workload, hw: HardwareClass, *, population: int, generations: int, seed: int,
+             num_threads: int | None) -> Any:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.tvm.builder import import_tensor_intrinsics
+    from tunefleet.tvm.targets import make_target
+
+    import_tensor_intrinsics()
+    threads = num_threads or int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+    return ms.TuneContext(
+        tvm.ir.load_json(wl.tir_json), target=make_target(hw.target), space_generator="post-order-apply",
+        search_strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=population, init_min_unmeasured=min(50, population), genetic_num_iters=generations),
+        task_name=wl.name, rand_state=seed, num_threads=threads,
+    )
+
+
+def propose(
+    wl: Workload,
+    hw: HardwareClass,
+    model: TrainedModel,
+    *,
+    top_k: int = 5,
+    candidates: int = 32,
+    population: int = 64,
+    generations: int = 2,
+    seed: int = 0,
+    num_threads: int | None = None,
+) -> ProposeResult:
+    """Search one workload guided by ``model`` alone and return its ``top_k`` best-scored schedules.
+
+    One round of MetaSchedule's evolutionary search (``population`` random schedules evolved for
+    ``generations`` generations of mutation with the model as fitness) yields ``candidates``
+    schedules; they and the default (unscheduled) program are scored again and the ``top_k``
+    distinct ones returned, best first. Nothing is built or measured.
+
+    The cost is dominated by MetaSchedule's ``PerStoreFeature`` extraction, paid for every
+    schedule of every generation; the defaults are sized for seconds per task, smaller than a
+    tuning round's 512 x 4 (``docs/performance.md`` has the measured figures).
+    """
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.engine.learned import FleetCostModel
+    from tunefleet.tvm.traces import candidate, trace_json_of, trace_sha256_of
+
+    t0 = time.perf_counter()
+    ctx = _context(wl, hw, population=population, generations=generations, seed=seed, num_threads=num_threads)
+    cost = FleetCostModel(model)
+    spaces = ctx.generate_design_space()
+    ctx.pre_tuning(max_trials=candidates, num_trials_per_iter=candidates, design_spaces=spaces,
+                   database=ms.database.MemoryDatabase(), cost_model=cost)
+    try:
+        found = list(ctx.generate_measure_candidates() or [])
+    finally:
+        ctx.post_tuning()
+    mod = ctx.mod
+    if ctx.target.kind.name == "llvm":  # the default schedule is a valid candidate on CPU only
+        found.append(candidate(mod))
+    scores = cost.prior(ctx, found)
+    seen: set[str] = set()
+    out: list[Proposal] = []
+    for i in np.argsort(-scores, kind="stable"):
+        cand = found[int(i)]
+        key = trace_sha256_of(cand.sch)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Proposal(trace_json_of(cand.sch), key, float(scores[i]), [a.as_json() for a in cand.args_info]))
+        if len(out) >= top_k:
+            break
+    return ProposeResult(out, len(found), time.perf_counter() - t0)

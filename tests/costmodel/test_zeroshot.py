@@ -15,8 +15,10 @@ from tunefleet import costmodel, dataset, shards
 from tunefleet.deliver import best, build_model
 from tunefleet.errors import NotFoundError, NotSupportedError
 from tunefleet.models.ingest import ingest
-from tunefleet.pipeline import Tuner, drain, extract
-from tunefleet.tvm.learned import _normalised
+from tunefleet.engine.learned import _normalised
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.worker import Tuner, drain
+from tunefleet.extraction import extract
 from tunefleet.zeroshot import predict_workloads
 
 pytestmark = pytest.mark.slow
@@ -27,7 +29,7 @@ def _train_current(db, store) -> costmodel.RetrainResult:  # type: ignore[no-unt
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
     shards.plan(db, "x86", target_trials=10, model=model.id)
-    assert drain(db, "x86", seed=0, num_trials_per_iter=5).shards_failed == 0
+    assert drain(db, "x86", TuneOptions(seed=0, trials_per_iter=5)).shards_failed == 0
     assert dataset.export(db, store) is not None
     result = costmodel.retrain(db, store, "x86", holdout_fraction=0.34, num_boost_round=20)
     beats_random = result.metrics["heldout"]["pairwise_accuracy"] > max(
@@ -105,10 +107,10 @@ def test_warm_start_uses_current_model(engine, caplog: pytest.LogCaptureFixture)
     try:
         loaded = tuner.cost_model(db)
         assert loaded is not None and loaded.cost_model_id == trained.cost_model_id
-        assert Tuner(db, "x86", store=store, warm_start=False).cost_model(db) is None
+        assert Tuner(db, "x86", TuneOptions(warm_start=False), store=store).cost_model(db) is None
         shards.plan(db, "x86", target_trials=16)  # top up: new shards
-        with caplog.at_level(logging.INFO, logger="tunefleet.tvm.tune"):
-            result = tuner.tune_next(db, "warm-test", num_trials_per_iter=3, seed=0)
+        with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
+            result = tuner.tune_next(db, "warm-test", TuneOptions(trials_per_iter=3, seed=0))
         assert result is not None and result.state == "done" and result.measured > 0
         assert f"warm-starts with cost model v{trained.version}" in caplog.text
     finally:
@@ -117,11 +119,11 @@ def test_warm_start_uses_current_model(engine, caplog: pytest.LogCaptureFixture)
     # an unreadable current model: logged, and shards tune without it
     store.put_bytes(store.key_from_uri(trained.artifact_uri), b"not a model")
     broken = Tuner(db, "x86", store=store)
-    with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="tunefleet.engine"):
         assert broken.cost_model(db) is None
     assert "cannot be loaded, tuning without it" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="tunefleet.engine"):
         assert broken.cost_model(db) is None
     assert "cannot be loaded" not in caplog.text, "said once per model, not for every shard"
     broken.close()

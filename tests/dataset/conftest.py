@@ -32,7 +32,7 @@ def mlp_workloads() -> list[MlpWorkload]:
     from tunefleet.tvm.builder import import_tensor_intrinsics
     from tunefleet.tvm.extract import extract_workloads
     from tunefleet.tvm.targets import host_cpu_target, make_target
-    from tunefleet.tvm.tune import to_python, trace_json_of
+    from tunefleet.tvm.traces import to_python, trace_json_of
 
     import_tensor_intrinsics()
     target = make_target(host_cpu_target(2))

@@ -271,7 +271,9 @@ def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-u
     from tunefleet.config import load_settings
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import drain, extract
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.worker import drain
+    from tunefleet.extraction import extract
 
     settings = load_settings(home=tmp_path / "home", database_url=db_url)
     db = Database.from_settings(settings)
@@ -280,7 +282,7 @@ def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-u
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
     shards.plan(db, "x86", target_trials=4, model=model.id)
-    assert drain(db, "x86", seed=0, num_trials_per_iter=4).shards_failed == 0
+    assert drain(db, "x86", TuneOptions(seed=0, trials_per_iter=4)).shards_failed == 0
 
     v1 = dataset.export(db, store)
     n1 = db.count_measurements()
@@ -293,7 +295,7 @@ def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-u
     assert dataset.export(db, store) is None
 
     shards.plan(db, "x86", target_trials=6, model=model.id)  # top up: a few more trials per workload
-    assert drain(db, "x86", seed=1, num_trials_per_iter=2).shards_failed == 0
+    assert drain(db, "x86", TuneOptions(seed=1, trials_per_iter=2)).shards_failed == 0
     v2 = dataset.export(db, store)
     assert v2 is not None and v2.parents == [1] and v2.row_count == db.count_measurements() - n1 > 0
     assert v2.measurement_ids["min"] > v1.measurement_ids["max"]

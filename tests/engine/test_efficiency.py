@@ -10,12 +10,13 @@ from tunefleet import shards
 from tunefleet.accounting import energy_report
 from tunefleet.db.database import FILTERED
 from tunefleet.db.models import Measurement
-from tunefleet.efficiency import Efficiency
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
+from tunefleet.engine.worker import Tuner, drain
+from tunefleet.extraction import extract
 from tunefleet.models.ingest import ingest
-from tunefleet.pipeline import drain, extract
-from tunefleet.preemption import PreemptionPolicy, new_state
+from tunefleet.preemption import new_state
 from tunefleet.testing.models import arbitrary_trained_model
-from tunefleet.tvm.tune import tune_shard
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +26,11 @@ def _mlp(engine):  # type: ignore[no-untyped-def]
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
     return db, store, model
+
+
+def _tune(db, shard, trained=None, on_batch=None, **knobs) -> ShardResult:  # type: ignore[no-untyped-def]
+    """Tune one leased shard as worker "w" with these knobs (and the class's trained model)."""
+    return run_shard(db, shard, "w", TuneOptions(**knobs), ShardKit(trained_model=trained, on_batch=on_batch))
 
 
 def _rows(db, workload_id: int) -> list[Measurement]:  # type: ignore[no-untyped-def]
@@ -47,9 +53,9 @@ def test_plateaued_workloads_are_preempted_and_their_trials_reallocated(engine) 
     db, _, model = _mlp(engine)
     hw = db.hardware_class("x86")
     shards.plan(db, "x86", target_trials=24, model=model.id)
-    # every round after the first is stale (an improvement must beat 1000%): a plateau after 1 + 2 rounds
-    eff = Efficiency(policy=PreemptionPolicy(epsilon=10.0, patience=2))
-    summary = drain(db, "x86", seed=0, num_trials_per_iter=4, efficiency=eff)
+    # every round after the first is stale (an improvement must beat 100%): a plateau after 1 + 2 rounds
+    options = TuneOptions(seed=0, trials_per_iter=4, preempt=True, preempt_epsilon=1.0, preempt_patience=2)
+    summary = drain(db, "x86", options)
     assert summary.shards_failed == 0 and summary.preempted >= 3
     states = {s.workload_id: s for s in db.tuning_states(hw.id)}
     assert len(states) == 3 and all(s.preempted and s.reason.startswith("plateau") for s in states.values())
@@ -82,7 +88,7 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     db.save_tuning_state(st)
     shard = next(s for s in shards.list_shards(db, hardware="x86") if s.workload_id == wl.id)
     leased = shards.lease(db, "x86", "w", shard_id=shard.id)
-    result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=4, policy=PreemptionPolicy(patience=2))
+    result = _tune(db, leased, seed=0, trials_per_iter=4, preempt=True, preempt_patience=2)
     assert result.state == "done" and result.preempted is not None
     # one more stale round (4 search candidates + the default schedule) completes the plateau counted before
     assert result.measured <= 5, "the crash"
@@ -93,14 +99,12 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     # it measures nothing and its trials go to the workloads still improving
     late = shards.lease(db, "x86", "w", shard_id=_extra_shard(db, wl.id, 8))
     assert late is not None and late.workload_id == wl.id
-    again = tune_shard(db, late, "w", seed=0, num_trials_per_iter=4, policy=PreemptionPolicy(patience=2))
+    again = _tune(db, late, seed=0, trials_per_iter=4, preempt=True, preempt_patience=2)
     assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted
 
 
 def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
-
-    from tunefleet.pipeline import Tuner
 
     db, store, model = _mlp(engine)
     by_flops = sorted((pair[0] for pair in db.workloads(model.id)), key=lambda w: w.flops)
@@ -111,10 +115,10 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> 
     # filtering on, but the class has no trained model: one warning, and every candidate is measured
     # (the online model that guides the search is never used as the filter)
     one_round_id = _extra_shard(db, small.id, 6)  # one round of the smallest workload is enough to show it
-    tuner = Tuner(db, "x86", store=store, efficiency=Efficiency(filter_fraction=0.5))
+    tuner = Tuner(db, "x86", TuneOptions(filter_fraction=0.5, trials_per_iter=6, seed=0), store=store)
     try:
-        with caplog.at_level(logging.WARNING, logger="tunefleet.pipeline"):
-            plain = tuner.tune_next(db, "w", num_trials_per_iter=6, seed=0, shard_id=one_round_id)
+        with caplog.at_level(logging.WARNING, logger="tunefleet.engine"):
+            plain = tuner.tune_next(db, "w", shard_id=one_round_id)
     finally:
         tuner.close()
     assert plain.state == "done" and plain.filtered == 0 and plain.measured > 0
@@ -122,9 +126,9 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> 
 
     measured: list[str] = []
     leased = shards.lease(db, "x86", "w", shard_id=shard_of[wl.id].id)
-    result = tune_shard(db, leased, "w", seed=0, num_trials_per_iter=6, filter_fraction=0.5,
-                        filter_model=arbitrary_trained_model(), filter_min_agreement=0.0,  # no audit: filters from round 1
-                        on_batch=lambda _sid, batch: measured.extend(sha for sha, _ in batch))
+    result = _tune(db, leased, arbitrary_trained_model(), seed=0, trials_per_iter=6, warm_start=False,
+                   filter_fraction=0.5, filter_min_agreement=0.0,  # no audit: filters from round 1
+                   on_batch=lambda _sid, batch: measured.extend(sha for sha, _ in batch))
     assert result.state == "done"
     rows = _rows(db, wl.id)
     filtered = [m for m in rows if m.error_kind == FILTERED]
@@ -154,10 +158,9 @@ def test_the_filter_is_on_probation_until_its_model_ranks_the_measurements(engin
 
     # agreement 1.0 demanded: an arbitrary model cannot order every pair of real measurements right,
     # so it fails its probation after round 1 (measured in full) and never drops a candidate
-    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.tune"):
-        result = tune_shard(db, shards.lease(db, "x86", "w", shard_id=shard_of[big.id].id), "w", seed=0,
-                            num_trials_per_iter=6, filter_fraction=0.5, filter_model=arbitrary_trained_model(),
-                            filter_min_agreement=1.0)
+    with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
+        result = _tune(db, shards.lease(db, "x86", "w", shard_id=shard_of[big.id].id), arbitrary_trained_model(), seed=0,
+                       trials_per_iter=6, warm_start=False, filter_fraction=0.5, filter_min_agreement=1.0)
     assert result.state == "done" and result.filter_stopped is not None and result.filtered == 0
     assert "pairs of this workload's measured candidates right (< 100%)" in result.filter_stopped
     assert "filtering stops for" in caplog.text and "filtering starts for" not in caplog.text
@@ -167,10 +170,9 @@ def test_the_filter_is_on_probation_until_its_model_ranks_the_measurements(engin
     # a threshold any ranking but an exactly reversed one passes: round 1 (the default schedule + 6
     # search candidates) is measured in full, then the filter is trusted and drops half of each round
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.tune"):
-        trusted = tune_shard(db, shards.lease(db, "x86", "w", shard_id=shard_of[small.id].id), "w", seed=0,
-                             num_trials_per_iter=6, filter_fraction=0.5, filter_model=arbitrary_trained_model(),
-                             filter_min_agreement=0.01)
+    with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
+        trusted = _tune(db, shards.lease(db, "x86", "w", shard_id=shard_of[small.id].id), arbitrary_trained_model(), seed=0,
+                       trials_per_iter=6, warm_start=False, filter_fraction=0.5, filter_min_agreement=0.01)
     assert trusted.state == "done" and trusted.filter_stopped is None, caplog.text
     assert "filtering starts for" in caplog.text
     rows = sorted(_rows(db, small.id), key=lambda m: m.id)
@@ -181,14 +183,12 @@ def test_the_filter_is_on_probation_until_its_model_ranks_the_measurements(engin
 
     # a later shard of a workload is judged on the measurements committed before it: the model that
     # failed on them measures its whole budget; the one that passed filters from its first round
-    again = tune_shard(db, shards.lease(db, "x86", "w", shard_id=_extra_shard(db, big.id, 6)), "w", seed=1,
-                       num_trials_per_iter=6, filter_fraction=0.5, filter_model=arbitrary_trained_model(),
-                       filter_min_agreement=1.0)
+    again = _tune(db, shards.lease(db, "x86", "w", shard_id=_extra_shard(db, big.id, 6)), arbitrary_trained_model(), seed=1, trials_per_iter=6, warm_start=False,
+                   filter_fraction=0.5, filter_min_agreement=1.0)
     assert again.state == "done" and again.filtered == 0 and again.filter_stopped is not None
     assert len(_rows(db, big.id)) == 24 + 6
-    more = tune_shard(db, shards.lease(db, "x86", "w", shard_id=_extra_shard(db, small.id, 6)), "w", seed=1,
-                      num_trials_per_iter=6, filter_fraction=0.5, filter_model=arbitrary_trained_model(),
-                      filter_min_agreement=0.01)
+    more = _tune(db, shards.lease(db, "x86", "w", shard_id=_extra_shard(db, small.id, 6)), arbitrary_trained_model(), seed=1, trials_per_iter=6, warm_start=False,
+                   filter_fraction=0.5, filter_min_agreement=0.01)
     # half of its one round of 6 is filtered; the exact count depends on how many of the search's candidates
     # are new (an already measured one is skipped, not scored: 2 of 5 then, as seen in a full run)
     assert more.state == "done" and more.filtered in (2, 3) and more.filter_stopped is None
@@ -203,10 +203,10 @@ def test_a_warm_start_that_misranks_the_shard_is_dropped_in_tuning(engine, caplo
     shards.plan(db, "x86", target_trials=12, model=model.id)
     (shard,) = [s for s in shards.list_shards(db, hardware="x86") if s.workload_id == big.id]
     # agreement 1.0 demanded: an arbitrary model cannot order every pair of 12 real measurements right,
-    # so tune_shard's FleetCostModel drops it (the unit test checks the scores that follow)
-    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
-        result = tune_shard(db, shards.lease(db, "x86", "w", shard_id=shard.id), "w", seed=0, num_trials_per_iter=6,
-                            cost_model=arbitrary_trained_model(), warm_start_min_agreement=1.0)
+    # so the shard's FleetCostModel drops it (the unit test checks the scores that follow)
+    with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
+        result = _tune(db, shards.lease(db, "x86", "w", shard_id=shard.id), arbitrary_trained_model(), seed=0,
+                       trials_per_iter=6, warm_start_min_agreement=1.0)
     assert result.state == "done" and len(_rows(db, big.id)) == 12
     assert f"warm start ends for {big.name}" in caplog.text
     assert result.warm_start_dropped is not None and "(< 100%)" in result.warm_start_dropped
@@ -214,15 +214,13 @@ def test_a_warm_start_that_misranks_the_shard_is_dropped_in_tuning(engine, caplo
     # of 2 candidates (too few to judge alone: 4 are needed), and the same model is dropped at once
     caplog.clear()
     later = shards.lease(db, "x86", "w", shard_id=_extra_shard(db, big.id, trials=2))
-    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
-        again = tune_shard(db, later, "w", seed=0, num_trials_per_iter=2, cost_model=arbitrary_trained_model(),
-                           warm_start_min_agreement=1.0)
+    with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
+        again = _tune(db, later, arbitrary_trained_model(), seed=0, trials_per_iter=2, warm_start_min_agreement=1.0)
     assert again.state == "done" and again.measured == 2 and again.warm_start_dropped is not None
     assert f"warm start ends for {big.name}" in caplog.text
     # a threshold of 0 keeps it: nothing dropped, nothing logged
     caplog.clear()
     kept = shards.lease(db, "x86", "w", shard_id=_extra_shard(db, big.id, trials=2))
-    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
-        same = tune_shard(db, kept, "w", seed=0, num_trials_per_iter=2, cost_model=arbitrary_trained_model(),
-                          warm_start_min_agreement=0.0)
+    with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
+        same = _tune(db, kept, arbitrary_trained_model(), seed=0, trials_per_iter=2, warm_start_min_agreement=0.0)
     assert same.state == "done" and same.warm_start_dropped is None and "warm start ends" not in caplog.text

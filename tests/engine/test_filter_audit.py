@@ -84,14 +84,14 @@ def test_zero_never_stops_and_bad_settings_are_refused() -> None:
 
 def test_the_threshold_comes_from_the_settings(tunefleet_home, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from tunefleet.config import load_settings
-    from tunefleet.efficiency import Efficiency
-    from tunefleet.errors import ConfigError
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.errors import ConfigError, ParameterError
 
-    assert Efficiency.from_settings(load_settings()).filter_min_agreement == 0.6
+    assert TuneOptions.from_settings(load_settings()).filter_min_agreement == 0.6
     monkeypatch.setenv("TUNEFLEET_FILTER_MIN_AGREEMENT", "0.75")
-    assert Efficiency.from_settings(load_settings()).filter_min_agreement == 0.75
+    assert TuneOptions.from_settings(load_settings()).filter_min_agreement == 0.75
     monkeypatch.setenv("TUNEFLEET_FILTER_MIN_AGREEMENT", "2")
     with pytest.raises(ConfigError, match="invalid setting TUNEFLEET_FILTER_MIN_AGREEMENT: Input should be less"):
         load_settings()
-    with pytest.raises(ValueError, match="filter_min_agreement must be in"):
-        Efficiency(filter_min_agreement=-0.1)
+    with pytest.raises(ParameterError, match="invalid filter_min_agreement: -0.1"):
+        TuneOptions.validated(filter_min_agreement=-0.1)

@@ -10,7 +10,9 @@ from tunefleet.db.models import HardwareClass
 from tunefleet.deliver import best, build_model
 from tunefleet.errors import NotFoundError
 from tunefleet.models.ingest import ingest
-from tunefleet.pipeline import drain, extract
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.worker import drain, verify_transfer
+from tunefleet.extraction import extract
 from tunefleet.transfer import builds_for, compatibility, transfer_best
 from tunefleet.tvm.targets import host_cpu_target
 
@@ -40,7 +42,7 @@ def test_transfer_returns_only_schedules_that_build(engine) -> None:  # type: ig
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
     shards.plan(db, "x86", target_trials=6, model=model.id)
-    assert drain(db, "x86", seed=0, num_trials_per_iter=6).shards_failed == 0
+    assert drain(db, "x86", TuneOptions(seed=0, trials_per_iter=6)).shards_failed == 0
     x86 = db.hardware_class("x86")
     twin = db.upsert_hardware_class("x86b", host_cpu_target(1), "x86b", capabilities=dict(x86.capabilities))
     wl = db.workloads(model.id)[0][0]
@@ -62,7 +64,8 @@ def test_transfer_returns_only_schedules_that_build(engine) -> None:  # type: ig
 
     import tvm
 
-    plain, borrowing = FleetDatabase(db, "x86b"), FleetDatabase(db, "x86b", with_transfer=True)
+    plain = FleetDatabase(db, "x86b")
+    borrowing = FleetDatabase(db, "x86b", transfer=lambda wl_id: transfer_best(db, wl_id, "x86b"))
     workload = plain.commit_workload(tvm.ir.load_json(wl.tir_json))
     assert plain.get_top_k(workload, 1) == []
     (record,) = borrowing.get_top_k(workload, 1)
@@ -71,13 +74,14 @@ def test_transfer_returns_only_schedules_that_build(engine) -> None:  # type: ig
     report = build_model(db, store, model, "x86b", transfer=True, compare_torch=False)
     assert (report.tuned_workloads, report.transferred_workloads, report.default_workloads) == (0, 3, 0)
 
-    verified = transfer_best(db, wl.structural_hash, "x86b", verify=True)
-    assert verified is not None and verified.verified_mean_run_s is not None
+    verified = transfer_best(db, wl.structural_hash, "x86b")
+    assert verified is not None and verify_transfer(db, verified) is not None
+    assert verified.verified_mean_run_s is not None
     assert [m.trace_sha256 for m in db.best_measurements(wl.id, twin.id, 5)] == [real_best.trace_sha256]
 
     # new shards of x86b measure the transferred schedule first (the verified workload is already measured)
     shards.plan(db, "x86b", target_trials=2, model=model.id)
-    assert drain(db, "x86b", seed=0, num_trials_per_iter=2).shards_failed == 0
+    assert drain(db, "x86b", TuneOptions(seed=0, trials_per_iter=2)).shards_failed == 0
     for other, _ in db.workloads(model.id)[1:]:
         source = db.best_measurements(other.id, x86.id, 1)[0]
         assert source.trace_sha256 in db.measured_trace_hashes(other.id, twin.id)

@@ -14,7 +14,9 @@ from tunefleet import shards
 from tunefleet.db.database import sha256_text
 from tunefleet.deliver import best, build_model, export_json_database, metaschedule_database
 from tunefleet.models.ingest import ingest
-from tunefleet.pipeline import drain, extract
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.worker import drain
+from tunefleet.extraction import extract
 
 pytestmark = pytest.mark.slow
 EMPTY_TRACE_SHA = sha256_text("[[],[]]")
@@ -27,7 +29,7 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     assert ex.workloads == 3
     created, _ = shards.plan(db, "x86", target_trials=12, model=model.id)
     assert len(created) == 3
-    summary = drain(db, "x86", seed=0, num_trials_per_iter=6)
+    summary = drain(db, "x86", TuneOptions(seed=0, trials_per_iter=6))
     assert (summary.shards_done, summary.shards_failed) == (3, 0)
     assert summary.measured == 36
     hw = db.hardware_class("x86")
@@ -92,7 +94,7 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
 
     time.sleep(4.5)  # the dead worker's lease expires
     seen: list[str] = []
-    summary = drain(db, "x86", seed=2, num_trials_per_iter=5, lease_s=30,
+    summary = drain(db, "x86", TuneOptions(seed=2, trials_per_iter=5, lease_s=30),
                     on_batch=lambda _sid, batch: seen.extend(sha for sha, _ in batch))
     assert summary.shards_done == 1
     after = _committed(db, shard.id)

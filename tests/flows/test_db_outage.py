@@ -33,7 +33,7 @@ def test_tuning_survives_a_database_outage(flow_env, pg_server: PostgresServer, 
     from tunefleet.flows.steps import tune
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import extract
+    from tunefleet.extraction import extract
     from tunefleet.store import open_store
 
     name = pg_server.create_database()

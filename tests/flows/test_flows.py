@@ -43,9 +43,9 @@ def test_transient_failure_is_retried_deterministic_one_is_not(flow_env, monkeyp
     from prefect import flow
 
     import tunefleet.models.ingest
-    import tunefleet.pipeline
+    import tunefleet.extraction
 
-    real_extract = tunefleet.pipeline.extract
+    real_extract = tunefleet.extraction.extract
     calls = {"n": 0}
 
     def flaky_extract(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -54,7 +54,7 @@ def test_transient_failure_is_retried_deterministic_one_is_not(flow_env, monkeyp
             raise DatabaseUnavailableError("database failed: server closed the connection unexpectedly")
         return real_extract(*args, **kwargs)
 
-    monkeypatch.setattr(tunefleet.pipeline, "extract", flaky_extract)
+    monkeypatch.setattr(tunefleet.extraction, "extract", flaky_extract)
 
     @flow
     def extract_twice() -> dict:  # type: ignore[type-arg]

@@ -104,7 +104,7 @@ def test_pipeline_deployment_runs_on_a_process_worker(server: PrefectServer, fle
 def test_worker_killed_mid_shard_next_run_resumes(server: PrefectServer, fleet: dict[str, str]) -> None:
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.pipeline import extract
+    from tunefleet.extraction import extract
     from tunefleet.store import open_store
 
     settings = load_settings(home=Path(fleet["TUNEFLEET_HOME"]), database_url=fleet["TUNEFLEET_DATABASE_URL"])

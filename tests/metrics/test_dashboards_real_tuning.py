@@ -12,7 +12,9 @@ from tunefleet.config import load_settings
 from tunefleet.db import Database
 from tunefleet.hardware import seed_hardware_classes
 from tunefleet.models.ingest import ingest
-from tunefleet.pipeline import drain, extract
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.worker import drain
+from tunefleet.extraction import extract
 from tunefleet.store import open_store
 
 from .conftest import PrometheusServer, PushgatewayServer, assert_all_panels_return_data
@@ -39,7 +41,7 @@ def test_every_panel_returns_data_from_a_real_tuning_run(prometheus: PrometheusS
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
     shards.plan(db, "x86", target_trials=6, model=model.id)
-    summary = drain(db, "x86", seed=0, num_trials_per_iter=2, pushgateway=pushgateway.address)
+    summary = drain(db, "x86", TuneOptions(seed=0, trials_per_iter=2, metrics_pushgateway=pushgateway.address))
     assert summary.shards_done == 3 and summary.measured >= 6
 
     # the account step pushes the fleet gauges (per-model totals, shard states)

@@ -8,8 +8,8 @@ import numpy as np
 from tvm.s_tir import meta_schedule as ms
 
 from tunefleet.testing.models import arbitrary_trained_model
-from tunefleet.tvm.learned import FleetCostModel, _normalised, _same_features
-from tunefleet.tvm.tune import new_online_model
+from tunefleet.engine.learned import FleetCostModel, _normalised, _same_features
+from tunefleet.engine.shard import new_online_model
 
 
 def _matmul_context(cpu_target: Any, n: int = 64) -> Any:
@@ -99,7 +99,7 @@ def test_the_warm_start_is_dropped_once_the_fleet_model_misranks_the_measurement
 
     # one that orders them backwards is dropped after the round that shows it: the online model alone scores
     wrong = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
-    with caplog.at_level(logging.INFO, logger="tunefleet.tvm.learned"):
+    with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
         wrong.update(ctx, rounds[0], _results_ranked(wrong.prior(ctx, rounds[0]), agree=False))
     assert wrong.dropped is not None and wrong.dropped.startswith("the cost model ordered 0% of")
     assert "warm start ends for mm" in caplog.text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import tvm
@@ -22,10 +23,16 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
-from tunefleet.db import Database, NewMeasurement
+from tunefleet.db import Database
+from tunefleet.errors import NotFoundError
+from tunefleet.tvm.commit import CandidateCommitter
 from tunefleet.tvm.extract import workload_hash
+from tunefleet.vocab import RUN_ERROR
 
 log = logging.getLogger(__name__)
+
+# MetaSchedule's run time for a candidate whose build or run failed (TuningRecord::IsValid rejects it).
+_FAILED_RUN_S = 1e10
 
 
 def record_parts(record: TuningRecord) -> dict[str, Any]:
@@ -60,22 +67,23 @@ class FleetDatabase(ms.database.PyDatabase):
         Zero-shot builds only: a workload with no measurement on the class answers with the
         best-scored *prediction* of the cost model (a record without run times). Off by default,
         so nothing asking for measurements ever gets a prediction.
-    with_transfer:
-        A workload with no measurement (and no prediction asked for) answers with the best
+    transfer:
+        A workload with no measurement (and no prediction asked for) answers with what this
+        lookup returns for its id — an object with ``trace_json`` and ``args_info``, e.g. the best
         schedule of the most compatible class that builds for this one
-        (:func:`tunefleet.transfer.transfer_best`), as a record without run times: its latency
-        was measured elsewhere. Also seeds the search of new shards.
+        (:func:`tunefleet.transfer.transfer_best`, injected by the caller) — as a record without
+        run times: its latency was measured elsewhere. None: no such answer.
     """
 
     def __init__(self, db: Database, hardware: str, *, with_predictions: bool = False,
-                 with_transfer: bool = False) -> None:
+                 transfer: Callable[[int], Any] | None = None) -> None:
         super().__init__()
         self.db = db
         self.hw = db.hardware_class(hardware)
         self.with_predictions = with_predictions
-        self.with_transfer = with_transfer
+        self.transfer = transfer
         self.transferred: dict[int, Any] = {}
-        """Workload id -> the TransferredSchedule returned for it (or None)."""
+        """Workload id -> what ``transfer`` returned for it (or None)."""
         self._ids: dict[str, int] = {}
 
     # -- workloads ------------------------------------------------------------------------
@@ -83,8 +91,6 @@ class FleetDatabase(ms.database.PyDatabase):
         key = workload_hash(mod)
         if key in self._ids:
             return self._ids[key]
-        from tunefleet.errors import NotFoundError
-
         try:
             wl_id = self.db.workload(key).id
         except NotFoundError:
@@ -107,16 +113,21 @@ class FleetDatabase(ms.database.PyDatabase):
 
     # -- records --------------------------------------------------------------------------
     def commit_tuning_record(self, record: TuningRecord) -> None:
-        """Store a record measured elsewhere (no shard). Records without run times are errors."""
+        """Store a record measured elsewhere (no shard). A record without run times, or with
+        MetaSchedule's failed-run marker (every run time 1e10 s, what its ``AddToDatabase``
+        callback commits for a run that failed), is stored as a run error, never as a latency."""
         wl_id = self._workload_id(record.workload.mod, create=True)
         assert wl_id is not None
         parts = record_parts(record)
-        error = None if parts["run_secs"] else "run"
-        self.db.commit_measurements([
-            NewMeasurement(wl_id, self.hw.id, parts["trace_json"], parts["run_secs"], args_info=parts["args_info"],
-                           target=parts["target"], tvm_version=tvm.__version__, error_kind=error,
-                           error_msg="record committed without run times" if error else None)
-        ])
+        run_secs = parts["run_secs"]
+        error = None
+        if not run_secs:
+            error = "record committed without run times"
+        elif all(x >= _FAILED_RUN_S for x in run_secs):
+            run_secs, error = None, "record committed with MetaSchedule's failed-run marker (1e10 s)"
+        committer = CandidateCommitter(self.db, wl_id, self.hw.id, target=parts["target"])
+        committer.commit([committer.row(parts["trace_json"], run_secs, args_info=parts["args_info"],
+                                        error_kind=RUN_ERROR if error else None, error_msg=error)])
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
         wl_id = self._workload_id(workload.mod, create=False)
@@ -127,11 +138,9 @@ class FleetDatabase(ms.database.PyDatabase):
             preds = self.db.best_predictions(wl_id, self.hw.id, top_k)
             if preds:
                 return [record_from_row(p.trace_json, None, "", p.args_info, workload) for p in preds]
-        if not rows and self.with_transfer:
+        if not rows and self.transfer is not None:
             if wl_id not in self.transferred:
-                from tunefleet.transfer import transfer_best
-
-                self.transferred[wl_id] = transfer_best(self.db, wl_id, self.hw.name)
+                self.transferred[wl_id] = self.transfer(wl_id)
             found = self.transferred[wl_id]
             return [] if found is None else [record_from_row(found.trace_json, None, "", found.args_info, workload)]
         return [record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload) for r in rows]

@@ -1,4 +1,4 @@
-"""The fleet's trained cost model inside MetaSchedule: warm-started search and zero-shot proposals.
+"""The fleet's trained cost model inside MetaSchedule, and measuring chosen schedules.
 
 * :class:`FleetCostModel` is a MetaSchedule ``CostModel`` scoring candidates with a tunefleet
   :class:`~tunefleet.costmodel.TrainedModel` (the current model of a hardware class). Handed to
@@ -7,12 +7,8 @@
   XGBModel has its 100 warm-up samples. It also refines itself online: a stock ``XGBModel``
   learns the measurements as they arrive, and once past its warm-up the two scores are blended
   (see :meth:`FleetCostModel.predict`).
-* :func:`propose` runs the evolutionary search of one workload guided by that model and measures
-  nothing: the zero-shot path. It returns the best-scored distinct schedules, the default
-  (unscheduled) program included, so the caller can store them as *predictions*.
-* :class:`FixedCandidates` is a ``SearchStrategy`` that hands MetaSchedule a given list of
-  schedules once; :func:`measure_traces` uses it to measure chosen schedules (``--verify K``)
-  through the ordinary builder, runner and commit callback.
+* :func:`measure_traces` measures chosen schedules (``--verify K``) through the ordinary builder,
+  runner and commit path (:class:`~tunefleet.tvm.search.FixedCandidates` hands them over).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,7 +23,7 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from tunefleet.filter_audit import mean_run_s
+from tunefleet.tvm.traces import candidate, mean_run_s, trace_json_of, trace_sha256_of
 
 if TYPE_CHECKING:
     from tunefleet.costmodel import TrainedModel
@@ -59,7 +54,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         The trained model (``tunefleet.costmodel.load_model``).
     online:
         A MetaSchedule ``XGBModel`` that learns the measurements as they arrive (a worker's
-        :class:`~tunefleet.pipeline.Tuner` shares one across its shards, as stock ``tune_tasks``
+        :class:`~tunefleet.engine.worker.Tuner` shares one across its shards, as stock ``tune_tasks``
         shares one across tasks). Once past its warm-up (``num_warmup_samples``; it predicts
         random numbers before) it is blended in: score = (prior + online) / 2, each scaled to
         [0, 1] within the batch. None (zero-shot) scores with the fleet model alone.
@@ -104,7 +99,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
 
     def judge_past(self, context: Any, candidates: list[Any], means: list[float]) -> None:
         """Judge the fleet model on measurements committed before this shard (a resumed shard,
-        or a workload measured here before: :func:`tunefleet.tvm.tune.past_candidates`), so one
+        or a workload measured here before: :func:`tunefleet.tvm.traces.past_candidates`), so one
         that misranks them is dropped before the first round instead of after it."""
         if len(candidates) >= 2:
             self._judge(context, candidates, means)
@@ -173,123 +168,6 @@ def _same_features(online: Any, extractor: Any) -> bool:
             and all(getattr(theirs, f) == getattr(extractor, f) for f in fields))
 
 
-@dataclass
-class Proposal:
-    """A schedule the cost model proposes for a workload (not measured)."""
-
-    trace_json: str
-    trace_sha256: str
-    score: float
-    args_info: list[Any]
-
-
-@dataclass
-class ProposeResult:
-    proposals: list[Proposal]
-    candidates_scored: int
-    seconds: float
-
-
-def _context(wl: Workload, hw: HardwareClass, *, population: int, generations: int, seed: int,
-             num_threads: int | None) -> Any:
-    from tunefleet.tvm.builder import import_tensor_intrinsics
-    from tunefleet.tvm.targets import make_target
-
-    import_tensor_intrinsics()
-    threads = num_threads or int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
-    return ms.TuneContext(
-        tvm.ir.load_json(wl.tir_json), target=make_target(hw.target), space_generator="post-order-apply",
-        search_strategy=ms.search_strategy.EvolutionarySearch(
-            population_size=population, init_min_unmeasured=min(50, population), genetic_num_iters=generations),
-        task_name=wl.name, rand_state=seed, num_threads=threads,
-    )
-
-
-def propose(
-    wl: Workload,
-    hw: HardwareClass,
-    model: TrainedModel,
-    *,
-    top_k: int = 5,
-    candidates: int = 32,
-    population: int = 64,
-    generations: int = 2,
-    seed: int = 0,
-    num_threads: int | None = None,
-) -> ProposeResult:
-    """Search one workload guided by ``model`` alone and return its ``top_k`` best-scored schedules.
-
-    One round of MetaSchedule's evolutionary search (``population`` random schedules evolved for
-    ``generations`` generations of mutation with the model as fitness) yields ``candidates``
-    schedules; they and the default (unscheduled) program are scored again and the ``top_k``
-    distinct ones returned, best first. Nothing is built or measured.
-
-    The cost is dominated by MetaSchedule's ``PerStoreFeature`` extraction (measured ~35 ms per
-    candidate for a conv2d on this 2-core machine), paid for every schedule of every generation;
-    the defaults are sized for about 10 s per task, smaller than a tuning round's 512 x 4.
-    """
-    from tunefleet.tvm.tune import _entry_func, trace_json_of, trace_sha256_of
-
-    t0 = time.perf_counter()
-    ctx = _context(wl, hw, population=population, generations=generations, seed=seed, num_threads=num_threads)
-    cost = FleetCostModel(model)
-    spaces = ctx.generate_design_space()
-    ctx.pre_tuning(max_trials=candidates, num_trials_per_iter=candidates, design_spaces=spaces,
-                   database=ms.database.MemoryDatabase(), cost_model=cost)
-    try:
-        found = list(ctx.generate_measure_candidates() or [])
-    finally:
-        ctx.post_tuning()
-    mod = ctx.mod
-    if ctx.target.kind.name == "llvm":  # the default schedule is a valid candidate on CPU only
-        found.append(ms.MeasureCandidate(tvm.s_tir.Schedule(mod),
-                                         ms.arg_info.ArgInfo.from_prim_func(_entry_func(mod))))
-    scores = cost.prior(ctx, found)
-    seen: set[str] = set()
-    out: list[Proposal] = []
-    for i in np.argsort(-scores, kind="stable"):
-        cand = found[int(i)]
-        key = trace_sha256_of(cand.sch)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(Proposal(trace_json_of(cand.sch), key, float(scores[i]), [a.as_json() for a in cand.args_info]))
-        if len(out) >= top_k:
-            break
-    return ProposeResult(out, len(found), time.perf_counter() - t0)
-
-
-@derived_object
-class FixedCandidates(ms.search_strategy.PySearchStrategy):
-    """A search strategy that proposes a fixed list of candidates once, then stops."""
-
-    def __init__(self, candidates: list[Any]) -> None:
-        self.candidates = list(candidates)
-        self._done = False
-
-    def _initialize_with_tune_context(self, context: Any) -> None:
-        pass
-
-    def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: list[Any],
-                   database: Any = None, cost_model: Any = None) -> None:
-        self._done = False
-
-    def post_tuning(self) -> None:
-        pass
-
-    def generate_measure_candidates(self) -> list[Any] | None:
-        if self._done or not self.candidates:
-            return None
-        self._done = True
-        return self.candidates
-
-    def notify_runner_results(self, measure_candidates: list[Any], results: list[Any]) -> None:
-        pass
-
-    def clone(self) -> Any:
-        return FixedCandidates(self.candidates)
-
-
 def measure_traces(
     db: Database,
     wl: Workload,
@@ -298,41 +176,34 @@ def measure_traces(
     *,
     builder: Any,
     runner: Any,
-    work_dir: str | None = None,
 ) -> int:
     """Build, run and commit the given schedules of a workload as measurements (no shard).
 
     ``traces`` are (trace JSON, args_info) pairs, e.g. stored predictions. Schedules already
     measured on this class are skipped. Returns how many were measured.
     """
-    import json
     import tempfile
 
     from tunefleet.accounting import ShardAccountant
     from tunefleet.tvm.bridge import FleetDatabase
+    from tunefleet.tvm.commit import CandidateCommitter, CommitCallback
+    from tunefleet.tvm.search import FixedCandidates
     from tunefleet.tvm.targets import make_target, target_fingerprint
-    from tunefleet.tvm.tune import CommitCallback, trace_sha256_of
 
     known = db.measured_trace_hashes(wl.id, hw.id)
     mod = tvm.ir.load_json(wl.tir_json)
     target = make_target(hw.target)
-    cands = []
-    for trace_json, args_info in traces:
-        sch = tvm.s_tir.Schedule(mod)
-        tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace_json), sch)
-        if trace_sha256_of(sch) in known:
-            continue
-        args = args_info or [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])]
-        cands.append(ms.MeasureCandidate(sch, [ms.arg_info.ArgInfo.from_json(a) for a in args]))
+    cands = [c for c in (candidate(mod, trace_json, args_info) for trace_json, args_info in traces)
+             if trace_sha256_of(c.sch) not in known]
     if not cands:
         return 0
     ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply",
                          search_strategy=FixedCandidates(cands), task_name=wl.name,
                          num_threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))))
-    callback = CommitCallback(db, wl.id, hw.id, None, target=target_fingerprint(target),
+    callback = CommitCallback(CandidateCommitter(db, wl.id, hw.id, target=target_fingerprint(target)),
                               build_seconds=getattr(builder, "pop_build_time", None),
-                              accountant=ShardAccountant(db, hw, wl))
-    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+                              annotate=ShardAccountant(db, hw, wl).annotate)
+    with tempfile.TemporaryDirectory() as tmp:
         ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=tmp, max_trials_global=len(cands),
                       num_trials_per_iter=len(cands), builder=builder, runner=runner,
                       database=FleetDatabase(db, hw.name), cost_model="random",
@@ -343,4 +214,5 @@ def measure_traces(
     return callback.progress.measured
 
 
-__all__ = ["FixedCandidates", "FleetCostModel", "Proposal", "ProposeResult", "measure_traces", "propose"]
+__all__ = ["FleetCostModel", "measure_traces"]
+

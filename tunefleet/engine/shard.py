@@ -1,0 +1,271 @@
+"""One shard's tuning, wired like MetaSchedule's own ``tune_tasks``: resolve, search, finish.
+
+:class:`ShardRun` tunes a leased shard to its trial budget with MetaSchedule, plugged into its
+extension points — tunefleet's database bridge (:class:`~tunefleet.tvm.bridge.FleetDatabase`),
+the resuming search (:class:`~tunefleet.tvm.search.ResumingSearch`), the one commit path
+(:class:`~tunefleet.tvm.commit.CommitCallback`) — and follows the rules in
+:mod:`tunefleet.engine.policies`. A shard leased again after its worker died resumes: its budget
+is reduced by what it already committed, and no committed candidate is measured again. It ends
+done, failed (a crashed attempt, with what was committed kept), or raises a transient error
+(a lost lease or database connection: not the shard's fault; the caller retries).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tunefleet import shards
+from tunefleet.engine.heartbeat import Heartbeat
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.policies import Accounting, Filter, Preemption, ShardPolicy, Transfer, WarmStart
+from tunefleet.errors import DatabaseError, TransientError
+from tunefleet.shards import LeaseLostError
+
+if TYPE_CHECKING:
+    from tunefleet.costmodel import TrainedModel
+    from tunefleet.db import Database
+    from tunefleet.db.models import Shard
+    from tunefleet.tvm.commit import CandidateHook
+
+log = logging.getLogger(__name__)
+
+_AUDIT_PAST = 64
+"""Committed measurements (the fastest) the filter's and the warm start's models are judged on
+when a shard of a workload measured here before starts."""
+
+
+@dataclass
+class ShardKit:
+    """What a shard run borrows from its worker: processes and models kept from shard to shard.
+
+    ``builder``/``runner`` None: the run starts (and stops) its own. ``online_model``: the
+    MetaSchedule XGBModel learning every shard of the worker, as stock ``tune_tasks`` shares one
+    across tasks (None: a fresh one). ``trained_model``: the class's current trained cost model
+    (warm start and filter; None: neither)."""
+
+    builder: Any = None
+    runner: Any = None
+    online_model: Any = None
+    trained_model: TrainedModel | None = None
+    num_threads: int | None = None
+    on_batch: CandidateHook | None = None
+    work_dir: str | None = None
+
+
+@dataclass
+class ShardResult:
+    shard_id: int
+    state: str
+    measured: int
+    errors: int
+    skipped_known: int
+    best_s: float | None
+    seconds: float
+    commit_s: float = 0.0
+    """Of ``seconds``, the time spent committing measurements and marking the shard done."""
+    lease_s: float = 0.0
+    """Time spent leasing the shard (set by the caller that leased it)."""
+    filtered: int = 0
+    """Candidates scored out by the cost model (recorded, never measured)."""
+    preempted: str | None = None
+    """Why the shard stopped before its budget (plateau preemption), or None."""
+    unused_trials: int = 0
+    filter_stopped: str | None = None
+    """Why filtering stopped in this shard (:class:`tunefleet.filter_audit.FilterAudit`), or None."""
+    warm_start_dropped: str | None = None
+    """Why the class's trained model stopped guiding this shard's search (it misranked its
+    measurements: :class:`tunefleet.engine.learned.FleetCostModel`), or None."""
+
+
+def new_online_model(threads: int) -> Any:
+    """MetaSchedule's XGBModel as stock ``tune_tasks`` creates it for ``cost_model="xgb"``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.cost_model.XGBModel(num_tuning_cores=threads, tree_method="auto")
+
+
+def run_shard(db: Database, shard: Shard, owner: str, options: TuneOptions | None = None,
+              kit: ShardKit | None = None) -> ShardResult:
+    """Tune a leased shard (see :class:`ShardRun`); its result."""
+    return ShardRun(db, shard, owner, options or TuneOptions(), kit).run()
+
+
+class ShardRun:
+    """A leased shard, tuned once: :meth:`run` resolves the extension points and policies, runs
+    MetaSchedule's search to the shard's budget, and finishes the shard."""
+
+    def __init__(self, db: Database, shard: Shard, owner: str, options: TuneOptions, kit: ShardKit | None = None) -> None:
+        from tunefleet.tvm.targets import make_target
+
+        self.db, self.shard, self.owner, self.options = db, shard, owner, options
+        self.kit = kit or ShardKit()
+        self.started = time.monotonic()
+        self.hw = db.hardware_class(shard.hardware_class_id)
+        self.wl = db.workload(shard.workload_id)
+        self.target = make_target(self.hw.target)
+        self.threads = self.kit.num_threads or int(self.hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+        done_before = db.count_measurements(shard_id=shard.id)
+        self.remaining = shard.trials - done_before
+        if done_before and self.remaining > 0:
+            log.info("shard %d resumes: %d of %d trials already committed", shard.id, done_before, shard.trials)
+        from tunefleet.tvm.commit import ShardProgress
+
+        self.progress = ShardProgress()
+        self.known: set[str] = set()
+        self.builder, self.runner = self.kit.builder, self.kit.runner
+        self.online = self.kit.online_model
+        self.cost_model: Any = None
+        self.ctx: Any = None
+        self.search: Any = None
+        self.committer: Any = None
+        self.callback: Any = None
+        self.failure: BaseException | None = None
+        self.ended = False
+        self._past: tuple[list[Any], list[float]] | None | bool = False
+
+    # -- the shape of ms.tune_tasks ------------------------------------------------------------
+    def run(self) -> ShardResult:
+        if self.remaining <= 0:
+            return self.finish([])
+        policies = self.policies()
+        reason = next((r for p in policies if (r := p.start(self))), None)
+        if reason:
+            return self.finish(policies)
+        own_builder = self.resolve(policies)
+        try:
+            self.tune(policies)
+        except (LeaseLostError, DatabaseError):
+            raise  # not this shard's fault: the caller (or Prefect's retry) decides
+        except Exception as exc:  # a crashed tuning attempt: record it on the shard, keep what was committed
+            cause = self.callback.failure if self.callback is not None else None
+            if isinstance(cause, (TransientError, DatabaseError)):
+                raise cause from None
+            self.failure = exc
+        finally:
+            if own_builder and hasattr(self.builder, "shutdown"):
+                self.builder.shutdown()
+        return self.finish(policies)
+
+    def policies(self) -> list[ShardPolicy]:
+        """The rules this shard follows, in the order they are called (accounting first, so a
+        shard's energy is added before any policy ends it)."""
+        o, trained = self.options, self.kit.trained_model
+        out: list[ShardPolicy] = [Accounting(), Preemption(o.policy)]
+        if o.transfer:
+            out.append(Transfer())
+        if trained is not None and o.warm_start:
+            out.append(WarmStart(trained, o.warm_start_min_agreement))
+        if trained is not None and o.filtering:
+            out.append(Filter(trained, o.filter_fraction, o.filter_min_agreement))
+        return out
+
+    def resolve(self, policies: list[ShardPolicy]) -> bool:
+        """Build the extension points (search, context, builder, runner, cost model, committer)
+        and attach the policies; whether this run owns (and must stop) its builder."""
+        import tvm
+        from tvm.s_tir import meta_schedule as ms
+
+        from tunefleet.tvm.builder import PersistentBuilder, import_tensor_intrinsics
+        from tunefleet.tvm.commit import CandidateCommitter
+        from tunefleet.tvm.runner import make_runner
+        from tunefleet.tvm.search import ResumingSearch
+        from tunefleet.tvm.targets import target_fingerprint
+
+        import_tensor_intrinsics()  # the fast way; TuneContext would otherwise import them slowly
+        self.known = self.db.measured_trace_hashes(self.wl.id, self.hw.id)
+        seeds = [trace for p in policies for trace in p.seeds(self)]
+        self.search = ResumingSearch(ms.search_strategy.EvolutionarySearch(), self.known,
+                                     include_default=self.target.kind.name == "llvm", progress=self.progress,
+                                     seeds=seeds, budget=self.remaining)
+        self.search.should_stop = self._should_stop(policies)
+        seed = self.options.seed
+        self.ctx = ms.TuneContext(tvm.ir.load_json(self.wl.tir_json), target=self.target,
+                                  space_generator="post-order-apply", search_strategy=self.search,
+                                  task_name=self.wl.name, rand_state=seed if seed is not None else -1,
+                                  num_threads=self.threads)
+        own_builder = self.builder is None
+        self.builder = self.builder or PersistentBuilder(max_workers=self.threads)
+        self.runner = self.runner or make_runner(self.target)
+        self.online = self.online if self.online is not None else new_online_model(self.threads)
+        self.cost_model = self.online
+        self.committer = CandidateCommitter(self.db, self.wl.id, self.hw.id, shard_id=self.shard.id,
+                                            target=target_fingerprint(self.target))
+        for p in policies:
+            p.attach(self)
+        return own_builder
+
+    def tune(self, policies: list[ShardPolicy]) -> None:
+        """MetaSchedule's search to the shard's budget, committing every batch under a heartbeat."""
+        from tvm.s_tir import meta_schedule as ms
+
+        from tunefleet.tvm.bridge import FleetDatabase
+        from tunefleet.tvm.commit import CommitCallback
+
+        accounting = next((p for p in policies if isinstance(p, Accounting)), None)
+        with Heartbeat(self.db, self.shard.id, self.owner, self.options.lease_s) as hb, \
+                tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
+            self.callback = CommitCallback(
+                self.committer, build_seconds=getattr(self.builder, "pop_build_time", None),
+                measure_info=getattr(self.runner, "pop_measure_info", None),
+                annotate=accounting.annotate if accounting is not None else None, progress=self.progress,
+                after_commit=[self._report_batch, *(p.after_round for p in policies), hb.check])
+            ms.tune_tasks(
+                tasks=[self.ctx], task_weights=[1.0], work_dir=tmp, max_trials_global=self.remaining,
+                num_trials_per_iter=min(self.options.trials_per_iter, self.remaining), builder=self.builder,
+                runner=self.runner, database=FleetDatabase(self.db, self.hw.name), cost_model=self.cost_model,
+                measure_callbacks=[self.callback, ms.measure_callback.RemoveBuildArtifact(),
+                                   ms.measure_callback.UpdateCostModel()],
+                task_scheduler="round-robin",
+            )
+
+    def finish(self, policies: list[ShardPolicy]) -> ShardResult:
+        """Let every policy close (energy added; a preempted shard ended and its trials handed
+        on), then mark the shard failed or done; its result."""
+        t0 = time.perf_counter()
+        for p in policies:
+            p.finish(self)
+        state = shards.DONE
+        if self.failure is not None:
+            log.debug("shard %d traceback", self.shard.id, exc_info=self.failure)
+            state = shards.fail(self.db, self.shard.id, self.owner, f"{type(self.failure).__name__}: {self.failure}")
+            log.error("shard %d failed: %s", self.shard.id, self.failure)
+        elif not self.ended:
+            shards.complete(self.db, self.shard.id, self.owner)
+        p = self.progress
+        preempted = next((x.ended for x in policies if isinstance(x, Preemption)), None)
+        return ShardResult(
+            self.shard.id, state, p.measured, p.errors, p.skipped_known, p.best_s, time.monotonic() - self.started,
+            commit_s=p.commit_s + time.perf_counter() - t0, filtered=p.filtered, preempted=preempted,
+            unused_trials=self.unused() if preempted else 0,
+            filter_stopped=next((x.stopped for x in policies if isinstance(x, Filter)), None),
+            warm_start_dropped=next((x.dropped for x in policies if isinstance(x, WarmStart)), None))
+
+    # -- what policies ask of the run ------------------------------------------------------------
+    def unused(self) -> int:
+        """Trials of the shard's budget not spent (measured or filtered) so far."""
+        return max(0, self.shard.trials - self.db.count_measurements(shard_id=self.shard.id))
+
+    def past(self) -> tuple[list[Any], list[float]] | None:
+        """The workload's fastest committed measurements on this class as candidates with their
+        mean run times, to judge a cost model on before the first round (None: none yet)."""
+        if self._past is False:
+            from tunefleet.tvm.traces import past_candidates
+
+            rows = self.db.best_measurements(self.wl.id, self.hw.id, _AUDIT_PAST) if self.known else []
+            self._past = past_candidates(self.ctx.mod, rows) if rows else None
+        return self._past  # type: ignore[return-value]
+
+    def _should_stop(self, policies: list[ShardPolicy]) -> Any:
+        def should_stop() -> str | None:
+            return next((r for p in policies if (r := p.before_round())), None)
+
+        return should_stop
+
+    def _report_batch(self, rows: list[Any], note: Any) -> None:
+        if self.kit.on_batch is not None:
+            self.kit.on_batch(self.shard.id, [(r.trace_sha256, r.mean_run_s) for r in rows])

@@ -1,0 +1,250 @@
+"""Workers: lease shard after shard of one hardware class and tune each, in one process or many.
+
+A :class:`Tuner` keeps a class's builder, runner, online cost model and trained cost model alive
+from shard to shard (each takes seconds to start); :func:`drain` leases and tunes until no shard
+is left; :func:`tune_with_workers` runs ``drain`` in N local processes that share only the
+database. The knobs of every shard come from one :class:`~tunefleet.engine.options.TuneOptions`.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tunefleet import shards
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
+from tunefleet.errors import TunefleetError
+
+if TYPE_CHECKING:
+    from tunefleet.config import Settings
+    from tunefleet.costmodel import TrainedModel
+    from tunefleet.db import Database
+    from tunefleet.store import ArtifactStore
+    from tunefleet.tvm.commit import CandidateHook
+
+log = logging.getLogger(__name__)
+
+
+def worker_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class TuneSummary:
+    hardware: str
+    shards_done: int = 0
+    shards_failed: int = 0
+    measured: int = 0
+    errors: int = 0
+    skipped_known: int = 0
+    seconds: float = 0.0
+    filtered: int = 0
+    preempted: int = 0
+    filter_stopped: int = 0
+    """Shards in which filtering stopped because the cost model did not rank their measurements."""
+    warm_start_dropped: int = 0
+    """Shards whose search the class's trained model stopped guiding because it misranked their
+    measurements."""
+
+    def add(self, result: ShardResult) -> None:
+        self.shards_done += result.state == shards.DONE
+        self.shards_failed += result.state != shards.DONE
+        self.measured += result.measured
+        self.errors += result.errors
+        self.skipped_known += result.skipped_known
+        self.filtered += result.filtered
+        self.preempted += result.preempted is not None
+        self.filter_stopped += result.filter_stopped is not None
+        self.warm_start_dropped += result.warm_start_dropped is not None
+
+
+class Tuner:
+    """The builder, runner and cost models of one hardware class, kept alive from shard to shard.
+
+    Refuses a class this machine cannot measure. With an artifact ``store``, shards warm-start
+    from (and filter with) the class's current trained cost model, reloaded when a newer one is
+    promoted; a model that cannot be read is logged and the shard tunes without it.
+    """
+
+    def __init__(self, db: Database, hardware: str, options: TuneOptions | None = None, *,
+                 store: ArtifactStore | None = None, builder: Any = None) -> None:
+        from tunefleet.hardware import check_runs_here
+
+        hw = db.hardware_class(hardware)
+        check_runs_here(hw.name, hw.target)
+        self.hardware, self.hardware_class_id, self.target = hw.name, hw.id, dict(hw.target)
+        self.threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+        self.options = options or TuneOptions()
+        self.store = store
+        self._own_builder = builder is None
+        self._builder, self._runner, self._online = builder, None, None
+        self._model: TrainedModel | None = None
+        self._unreadable: int | None = None
+        self._warned_no_filter = False
+
+    @property
+    def online_model(self) -> Any:
+        """One MetaSchedule XGBModel learning every shard this tuner measures."""
+        if self._online is None:
+            from tunefleet.engine.shard import new_online_model
+
+            self._online = new_online_model(self.threads)
+        return self._online
+
+    def cost_model(self, db: Database, options: TuneOptions | None = None) -> TrainedModel | None:
+        """The class's current trained cost model (cached until another is promoted), or None."""
+        if self.store is None or not (options or self.options).wants_trained_model:
+            return None
+        row = db.current_cost_model(self.hardware_class_id)
+        if row is None or row.id == self._unreadable:
+            self._model = None if row is None else self._model
+            return None
+        if self._model is None or self._model.cost_model_id != row.id:
+            from tunefleet.costmodel import load_model
+
+            try:
+                self._model = load_model(db, self.store, self.hardware)
+            except TunefleetError as exc:
+                log.warning("current cost model v%s of %s cannot be loaded, tuning without it: %s",
+                            row.version, self.hardware, str(exc).splitlines()[0])
+                self._model, self._unreadable = None, row.id  # said once, not again for every shard
+        return self._model
+
+    @property
+    def builder(self) -> Any:
+        if self._builder is None:
+            from tunefleet.tvm.builder import PersistentBuilder
+
+            self._builder = PersistentBuilder(max_workers=self.threads)
+        return self._builder
+
+    @property
+    def runner(self) -> Any:
+        if self._runner is None:
+            from tunefleet.tvm.targets import make_target
+
+            if self.options.parallel_measure:
+                from tunefleet.tvm.parallel_runner import AdaptiveParallelRunner
+
+                self._runner = AdaptiveParallelRunner(make_target(self.target), max_degree=self.options.parallel_max_degree)
+            else:
+                from tunefleet.tvm.runner import make_runner
+
+                self._runner = make_runner(make_target(self.target))
+        return self._runner
+
+    def tune_next(self, db: Database, owner: str, options: TuneOptions | None = None, *,
+                  shard_id: int | None = None, on_batch: CandidateHook | None = None) -> ShardResult | None:
+        """Lease the next shard (the owner's own first) and tune it; None if none is left.
+
+        ``options`` overrides the tuner's for this shard (the runner is the tuner's either way)."""
+        options = options or self.options
+        t0 = time.perf_counter()
+        if options.energy_aware and shard_id is None:
+            from tunefleet.budget import reprioritise
+
+            reprioritise(db, self.hardware)
+        shard = shards.lease(db, self.hardware, owner, lease_s=options.lease_s, shard_id=shard_id, reclaim=True)
+        leased_s = time.perf_counter() - t0
+        if shard is None:
+            return None
+        trained = self.cost_model(db, options)
+        if options.filtering and trained is None and not self._warned_no_filter:
+            self._warned_no_filter = True
+            log.warning("filtering is on but %s has no current cost model%s: every candidate is measured "
+                        "(retrain one with `tunefleet costmodel retrain`)", self.hardware,
+                        "" if self.store is not None else " (no artifact store given)")
+        kit = ShardKit(builder=self.builder, runner=self.runner, online_model=self.online_model, trained_model=trained,
+                       num_threads=self.threads, on_batch=on_batch)
+        result = run_shard(db, shard, owner, options, kit)
+        result.lease_s = leased_s
+        return result
+
+    def close(self) -> None:
+        if self._own_builder and self._builder is not None:
+            self._builder.shutdown()
+        if self._runner is not None and hasattr(self._runner, "shutdown"):
+            self._runner.shutdown()
+        self._builder = self._runner = None
+
+
+def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, max_shards: int | None = None,
+          store: ArtifactStore | None = None, tuner: Tuner | None = None,
+          on_batch: CandidateHook | None = None) -> TuneSummary:
+    """Lease and tune pending shards of one hardware class in this process until none are left.
+
+    With ``store``, shards warm-start from the class's current cost model (see :class:`Tuner`);
+    ``tuner`` (e.g. one with a given builder) is used and left open, else one is made and closed.
+    """
+    owner = worker_owner()
+    started = time.monotonic()
+    own = tuner is None
+    tuner = tuner or Tuner(db, hardware, options, store=store)
+    summary = TuneSummary(tuner.hardware)
+    try:
+        while max_shards is None or summary.shards_done + summary.shards_failed < max_shards:
+            result = tuner.tune_next(db, owner, options, on_batch=on_batch)
+            if result is None:
+                break
+            summary.add(result)
+    finally:
+        if own:
+            tuner.close()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dict[str, Any],
+                 max_shards: int | None) -> None:
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+    from tunefleet.store import open_store
+
+    settings = Settings(**settings_data)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
+    logging.getLogger("tvm").setLevel(logging.WARNING)
+    db = Database.from_settings(settings)
+    drain(db, hardware, TuneOptions(**options_data), max_shards=max_shards, store=open_store(settings))
+
+
+def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *, workers: int = 1,
+                      max_shards: int | None = None) -> list[int]:
+    """Drain the queue with ``workers`` local worker processes; return their exit codes.
+
+    Workers only share the database: a worker that dies leaves its shard leased until the lease
+    expires, and another worker (or a later run) resumes it.
+    """
+    if workers < 1:
+        raise TunefleetError("workers must be >= 1")
+    ctx = multiprocessing.get_context("spawn")
+    args = (settings.model_dump(), hardware, options.model_dump(), max_shards)
+    procs = [ctx.Process(target=_worker_main, args=args, name=f"tunefleet-worker-{i}") for i in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    return [p.exitcode or 0 for p in procs]
+
+
+def verify_transfer(db: Database, found: Any, tuner: Any = None) -> float | None:
+    """Measure a transferred schedule (:func:`tunefleet.transfer.transfer_best`) on this node and
+    commit it as an ordinary measurement; the class's best mean run time afterwards."""
+    from tunefleet.engine.learned import measure_traces
+
+    wl, hw = db.workload(found.workload), db.hardware_class(found.hardware)
+    own = tuner is None
+    tuner = tuner or Tuner(db, hw.name)
+    try:
+        measure_traces(db, wl, hw, [(found.trace_json, found.args_info)], builder=tuner.builder, runner=tuner.runner)
+    finally:
+        if own:
+            tuner.close()
+    best = db.best_measurements(wl.id, hw.id, 1)
+    found.verified_mean_run_s = float(best[0].mean_run_s) if best and best[0].mean_run_s is not None else None
+    return found.verified_mean_run_s

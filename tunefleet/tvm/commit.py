@@ -1,0 +1,163 @@
+"""The one path by which candidates reach the database: measured, errored, filtered or recorded.
+
+:class:`CandidateCommitter` turns MetaSchedule's candidates and results into
+:class:`~tunefleet.db.NewMeasurement` rows for one (workload, hardware class[, shard]) and commits
+them; :class:`CommitCallback` is the ``MeasureCallback`` that calls it after every measured batch,
+so a killed worker loses at most the batch in flight. What the rows carry beyond MetaSchedule's
+results (energy, the useful flag) is added by an ``annotate`` hook the engine injects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from tunefleet.db import Database, NewMeasurement
+from tunefleet.tvm.traces import trace_json_of
+from tunefleet.vocab import BUILD_ERROR, FILTERED, RUN_ERROR
+
+log = logging.getLogger(__name__)
+
+# A callback seeing each batch as (shard id, [(trace sha256, mean run seconds or None)]).
+CandidateHook = Callable[[int | None, list[tuple[str, float | None]]], None]
+
+
+@dataclass
+class ShardProgress:
+    """What a shard's search and commits did so far."""
+
+    measured: int = 0
+    errors: int = 0
+    skipped_known: int = 0
+    filtered: int = 0
+    stop_reason: str | None = None
+    best_s: float | None = None
+    first_best_s: float | None = None
+    batches: int = 0
+    commit_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def count(self, records: list[NewMeasurement]) -> None:
+        """Take a committed batch of measured candidates into the counts and the best so far."""
+        self.batches += 1
+        for rec in records:
+            self.measured += 1
+            mean = rec.mean_run_s
+            if mean is None:
+                self.errors += 1
+            elif self.best_s is None or mean < self.best_s:
+                self.best_s = mean
+                if self.first_best_s is None:
+                    self.first_best_s = mean
+
+
+class CandidateCommitter:
+    """Rows of one workload on one hardware class (and shard), committed in batches."""
+
+    def __init__(self, db: Database, workload_id: int, hardware_class_id: int, *, shard_id: int | None = None,
+                 target: str = "") -> None:
+        self.db, self.workload_id, self.hardware_class_id = db, workload_id, hardware_class_id
+        self.shard_id, self.target = shard_id, target
+
+    def row(self, trace_json: str, run_secs: list[float] | None, *, args_info: list[Any] | None = None,
+            **extra: Any) -> NewMeasurement:
+        extra.setdefault("target", self.target)
+        return NewMeasurement(self.workload_id, self.hardware_class_id, trace_json, run_secs, args_info=args_info,
+                              shard_id=self.shard_id, tvm_version=tvm.__version__, **extra)
+
+    def measured(self, cands: list[Any], built: list[Any], ran: list[Any], *,
+                 build_seconds: Callable[[str], float | None] | None = None,
+                 measure_info: Callable[[str], dict[str, Any] | None] | None = None) -> list[NewMeasurement]:
+        """Rows of a measured batch: run times, or the build or run error, with build time and mode."""
+        rows = []
+        for cand, b, r in zip(cands, built, ran, strict=True):
+            build_err = b.error_msg
+            run_err = None if build_err else r.error_msg
+            run_secs = None if (build_err or run_err) else [float(x) for x in r.run_secs]
+            path = b.artifact_path
+            info = measure_info(path) if (measure_info and path) else None
+            rows.append(self.row(
+                trace_json_of(cand.sch), run_secs, args_info=[a.as_json() for a in cand.args_info],
+                build_s=build_seconds(path) if (build_seconds and path) else None,
+                error_kind=BUILD_ERROR if build_err else (RUN_ERROR if run_err else None),
+                error_msg=(build_err or run_err or None) and str(build_err or run_err)[:8000],
+                measure_mode=_measure_mode(info) if run_secs is not None else None,
+            ))
+        return rows
+
+    def filtered(self, cands: list[Any]) -> int:
+        """Commit candidates the cost model scored out: never built or run, a spent trial each."""
+        return self.db.commit_measurements([self.row(
+            trace_json_of(c.sch), None, args_info=[a.as_json() for a in c.args_info], error_kind=FILTERED,
+            error_msg="scored out by the cost model", energy_j=0.0, useful=False) for c in cands])
+
+    def commit(self, rows: list[NewMeasurement]) -> int:
+        return self.db.commit_measurements(rows)
+
+
+def _measure_mode(info: dict[str, Any] | None) -> str | None:
+    if not info or info.get("mode") in (None, "serial"):
+        return "serial" if info else None
+    return f"parallel:{int(info.get('degree') or 0)}"
+
+
+@derived_object
+class CommitCallback(ms.measure_callback.PyMeasureCallback):
+    """Commit every measured candidate of a batch (successes and build/run errors) as it is measured.
+
+    Parameters
+    ----------
+    committer:
+        Where the rows go.
+    build_seconds, measure_info:
+        The builder's and runner's per-artifact figures (build time; serial or parallel mode).
+    annotate:
+        Called with the batch's rows before they are committed (e.g. to add their energy); what it
+        returns is handed to every ``after_commit`` hook with the rows.
+    after_commit:
+        Called with (rows, what ``annotate`` returned) once the batch is committed; an exception
+        stops the search (e.g. the lease was lost).
+    """
+
+    def __init__(self, committer: CandidateCommitter, *, build_seconds: Callable[[str], float | None] | None = None,
+                 measure_info: Callable[[str], dict[str, Any] | None] | None = None,
+                 annotate: Callable[[list[NewMeasurement]], Any] | None = None,
+                 after_commit: list[Callable[[list[NewMeasurement], Any], None]] | None = None,
+                 progress: ShardProgress | None = None) -> None:
+        self.committer = committer
+        self.build_seconds, self.measure_info = build_seconds, measure_info
+        self.annotate = annotate
+        self.after_commit = list(after_commit or [])
+        self.progress = progress or ShardProgress()
+        self.failure: BaseException | None = None
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: list[Any],
+              builder_results: list[Any], runner_results: list[Any]) -> None:
+        try:
+            self._apply(measure_candidates, builder_results, runner_results)
+        except BaseException as exc:
+            # MetaSchedule calls this through its C++ FFI, which may re-wrap what we raise; keep
+            # the original so the engine can tell a lost connection from a crashed search.
+            self.failure = exc
+            raise
+
+    def _apply(self, cands: list[Any], built: list[Any], ran: list[Any]) -> None:
+        rows = self.committer.measured(cands, built, ran, build_seconds=self.build_seconds,
+                                       measure_info=self.measure_info)
+        note = self.annotate(rows) if self.annotate is not None else None
+        t0 = time.perf_counter()
+        self.committer.commit(rows)
+        p = self.progress
+        p.commit_s += time.perf_counter() - t0
+        p.count(rows)
+        log.info("shard %s: batch %d committed %d candidates (%d errors so far), best %.3g ms",
+                 self.committer.shard_id, p.batches, len(rows), p.errors, (p.best_s or float("nan")) * 1e3)
+        for hook in self.after_commit:
+            hook(rows, note)
