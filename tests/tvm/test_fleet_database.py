@@ -13,7 +13,7 @@ classes, a 16x16 matmul and a few real schedule traces of it. What is checked:
 * predictions: never returned as measurements; only with ``with_predictions=True``, without run
   times, and only while the workload has no measurement;
 * MetaSchedule's failed-run marker (``run_secs=[1e10]``) is an error, as in TVM's own databases
-  (xfail today: see the test).
+  (stored as a run error, never as a latency).
 """
 
 from __future__ import annotations
@@ -205,10 +205,6 @@ def test_records_without_run_times_are_never_top_k(db: Database, mod: IRModule) 
     _equal_record(everything, good)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FleetDatabase.commit_tuning_record stores MetaSchedule's failed-run marker (run_secs all 1e10, what "
-    "the default AddToDatabase callback commits for a run that failed) as a measurement of 1e10 s, and "
-    "get_top_k/query_tuning_record return it; TVM's databases treat it as invalid (TuningRecord::IsValid)"))
 def test_failed_run_marker_is_an_error(db: Database, mod: IRModule) -> None:
     """MetaSchedule's AddToDatabase commits a run that failed with ``run_secs=[1e10]``; TVM's own
     Memory/JSON databases never return such a record (checked here), so neither may FleetDatabase."""
