@@ -689,6 +689,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="lease length in seconds; heartbeats renew it every third (default TUNEFLEET_LEASE_S, 120)")
     tu.add_argument("--trials-per-iter", type=int, default=None,
                     help="candidates measured per batch (default TUNEFLEET_TRIALS_PER_ITER, 64)")
+    tu.add_argument("--warm-start-min-agreement", type=float, default=None, metavar="SHARE",
+                    help="drop the warm start in a shard once the cost model orders fewer than this share of pairs "
+                    "of its measured candidates right; 0: never (default TUNEFLEET_WARM_START_MIN_AGREEMENT, 0.6)")
+    tu.add_argument("--no-transfer", dest="transfer", action="store_false", default=None,
+                    help="do not seed a workload this class never measured with a compatible class's best schedule")
     tu.add_argument("--cold", action="store_true",
                     help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
     tu.add_argument("--efficient", action="store_true",

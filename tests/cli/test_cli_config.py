@@ -96,3 +96,24 @@ def test_unreachable_database_is_one_line(tmp_path) -> None:  # type: ignore[no-
     out = run_cli("db", "current", env=env)
     assert out.returncode == 2
     assert "cannot connect to database" in error_line(out.stderr)
+
+
+def test_tune_flags_named_like_knobs_reach_the_options(tunefleet_home, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every `tune` flag whose name is a TuneKnobs field overrides that setting for the run; the
+    rest of the knobs come from the settings; a bad value is one line naming the knob."""
+    from tunefleet.cli import build_parser, tune_options
+    from tunefleet.config import load_settings
+    from tunefleet.errors import ParameterError
+
+    monkeypatch.setenv("TUNEFLEET_TRIALS_PER_ITER", "7")
+    monkeypatch.setenv("TUNEFLEET_WARM_START_MIN_AGREEMENT", "0.7")
+    settings = load_settings()
+    parse = build_parser().parse_args
+    plain = tune_options(parse(["tune"]), settings)
+    assert (plain.trials_per_iter, plain.warm_start_min_agreement, plain.transfer, plain.lease_s) == (7, 0.7, True, 120.0)
+    given = tune_options(parse(["tune", "--warm-start-min-agreement", "0.2", "--no-transfer", "--lease-s", "30",
+                                "--cold", "--efficient"]), settings)
+    assert (given.warm_start_min_agreement, given.transfer, given.lease_s, given.warm_start) == (0.2, False, 30.0, False)
+    assert given.preempt and given.energy_aware and given.filter_fraction == 0.5 and given.trials_per_iter == 7
+    with pytest.raises(ParameterError, match=r"^invalid lease_s: -1\.0 \(Input should be greater than 0\)$"):
+        tune_options(parse(["tune", "--lease-s", "-1"]), settings)
