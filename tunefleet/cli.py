@@ -588,34 +588,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="show the effective configuration").add_subparsers(dest="sub", required=True)
     show = config.add_parser("show", help="print settings with secrets masked")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(handler=cmd_config_show)
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="sub", required=True)
     up = db.add_parser("upgrade", help="migrate the schema to the newest (or given) revision")
-    up.add_argument("revision", nargs="?", default="head")
+    up.add_argument("revision", nargs="?", default="head", help="Alembic revision to migrate to (default head, the newest)")
     up.set_defaults(handler=cmd_db_upgrade)
     down = db.add_parser("downgrade", help="migrate the schema down to a revision ('base' empties it)")
-    down.add_argument("revision")
+    down.add_argument("revision", help="Alembic revision to migrate down to ('base' removes every table)")
     down.set_defaults(handler=cmd_db_downgrade)
     cur = db.add_parser("current", help="print the schema revision")
     cur.set_defaults(handler=cmd_db_current)
 
     run = sub.add_parser("run", help="the whole pipeline on one model: ingest, extract, plan, tune, build")
     run.add_argument("--model", default="resnet18", help="zoo name, ONNX or .pt2 file (default resnet18)")
-    run.add_argument("--hardware", default="x86")
+    run.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
     run.add_argument("--trials", type=int, default=8, help="target trials per workload (default 8)")
-    run.add_argument("--shard-trials", type=int, default=64)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--shard-trials", type=int, default=64, help="at most this many trials per shard (default 64)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
     run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
     _zoo_options(run)
     run.set_defaults(handler=cmd_run)
 
     rep = sub.add_parser("report", help="reports from the database").add_subparsers(dest="sub", required=True)
     ren = rep.add_parser("energy", help="joules, kWh, money, wasted %% per model and hardware class")
-    ren.add_argument("--model", default=None)
-    ren.add_argument("--hardware", default=None)
-    ren.add_argument("--json", action="store_true")
+    ren.add_argument("--model", default=None, help="only this model (name or id; default every model)")
+    ren.add_argument("--hardware", default=None, help="only this hardware class (default every class)")
+    ren.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ren.set_defaults(handler=cmd_report_energy)
 
     ds = sub.add_parser("dataset", help="measurements as versioned Parquet datasets").add_subparsers(
@@ -624,66 +624,70 @@ def build_parser() -> argparse.ArgumentParser:
     dse.add_argument("--hardware", default=None, help="only this hardware class")
     dse.set_defaults(handler=cmd_dataset_export)
     dsl = ds.add_parser("list", help="dataset versions")
-    dsl.add_argument("--json", action="store_true")
+    dsl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     dsl.set_defaults(handler=cmd_dataset_list)
 
     cm = sub.add_parser("costmodel", help="XGBoost cost models trained on the datasets").add_subparsers(
         dest="sub", required=True)
     cmr = cm.add_parser("retrain", help="train on the dataset versions; promote only if better on held-out workloads")
-    cmr.add_argument("--hardware", default="x86")
-    cmr.add_argument("--objective", choices=["reg:squarederror", "rank:pairwise"], default="reg:squarederror")
+    cmr.add_argument("--hardware", default="x86", help="hardware class to train for (default x86)")
+    cmr.add_argument("--objective", choices=["reg:squarederror", "rank:pairwise"], default="reg:squarederror",
+                     help="XGBoost objective (default reg:squarederror)")
     cmr.add_argument("--holdout", type=float, default=0.2, help="fraction of workloads held out (default 0.2)")
-    cmr.add_argument("--seed", type=int, default=0)
+    cmr.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of XGBoost (default 0)")
     cmr.add_argument("--holdout-model", action="append", metavar="MODEL",
                      help="hold out the workloads only this model has (repeatable) instead of --holdout")
     cmr.set_defaults(handler=cmd_costmodel_retrain)
     cml = cm.add_parser("list", help="registered cost models and their held-out metrics")
-    cml.add_argument("--json", action="store_true")
+    cml.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cml.set_defaults(handler=cmd_costmodel_list)
     cmp = cm.add_parser("promote", help="make a registered version the current model of its class (an override)")
-    cmp.add_argument("version", type=int)
-    cmp.add_argument("--hardware", default="x86")
+    cmp.add_argument("version", type=int, help="registered version number (see `tunefleet costmodel list`)")
+    cmp.add_argument("--hardware", default="x86", help="hardware class of the model (default x86)")
     cmp.set_defaults(handler=cmd_costmodel_promote)
 
     met = sub.add_parser("metrics", help="Prometheus metrics").add_subparsers(dest="sub", required=True)
     mse = met.add_parser("serve", help="serve the fleet's gauges from the database on /metrics")
-    mse.add_argument("--port", type=int, default=9464)
-    mse.add_argument("--addr", default="127.0.0.1")
-    mse.add_argument("--interval", type=float, default=15.0, help="seconds between refreshes from the database")
+    mse.add_argument("--port", type=int, default=9464, help="TCP port to listen on (default 9464)")
+    mse.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    mse.add_argument("--interval", type=float, default=15.0, help="seconds between refreshes from the database (default 15)")
     mse.set_defaults(handler=cmd_metrics_serve)
 
     dep = sub.add_parser("deploy", help="create a Prefect work pool per hardware class and register the deployments")
-    dep.add_argument("--pool-type", choices=["process", "kubernetes"], default="process")
+    dep.add_argument("--pool-type", choices=["process", "kubernetes"], default="process",
+                     help="work pool type: local processes or Kubernetes Jobs (default process)")
     dep.add_argument("--hardware", action="append", default=None,
                      help="hardware class to create a pool for (repeatable; default: every class)")
     dep.add_argument("--concurrency", type=int, default=None,
-                     help="at most this many tuning tasks at once per hardware class (a Prefect tag limit)")
+                     help="at most this many tuning tasks at once per hardware class (a Prefect tag limit; default none)")
     dep.set_defaults(handler=cmd_deploy)
 
     ing = sub.add_parser("ingest", help="store a model (zoo name, ONNX file, .pt2 file or s3:// URI)")
-    ing.add_argument("source")
-    ing.add_argument("--name", default=None)
+    ing.add_argument("source", help="zoo name, path to an ONNX or .pt2 file, or s3://bucket/key")
+    ing.add_argument("--name", default=None, help="name to store the model under (default the zoo name or the file's stem)")
     _zoo_options(ing)
     ing.set_defaults(handler=cmd_ingest)
 
     ext = sub.add_parser("extract", help="extract and store a model's workloads for a hardware class")
-    ext.add_argument("model")
-    ext.add_argument("--hardware", default="x86")
+    ext.add_argument("model", help="stored model: name, id or sha256 prefix")
+    ext.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
     ext.set_defaults(handler=cmd_extract)
 
     pl = sub.add_parser("plan", help="cut untuned work into shards")
-    pl.add_argument("--hardware", default="x86")
+    pl.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
     pl.add_argument("--trials", type=int, required=True, help="target trials per workload")
-    pl.add_argument("--shard-trials", type=int, default=64)
+    pl.add_argument("--shard-trials", type=int, default=64, help="at most this many trials per shard (default 64)")
     pl.add_argument("--model", default=None, help="only this model's workloads")
     pl.add_argument("--reset-plateaus", action="store_true",
                     help="forget which workloads were preempted on this class, so they are planned again")
     pl.set_defaults(handler=cmd_plan)
 
     tu = sub.add_parser("tune", help="tune pending shards of a hardware class with local workers")
-    tu.add_argument("--hardware", default="x86")
-    tu.add_argument("--workers", type=int, default=1)
-    tu.add_argument("--max-shards", type=int, default=None)
+    tu.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
+    tu.add_argument("--workers", type=int, default=1,
+                    help="local worker processes (default 1: tune in this process)")
+    tu.add_argument("--max-shards", type=int, default=None,
+                    help="stop after this many shards (default: until no shard is pending)")
     tu.add_argument("--seed", type=int, default=None, help="seed of the search (default TUNEFLEET_SEED, else random)")
     tu.add_argument("--lease-s", type=float, default=None,
                     help="lease length in seconds; heartbeats renew it every third (default TUNEFLEET_LEASE_S, 120)")
@@ -704,29 +708,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     for noun, handler in (("models", cmd_models_list), ("workloads", cmd_workloads_list), ("hardware", cmd_hardware_list)):
         grp = sub.add_parser(noun, help=f"{noun} in the database").add_subparsers(dest="sub", required=True)
-        ls = grp.add_parser("list")
-        ls.add_argument("--json", action="store_true")
+        ls = grp.add_parser("list", help=f"list the {noun}")
+        ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if noun == "workloads":
-            ls.add_argument("--model", default=None)
+            ls.add_argument("--model", default=None, help="only this model's workloads (name, id or sha256 prefix)")
         ls.set_defaults(handler=handler)
 
     sh = sub.add_parser("shards", help="list, retry or cancel shards").add_subparsers(dest="sub", required=True)
-    shl = sh.add_parser("list")
-    shl.add_argument("--hardware", default=None)
-    shl.add_argument("--state", default=None)
-    shl.add_argument("--json", action="store_true")
+    shl = sh.add_parser("list", help="list shards with their state, attempts and lease owner")
+    shl.add_argument("--hardware", default=None, help="only this hardware class (default every class)")
+    shl.add_argument("--state", default=None,
+                     help="only shards in this state: pending, leased, done, failed or cancelled (default all)")
+    shl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     shl.set_defaults(handler=cmd_shards_list)
     for verb, handler in (("retry", cmd_shards_retry), ("cancel", cmd_shards_cancel)):
-        p = sh.add_parser(verb)
-        p.add_argument("ids", nargs="*", type=int)
-        p.add_argument("--hardware", default=None)
+        p = sh.add_parser(verb, help={"retry": "put failed or cancelled shards back to pending",
+                                      "cancel": "cancel pending, leased or failed shards"}[verb])
+        p.add_argument("ids", nargs="*", type=int,
+                       help="shard ids (default: every shard in a state the command applies to)")
+        p.add_argument("--hardware", default=None, help="only this hardware class (default every class)")
         p.set_defaults(handler=handler)
 
     be = sub.add_parser("best", help="best measured schedule of a workload on a hardware class")
     be.add_argument("workload", help="structural hash (or a unique prefix)")
-    be.add_argument("--hardware", default="x86")
-    be.add_argument("--top", type=int, default=1)
-    be.add_argument("--json", action="store_true")
+    be.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
+    be.add_argument("--top", type=int, default=1, help="show this many best schedules (default 1)")
+    be.add_argument("--json", action="store_true", help="print JSON instead of a table")
     be.add_argument("--zero-shot", action="store_true",
                     help="never measured on this class: show the current cost model's proposals (PREDICTED)")
     be.add_argument("--transfer", action="store_true",
@@ -736,13 +743,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.set_defaults(handler=cmd_best)
 
     bu = sub.add_parser("build", help="compile a model with the best stored schedules and compare latency")
-    bu.add_argument("model")
-    bu.add_argument("--hardware", default="x86")
-    bu.add_argument("-o", "--output", default=None)
-    bu.add_argument("--json", action="store_true")
+    bu.add_argument("model", help="stored model: name, id or sha256 prefix")
+    bu.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
+    bu.add_argument("-o", "--output", default=None, help="write the compiled library to this file (default: not written)")
+    bu.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bu.add_argument("--zero-shot", action="store_true",
                     help="workloads never measured on this class get the current cost model's best proposal")
-    bu.add_argument("--top-k", type=int, default=5, help="with --zero-shot: proposals stored per workload")
+    bu.add_argument("--top-k", type=int, default=5, help="with --zero-shot: proposals stored per workload (default 5)")
     bu.add_argument("--verify", type=int, default=0, metavar="K",
                     help="with --zero-shot: measure the top K proposals of each such workload here")
     bu.add_argument("--transfer", action="store_true",
@@ -750,9 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
     bu.set_defaults(handler=cmd_build)
 
     ex = sub.add_parser("export-db", help="write the best records as MetaSchedule JSON database files")
-    ex.add_argument("directory")
-    ex.add_argument("--hardware", default="x86")
-    ex.add_argument("--top", type=int, default=1)
+    ex.add_argument("directory", help="directory to write the JSONDatabase files to")
+    ex.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
+    ex.add_argument("--top", type=int, default=1, help="records per workload (default 1)")
     ex.set_defaults(handler=cmd_export_db)
     return parser
 
