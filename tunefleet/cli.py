@@ -708,7 +708,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for noun, handler in (("models", cmd_models_list), ("workloads", cmd_workloads_list), ("hardware", cmd_hardware_list)):
         grp = sub.add_parser(noun, help=f"{noun} in the database").add_subparsers(dest="sub", required=True)
-        ls = grp.add_parser("list", help=f"list the {noun}")
+        ls = grp.add_parser("list", help={"models": "list the ingested models",
+                                           "workloads": "list the stored workloads and their call counts",
+                                           "hardware": "list the hardware classes: target, node pool, power, price"}[noun])
         ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if noun == "workloads":
             ls.add_argument("--model", default=None, help="only this model's workloads (name, id or sha256 prefix)")
