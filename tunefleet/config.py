@@ -99,7 +99,7 @@ class TuneKnobs(BaseModel):
 
 
 class Settings(BaseSettings, TuneKnobs):
-    """Effective tunefleet configuration (see the README's configuration table); the tuning knobs
+    """Effective tunefleet configuration (see docs/configuration.md); the tuning knobs
     are declared in :class:`TuneKnobs`."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)

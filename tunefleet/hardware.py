@@ -2,7 +2,7 @@
 
 A hardware class is a first-class record (ISA Mapper's idea): a TVM target in dict form, the
 node-pool label its workers run on, and the power and price figures energy accounting uses.
-Power and price defaults are *assumptions* for estimates (documented in the README); set real
+Power and price defaults are *assumptions* for estimates (documented in docs/configuration.md); set real
 figures with the ``hardware`` setting.
 """
 
