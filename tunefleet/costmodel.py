@@ -419,24 +419,11 @@ def model_key(hardware: str, version: int) -> str:
 
 
 def _next_version(db: Database, hardware_class_id: int) -> int:
-    from sqlalchemy import func, select
-
-    from tunefleet.db.models import CostModel
-
-    with db.session() as s:
-        stmt = select(func.coalesce(func.max(CostModel.version), 0)).where(
-            CostModel.hardware_class_id == hardware_class_id
-        )
-        return int(s.scalar(stmt) or 0) + 1
+    return db.next_cost_model_version(hardware_class_id)
 
 
 def _set_uri(db: Database, cost_model_id: int, uri: str) -> None:
-    from tunefleet.db.models import CostModel
-
-    with db.session() as s:
-        row = s.get(CostModel, cost_model_id)
-        if row is not None:
-            row.artifact_uri = uri
+    db.set_cost_model_uri(cost_model_id, uri)
 
 
 def _load_artifact(store: ArtifactStore, uri: str) -> TrainedModel:
@@ -559,15 +546,10 @@ def _fmt(value: float | None) -> str:
 
 def promote_version(db: Database, hardware: str, version: int) -> Any:
     """Make a registered version current regardless of its metrics (an operator's override)."""
-    from sqlalchemy import select
-
-    from tunefleet.db.models import CostModel
     from tunefleet.errors import NotFoundError
 
     hw = db.hardware_class(hardware)
-    with db.session() as s:
-        row = s.scalars(select(CostModel).where(CostModel.hardware_class_id == hw.id,
-                                                CostModel.version == version)).one_or_none()
+    row = db.cost_model_version(hw.id, version)
     if row is None:
         raise NotFoundError(f"no cost model v{version} for {hardware}; see `tunefleet costmodel list`")
     db.promote_cost_model(row.id)
