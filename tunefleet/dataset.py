@@ -198,15 +198,11 @@ def _plan(db: Database, hardware: str | None, marks: dict[str, int]) -> list[_Cl
     classes = [db.hardware_class(hardware)] if hardware is not None else db.hardware_classes()
     plans = []
     for hw in classes:
-        window = db.measurement_window(hw.id, marks.get(hw.name, 0))
+        after = marks.get(hw.name, 0)
+        window = db.measurement_window(hw.id, after)  # (high water, count), None when nothing is new
         if window is not None:
-            plans.append(_ClassPlan(hw, marks.get(hw.name, 0), *window))
+            plans.append(_ClassPlan(hw, after, *window))
     return plans
-
-
-def _best_run_s(db: Database, hardware_class_id: int, high_water: int) -> dict[int, float]:
-    """Fastest successful mean_run_s per workload of one class, over ids up to ``high_water``."""
-    return db.best_run_s_by_workload(hardware_class_id, high_water)
 
 
 class _Featurizer:
@@ -464,7 +460,7 @@ def _export_class(
     import pyarrow.parquet as pq
 
     hw = plan.hw
-    best = _best_run_s(db, hw.id, plan.high_water)
+    best = db.best_run_s_by_workload(hw.id, plan.high_water)
     key = part_key(version, hw.name)
     path = f"{base}/{key}"
     writer = None
