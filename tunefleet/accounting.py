@@ -22,13 +22,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import case, func, select, update
-
-from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, Workload
-from tunefleet.vocab import FILTERED
-
 if TYPE_CHECKING:
     from tunefleet.db import Database, NewMeasurement
+    from tunefleet.db.models import HardwareClass, Workload
     from tunefleet.energy import EnergyMeter
     from tunefleet.metrics import FleetMetrics
 
@@ -162,16 +158,8 @@ class ShardAccountant:
 
 def add_shard_energy(db: Database, shard_id: int, energy: ShardEnergy) -> None:
     """Add an attempt's totals to its shard (attempts of one shard are summed)."""
-    with db.session() as s:
-        s.execute(
-            update(Shard).where(Shard.id == shard_id).values(
-                energy_j=func.coalesce(Shard.energy_j, 0.0) + energy.joules,
-                energy_source=energy.source,
-                node_s=func.coalesce(Shard.node_s, 0.0) + energy.node_s,
-                cpu_s=func.coalesce(Shard.cpu_s, 0.0) + energy.cpu_s,
-                cost=func.coalesce(Shard.cost, 0.0) + energy.cost,
-            )
-        )
+    db.add_shard_energy(shard_id, joules=energy.joules, source=energy.source, node_s=energy.node_s,
+                        cpu_s=energy.cpu_s, cost=energy.cost)
 
 
 # -- reports ----------------------------------------------------------------------------------
@@ -205,37 +193,23 @@ class EnergyRow:
 
 def energy_report(db: Database, *, model: str | int | None = None, hardware: str | None = None) -> list[EnergyRow]:
     """Per model x hardware class: joules, kWh, money, wasted %, trials, best latency, sources."""
-    m = Measurement.__table__
-    with db.session() as s:
-        hw_names = {h.id: h.name for h in s.scalars(select(HardwareClass))}
-        hw_filter = [m.c.hardware_class_id == db.hardware_class(hardware).id] if hardware else []
-        per_wl: dict[tuple[int, int], dict[str, Any]] = defaultdict(
-            lambda: {"j": 0.0, "useful": 0.0, "wasted": 0.0, "trials": 0, "errors": 0, "filtered": 0, "best": None,
-                     "sources": set()})
-        rows = s.execute(
-            select(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source,
-                   func.coalesce(func.sum(m.c.energy_j), 0.0), func.count(), func.count(m.c.error_kind),
-                   func.min(m.c.mean_run_s), func.sum(case((m.c.error_kind == FILTERED, 1), else_=0)))
-            .where(*hw_filter)
-            .group_by(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source)
-        ).all()
-        for wl_id, hw_id, useful, source, joules, n, errors, best, filtered in rows:
-            agg = per_wl[(wl_id, hw_id)]
-            agg["j"] += float(joules)
-            agg["useful" if useful else "wasted"] += float(joules)
-            agg["trials"] += int(n) - int(filtered or 0)
-            agg["errors"] += int(errors) - int(filtered or 0)
-            agg["filtered"] += int(filtered or 0)
-            if best is not None and (agg["best"] is None or best < agg["best"]):
-                agg["best"] = float(best)
-            if source:
-                agg["sources"].add(source)
-        costs = {(wl, hw): float(c) for wl, hw, c in s.execute(
-            select(Shard.workload_id, Shard.hardware_class_id, func.coalesce(func.sum(Shard.cost), 0.0))
-            .group_by(Shard.workload_id, Shard.hardware_class_id))}
-        links = s.execute(select(ModelWorkload.model_id, ModelWorkload.workload_id, ModelWorkload.weight)).all()
-        models = {mo.id: mo.name for mo in s.scalars(select(Model))}
-        n_workloads = dict(s.execute(select(ModelWorkload.model_id, func.count()).group_by(ModelWorkload.model_id)).all())
+    totals = db.energy_totals(db.hardware_class(hardware).id if hardware else None)
+    hw_names, costs, links, models = totals.hardware_names, totals.shard_costs, totals.links, totals.model_names
+    n_workloads = totals.workload_counts
+    per_wl: dict[tuple[int, int], dict[str, Any]] = defaultdict(
+        lambda: {"j": 0.0, "useful": 0.0, "wasted": 0.0, "trials": 0, "errors": 0, "filtered": 0, "best": None,
+                 "sources": set()})
+    for g in totals.groups:
+        agg = per_wl[(g.workload_id, g.hardware_class_id)]
+        agg["j"] += g.joules
+        agg["useful" if g.useful else "wasted"] += g.joules
+        agg["trials"] += g.count - g.filtered
+        agg["errors"] += g.errors - g.filtered
+        agg["filtered"] += g.filtered
+        if g.best_s is not None and (agg["best"] is None or g.best_s < agg["best"]):
+            agg["best"] = g.best_s
+        if g.energy_source:
+            agg["sources"].add(g.energy_source)
     wanted_model = db.model(model).id if model is not None else None
     total_weight: dict[int, int] = defaultdict(int)
     for _, wl, weight in links:
@@ -279,14 +253,7 @@ def energy_report(db: Database, *, model: str | int | None = None, hardware: str
 
 def shard_state_counts(db: Database) -> dict[str, dict[str, int]]:
     """``{hardware: {state: count}}`` for the shard-state gauge."""
-    with db.session() as s:
-        names = {h.id: h.name for h in s.scalars(select(HardwareClass))}
-        rows = s.execute(select(Shard.hardware_class_id, Shard.state, func.count())
-                         .group_by(Shard.hardware_class_id, Shard.state)).all()
-    out: dict[str, dict[str, int]] = {name: {} for name in names.values()}
-    for hw_id, state, n in rows:
-        out[names[hw_id]][state] = int(n)
-    return out
+    return db.shard_state_counts()
 
 
 def publish_fleet_metrics(db: Database, metrics: FleetMetrics, rows: Sequence[EnergyRow] | None = None) -> None:

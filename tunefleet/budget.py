@@ -27,11 +27,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
-
-from tunefleet.db import Database
-from tunefleet.db.models import Measurement, ModelWorkload, Shard, TuningState, utcnow
-from tunefleet.vocab import FILTERED, PENDING
+from tunefleet.db import Database, TrialGrant
+from tunefleet.db.models import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -76,28 +73,13 @@ def outlooks(db: Database, hardware: str, workload_ids: list[int] | None = None,
              window: int = DEFAULT_WINDOW) -> dict[int, Outlook]:
     """The outlook of every workload that has shards on the class (or of the ones given)."""
     hw = db.hardware_class(hardware)
-    m = Measurement.__table__
-    with db.session() as s:
-        if workload_ids is None:
-            workload_ids = sorted(set(s.scalars(select(Shard.workload_id).where(Shard.hardware_class_id == hw.id))))
-        if not workload_ids:
-            return {}
-        weights: dict[int, int] = defaultdict(int)
-        for wl, w in s.execute(select(ModelWorkload.workload_id, ModelWorkload.weight)
-                               .where(ModelWorkload.workload_id.in_(workload_ids))):
-            weights[wl] += int(w)
-        preempted = set(s.scalars(select(TuningState.workload_id).where(
-            TuningState.hardware_class_id == hw.id, TuningState.preempted.is_(True),
-            TuningState.workload_id.in_(workload_ids))))
-        rows = s.execute(
-            select(m.c.workload_id, m.c.mean_run_s, m.c.energy_j)
-            .where(m.c.hardware_class_id == hw.id, m.c.workload_id.in_(workload_ids),
-                   (m.c.error_kind.is_(None)) | (m.c.error_kind != FILTERED))
-            .order_by(m.c.id)
-        ).all()
+    inputs = db.outlook_inputs(hw.id, workload_ids)
+    if not inputs.workload_ids:
+        return {}
+    workload_ids, weights, preempted = inputs.workload_ids, inputs.weights, inputs.preempted
     curves: dict[int, list[float | None]] = defaultdict(list)  # best so far after each trial
     joules: dict[int, list[float]] = defaultdict(list)
-    for wl, mean, energy in rows:
+    for wl, mean, energy in inputs.trials:
         curve = curves[wl]
         prev = curve[-1] if curve else None
         curve.append(mean if mean is not None and (prev is None or mean < prev) else prev)
@@ -124,16 +106,11 @@ def outlooks(db: Database, hardware: str, workload_ids: list[int] | None = None,
 def reprioritise(db: Database, hardware: str) -> int:
     """Set every pending shard's priority to its workload's expected gain per joule; returns how many."""
     hw = db.hardware_class(hardware)
-    with db.session() as s:
-        pending = list(s.execute(select(Shard.id, Shard.workload_id).where(
-            Shard.hardware_class_id == hw.id, Shard.state == PENDING)))
+    pending = db.pending_shards(hw.id)
     if not pending:
         return 0
     views = outlooks(db, hardware, sorted({wl for _, wl in pending}))
-    with db.session() as s:
-        for shard_id, wl in pending:
-            s.execute(update(Shard).where(Shard.id == shard_id, Shard.state == PENDING)
-                      .values(priority=views[wl].priority))
+    db.set_shard_priorities({shard_id: views[wl].priority for shard_id, wl in pending})
     return len(pending)
 
 
@@ -161,10 +138,7 @@ def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: in
     state either way.
     """
     hw = db.hardware_class(hardware)
-    with db.session() as s:
-        state = s.get(TuningState, (from_workload_id, hw.id))
-        if state is not None:
-            state.freed_trials = (state.freed_trials or 0) + max(trials, 0)
+    db.add_freed_trials(from_workload_id, hw.id, trials)
     if trials <= 0:
         return []
     views = [o for o in outlooks(db, hardware).values() if o.workload_id != from_workload_id and o.improving]
@@ -180,30 +154,16 @@ def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: in
     total = sum(scores)
     shares = [int(trials * sc / total) for sc in scores]
     shares[0] += trials - sum(shares)
-    granted: list[Grant] = []
     now = utcnow()
-    with db.session() as s:
-        for view, n in zip(recipients, shares, strict=True):
-            if n <= 0:
-                continue
-            event = {"at": now.isoformat(timespec="seconds"), "event": "reallocated", "trials": n,
-                     "from_workload": from_workload_id, "from_shard": from_shard_id,
-                     "gain_per_joule": None if view.unexplored else view.gain_per_joule}
-            pending = s.scalars(select(Shard).where(Shard.workload_id == view.workload_id,
-                                                    Shard.hardware_class_id == hw.id, Shard.state == PENDING)
-                                .order_by(Shard.id).limit(1)).first()
-            if pending is not None:  # leased meanwhile: the update matches nothing, a new shard follows
-                res = s.execute(update(Shard).where(Shard.id == pending.id, Shard.state == PENDING)
-                                .values(trials=Shard.trials + n, history=[*(pending.history or []), event],
-                                        updated_at=now))
-                if res.rowcount:
-                    granted.append(Grant(pending.id, view.workload_id, n, extended=True))
-                    continue
-            shard = Shard(workload_id=view.workload_id, hardware_class_id=hw.id, trials=n, priority=view.priority,
-                          state=PENDING, max_attempts=max_attempts, history=[event])
-            s.add(shard)
-            s.flush()
-            granted.append(Grant(shard.id, view.workload_id, n, extended=False))
+    grants = [
+        TrialGrant(view.workload_id, n, view.priority,
+                   {"at": now.isoformat(timespec="seconds"), "event": "reallocated", "trials": n,
+                    "from_workload": from_workload_id, "from_shard": from_shard_id,
+                    "gain_per_joule": None if view.unexplored else view.gain_per_joule})
+        for view, n in zip(recipients, shares, strict=True) if n > 0
+    ]
+    granted = [Grant(shard_id, grant.workload_id, grant.trials, extended=extended)
+               for shard_id, grant, extended in db.grant_trials(hw.id, grants, max_attempts=max_attempts, now=now)]
     log.info("%d trial(s) freed by workload %d on %s reallocated to %s", trials, from_workload_id, hardware,
              ", ".join(f"workload {g.workload_id} (+{g.trials}{'' if g.extended else ', new shard'})"
                        for g in granted))

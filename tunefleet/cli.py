@@ -473,17 +473,10 @@ def cmd_costmodel_retrain(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
-    from sqlalchemy import select
-
-    from tunefleet.db.models import CostModel, HardwareClass
-
     ctx = Context(settings)
-    with ctx.db.session() as s:
-        rows = s.execute(select(CostModel, HardwareClass.name).join(HardwareClass)
-                         .order_by(HardwareClass.name, CostModel.version)).all()
-        data = [{"hardware": hw, "version": cm.version, "promoted": cm.promoted, "created_at": cm.created_at,
-                 "objective": cm.metrics.get("objective"), "heldout": cm.metrics.get("heldout"),
-                 "reason": cm.metrics.get("reason"), "uri": cm.artifact_uri} for cm, hw in rows]
+    data = [{"hardware": hw, "version": cm.version, "promoted": cm.promoted, "created_at": cm.created_at,
+             "objective": cm.metrics.get("objective"), "heldout": cm.metrics.get("heldout"),
+             "reason": cm.metrics.get("reason"), "uri": cm.artifact_uri} for cm, hw in ctx.db.cost_models()]
     if args.json:
         _print_json(data)
         return 0

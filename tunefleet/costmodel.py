@@ -418,27 +418,6 @@ def model_key(hardware: str, version: int) -> str:
     return f"{PREFIX}/{hardware}/v{version}.json"
 
 
-def _next_version(db: Database, hardware_class_id: int) -> int:
-    from sqlalchemy import func, select
-
-    from tunefleet.db.models import CostModel
-
-    with db.session() as s:
-        stmt = select(func.coalesce(func.max(CostModel.version), 0)).where(
-            CostModel.hardware_class_id == hardware_class_id
-        )
-        return int(s.scalar(stmt) or 0) + 1
-
-
-def _set_uri(db: Database, cost_model_id: int, uri: str) -> None:
-    from tunefleet.db.models import CostModel
-
-    with db.session() as s:
-        row = s.get(CostModel, cost_model_id)
-        if row is not None:
-            row.artifact_uri = uri
-
-
 def _load_artifact(store: ArtifactStore, uri: str) -> TrainedModel:
     return TrainedModel.from_bytes(store.get_bytes(store.key_from_uri(uri)))
 
@@ -540,13 +519,13 @@ def retrain(
     }
     metrics = json.loads(json.dumps(metrics))
     data = model.to_bytes()
-    version = _next_version(db, hw.id)
+    version = db.next_cost_model_version(hw.id)
     uri = store.put_bytes(model_key(hardware, version), data, "application/json")
     dataset_id = next((d.id for d in db.datasets() if versions and d.version == versions[-1]), None)
     row = db.add_cost_model(hardware_class_id=hw.id, artifact_uri=uri, metrics=metrics, dataset_id=dataset_id)
     if row.version != version:  # another retrain registered meanwhile: store under the version we got
         uri = store.put_bytes(model_key(hardware, row.version), data, "application/json")
-        _set_uri(db, row.id, uri)
+        db.set_cost_model_uri(row.id, uri)
     if promote:
         db.promote_cost_model(row.id)
     log.info("cost model v%s of %s: %s (%s)", row.version, hardware, "promoted" if promote else "not promoted", reason)
@@ -559,15 +538,10 @@ def _fmt(value: float | None) -> str:
 
 def promote_version(db: Database, hardware: str, version: int) -> Any:
     """Make a registered version current regardless of its metrics (an operator's override)."""
-    from sqlalchemy import select
-
-    from tunefleet.db.models import CostModel
     from tunefleet.errors import NotFoundError
 
     hw = db.hardware_class(hardware)
-    with db.session() as s:
-        row = s.scalars(select(CostModel).where(CostModel.hardware_class_id == hw.id,
-                                                CostModel.version == version)).one_or_none()
+    row = db.cost_model_version(hw.id, version)
     if row is None:
         raise NotFoundError(f"no cost model v{version} for {hardware}; see `tunefleet costmodel list`")
     db.promote_cost_model(row.id)

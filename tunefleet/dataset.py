@@ -57,10 +57,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sqlalchemy import delete, func, select, update
-
 from tunefleet.vocab import FILTERED
-from tunefleet.db.models import Dataset, Measurement
 from tunefleet.errors import NotFoundError, TunefleetError
 
 if TYPE_CHECKING:
@@ -68,7 +65,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass
+    from tunefleet.db.models import Dataset, HardwareClass, Measurement
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -200,34 +197,12 @@ class _ClassPlan:
 def _plan(db: Database, hardware: str | None, marks: dict[str, int]) -> list[_ClassPlan]:
     classes = [db.hardware_class(hardware)] if hardware is not None else db.hardware_classes()
     plans = []
-    with db.session() as s:
-        for hw in classes:
-            after = marks.get(hw.name, 0)
-            high = s.scalar(select(func.max(Measurement.id)).where(Measurement.hardware_class_id == hw.id))
-            if high is None or high <= after:
-                continue
-            count = s.scalar(
-                select(func.count()).select_from(Measurement).where(
-                    Measurement.hardware_class_id == hw.id, Measurement.id > after, Measurement.id <= high
-                )
-            )
-            plans.append(_ClassPlan(hw, after, int(high), int(count or 0)))
+    for hw in classes:
+        after = marks.get(hw.name, 0)
+        window = db.measurement_window(hw.id, after)  # (high water, count), None when nothing is new
+        if window is not None:
+            plans.append(_ClassPlan(hw, after, *window))
     return plans
-
-
-def _best_run_s(db: Database, hardware_class_id: int, high_water: int) -> dict[int, float]:
-    """Fastest successful mean_run_s per workload of one class, over ids up to ``high_water``."""
-    stmt = (
-        select(Measurement.workload_id, func.min(Measurement.mean_run_s))
-        .where(
-            Measurement.hardware_class_id == hardware_class_id,
-            Measurement.id <= high_water,
-            Measurement.mean_run_s.is_not(None),
-        )
-        .group_by(Measurement.workload_id)
-    )
-    with db.session() as s:
-        return {int(wl): float(best) for wl, best in s.execute(stmt) if best is not None}
 
 
 class _Featurizer:
@@ -466,9 +441,7 @@ def export(
                               content_type="application/json")
         written.append(key)
         row_count = sum(s["rows"] for s in per_class.values())
-        with db.session() as s:
-            s.execute(update(Dataset).where(Dataset.id == reserved.id)
-                      .values(uri=uri, manifest=manifest, row_count=row_count))
+        db.update_dataset(reserved.id, uri=uri, manifest=manifest, row_count=row_count)
     except BaseException:
         _abandon(db, store, fs, base, reserved.id, version, written)
         raise
@@ -487,7 +460,7 @@ def _export_class(
     import pyarrow.parquet as pq
 
     hw = plan.hw
-    best = _best_run_s(db, hw.id, plan.high_water)
+    best = db.best_run_s_by_workload(hw.id, plan.high_water)
     key = part_key(version, hw.name)
     path = f"{base}/{key}"
     writer = None
@@ -563,8 +536,7 @@ def _abandon(db: Database, store: ArtifactStore, fs: Any, base: str, dataset_id:
         except Exception as exc:  # noqa: BLE001 - cleanup must not hide the export's own error
             log.warning("dataset export v%d failed; could not remove %s: %s", version, key, _one_line(exc))
     try:
-        with db.session() as s:
-            s.execute(delete(Dataset).where(Dataset.id == dataset_id))
+        db.delete_dataset(dataset_id)
     except Exception as exc:  # noqa: BLE001 - same: the original error is re-raised by the caller
         log.warning("dataset export v%d failed; its reserved row stays (incomplete): %s", version, _one_line(exc))
 

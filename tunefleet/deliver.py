@@ -57,17 +57,9 @@ def best(db: Database, workload: str, hardware: str, n: int = 1) -> list[BestSch
 
 def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> float | None:
     """Mean run time of the default (empty-trace) candidate, if it was measured."""
-    from sqlalchemy import select
-
     from tunefleet.db.database import sha256_text
-    from tunefleet.db.models import Measurement
 
-    with db.session() as s:
-        stmt = select(Measurement.mean_run_s).where(
-            Measurement.workload_id == workload_id, Measurement.hardware_class_id == hardware_class_id,
-            Measurement.trace_sha256 == sha256_text(_EMPTY_TRACE_JSON), Measurement.mean_run_s.is_not(None),
-        )
-        return s.scalars(stmt).first()
+    return db.trace_run_s(workload_id, hardware_class_id, sha256_text(_EMPTY_TRACE_JSON))
 
 
 _EMPTY_TRACE_JSON = '[[],[]]'

@@ -6,20 +6,25 @@ yields the URL of an empty database::
     class TestMyBackend(DatabaseContract):
         pass
 
-Every backend tunefleet supports runs this whole suite (tests/db/test_db_contract.py).
+Every backend tunefleet supports runs this whole suite (tests/db/test_db_contract.py). The
+cases of shards and leases (:class:`ShardCases`) and of reports, export bookkeeping and the
+learning registry (:class:`ReportCases`) are part of :class:`DatabaseContract`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import multiprocessing
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
 
-from tunefleet.db import Database, NewMeasurement, current_revision, downgrade, head_revision, upgrade
+from tunefleet.db import Database, NewMeasurement, TrialGrant, current_revision, downgrade, head_revision, upgrade
 from tunefleet.db.database import sha256_text
+from tunefleet.db.models import TuningState, utcnow
 from tunefleet.errors import NotFoundError, SchemaOutdatedError, SchemaTooNewError
+from tunefleet.vocab import CANCELLED, DONE, FAILED, FILTERED, LEASED, PENDING
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 
@@ -39,7 +44,243 @@ def _commit_worker(url: str, wl_id: int, hw_id: int, offset: int, n: int, batch:
     db.close()
 
 
-class DatabaseContract:
+def _state(wl: int, hw: int, *, preempted: bool = False) -> TuningState:
+    return TuningState(workload_id=wl, hardware_class_id=hw, rounds=0, stale_rounds=0, best_s=None, recent=[],
+                       preempted=preempted, reason=None, freed_trials=0)
+
+
+class ShardCases:
+    """Shard rows and the lease state machine: every change a compare-and-set on state (and owner).
+
+    Part of :class:`DatabaseContract` (its ``seeded`` fixture: classes x86 and arm, workload 00ab).
+    """
+
+    def test_planning_view_counts_spent_and_outstanding_trials(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        wl2, _ = db.add_workload(structural_hash="00cd", name="conv", op_kind="conv2d", flops=0.0, tir_json="{}")
+        model, _ = db.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
+        db.link_model_workload(model.id, wl, 3)
+        db.commit_measurements(NewMeasurement(wl, hw, _trace(i), [0.1]) for i in range(2))
+        created = db.add_shards(hw, [(wl, 10, 3.5), (wl, 5, 3.5)], max_attempts=2)
+        assert [(s.trials, s.priority, s.state, s.max_attempts) for s in created] == [(10, 3.5, PENDING, 2),
+                                                                                       (5, 3.5, PENDING, 2)]
+        assert [e["event"] for e in db.shard(created[0].id).history] == ["planned"]
+        assert db.add_shards(hw, []) == []
+        leased = db.lease_shard(hw, "w", lease_s=60)
+        assert leased is not None and leased.id == created[0].id  # equal priority: lowest id first
+        db.save_tuning_state(_state(wl2.id, hw, preempted=True))
+        view = db.planning_view(hw)
+        assert [(r.workload_id, r.structural_hash, r.weight, r.measured, r.trials_by_state, r.preempted)
+                for r in view] == [(wl, "00ab", 3, 2, {PENDING: 5, LEASED: 10}, False),
+                                   (wl2.id, "00cd", 1, 0, {}, True)]
+        assert [r.workload_id for r in db.planning_view(hw, model.id)] == [wl]
+        assert [(r.measured, r.trials_by_state, r.preempted) for r in db.planning_view(arm)] == [(0, {}, False)] * 2
+
+    def test_lease_goes_to_the_highest_priority_and_only_once(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        low, high = db.add_shards(hw, [(wl, 8, 1.0), (wl, 8, 5.0)])
+        now = utcnow().replace(microsecond=0)
+        first = db.lease_shard(hw, "a", lease_s=60, now=now)
+        assert first is not None and first.id == high.id
+        assert (first.state, first.lease_owner, first.attempts) == (LEASED, "a", 1)
+        assert first.lease_expires_at == now + dt.timedelta(seconds=60)
+        assert db.lease_shard(hw, "b", lease_s=60, shard_id=high.id) is None  # taken
+        assert db.lease_shard(arm, "b", lease_s=60) is None  # per class
+        second = db.lease_shard(hw, "b", lease_s=60)
+        assert second is not None and second.id == low.id
+        assert db.lease_shard(hw, "c", lease_s=60) is None
+        assert db.heartbeat_lease(high.id, "a", lease_s=600)
+        assert db.shard(high.id).lease_expires_at > now + dt.timedelta(seconds=300)
+        assert not db.heartbeat_lease(high.id, "b", lease_s=600)
+        again = db.reclaim_lease(hw, "a", lease_s=60)
+        assert again is not None and again.id == high.id and again.attempts == 1
+        assert db.shard(high.id).history[-1]["event"] == "reclaimed"
+        assert db.reclaim_lease(hw, "c", lease_s=60) is None
+        assert db.reclaim_lease(arm, "a", lease_s=60) is None
+        assert db.reclaim_lease(hw, "a", lease_s=60, shard_id=low.id) is None  # b's
+
+    def test_end_lease_refuses_another_owner_or_state(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        (shard,) = db.add_shards(hw, [(wl, 8, 1.0)])
+        past = utcnow() - dt.timedelta(hours=1)
+        assert db.lease_shard(hw, "a", lease_s=1, now=past) is not None
+        assert [s.id for s in db.expired_leases(utcnow())] == [shard.id]
+        assert db.expired_leases(past) == []
+        assert not db.end_lease(shard.id, "b", state=DONE, error=None, event="done")
+        assert db.shard(shard.id).state == LEASED
+        assert db.end_lease(shard.id, "a", state=FAILED, error="boom", event="x", info={"to": FAILED})
+        got = db.shard(shard.id)
+        assert (got.state, got.lease_owner, got.lease_expires_at, got.error) == (FAILED, None, None, "boom")
+        assert {k: v for k, v in got.history[-1].items() if k != "at"} == {"event": "x", "owner": "a", "to": FAILED}
+        assert not db.end_lease(shard.id, "a", state=DONE, error=None, event="done")  # no longer leased
+        assert db.expired_leases(utcnow()) == []
+        with pytest.raises(NotFoundError, match="no shard 999999"):
+            db.end_lease(999999, "a", state=DONE, error=None, event="done")
+
+    def test_retry_and_cancel_move_only_their_states(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        pending, leased, failed, done = db.add_shards(hw, [(wl, 8, 4.0 - i) for i in range(4)])
+        for shard, end in ((leased, None), (failed, FAILED), (done, DONE)):
+            assert db.lease_shard(hw, "w", lease_s=60, shard_id=shard.id) is not None
+            if end is not None:
+                assert db.end_lease(shard.id, "w", state=end, error="e", event=end)
+        assert [s.id for s in db.shards(states=[LEASED])] == [leased.id]
+        assert db.cancel_shards(hardware_class_id=arm) == []
+        assert db.cancel_shards([pending.id, leased.id, failed.id, done.id]) == [pending.id, leased.id, failed.id]
+        assert not db.heartbeat_lease(leased.id, "w", lease_s=60)  # its worker lost the lease
+        assert db.shard(leased.id).lease_owner is None
+        assert db.shard(done.id).state == DONE
+        assert db.retry_shards([pending.id, done.id]) == [pending.id]
+        got = db.shard(pending.id)
+        assert (got.state, got.attempts, got.error) == (PENDING, 0, None)
+        assert got.history[-1]["event"] == "retry" and got.history[-1]["previous"] == CANCELLED
+        assert db.retry_shards(hardware_class_id=hw) == [leased.id, failed.id]
+        assert [s.id for s in db.shards()] == [pending.id, leased.id, failed.id, done.id]
+        assert [s.id for s in db.shards(shard_ids=[done.id], hardware_class_id=hw)] == [done.id]
+        assert db.shards(hardware_class_id=arm) == []
+        with pytest.raises(NotFoundError, match="no shard 999999"):
+            db.shard(999999)
+
+    def test_priorities_and_grants_touch_only_pending_shards(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        wl2, _ = db.add_workload(structural_hash="00cd", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
+        leased, pending = db.add_shards(hw, [(wl2.id, 8, 9.0), (wl, 8, 1.0)])
+        assert db.lease_shard(hw, "w", lease_s=60) is not None
+        assert db.pending_shards(hw) == [(pending.id, wl)]
+        assert db.set_shard_priorities({pending.id: 7.0, leased.id: 0.5}) == 1
+        assert (db.shard(pending.id).priority, db.shard(leased.id).priority) == (7.0, 9.0)
+        event = {"at": "now", "event": "reallocated"}
+        grants = [TrialGrant(wl, 4, 1.0, event), TrialGrant(wl2.id, 3, 2.5, event), TrialGrant(wl, 0, 1.0, event)]
+        out = db.grant_trials(hw, grants, max_attempts=5)
+        assert [(g.workload_id, extended) for _, g, extended in out] == [(wl, True), (wl2.id, False)]
+        assert out[0][0] == pending.id
+        got = db.shard(pending.id)
+        assert got.trials == 12 and got.priority == 7.0 and got.history[-1] == event
+        new = db.shard(out[1][0])
+        assert (new.workload_id, new.trials, new.priority, new.state, new.max_attempts, new.history) == (
+            wl2.id, 3, 2.5, PENDING, 5, [event])
+        assert db.shard(leased.id).trials == 8
+
+    def test_shard_energy_adds_up_and_states_are_counted(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        shard, _ = db.add_shards(hw, [(wl, 8, 1.0), (wl, 8, 1.0)])
+        assert db.lease_shard(hw, "w", lease_s=60, shard_id=shard.id) is not None
+        db.add_shard_energy(shard.id, joules=2.0, source="estimate", node_s=1.0, cpu_s=0.5, cost=0.25)
+        db.add_shard_energy(shard.id, joules=3.0, source="rapl", node_s=2.0, cpu_s=1.5, cost=0.5)
+        got = db.shard(shard.id)
+        assert (got.energy_j, got.energy_source, got.node_s, got.cpu_s, got.cost) == (5.0, "rapl", 3.0, 2.0, 0.75)
+        assert db.shard_state_counts() == {"x86": {PENDING: 1, LEASED: 1}, "arm": {}}
+
+
+class ReportCases:
+    """Aggregates over measurements and shards, export bookkeeping, the learning registry.
+
+    Part of :class:`DatabaseContract` (its ``seeded`` fixture).
+    """
+
+    def test_energy_totals_group_measurements_with_costs_and_links(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        m1, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
+        m2, _ = db.add_model(name="b", source="zoo", format="x", sha256="2" * 64, artifact_uri="u")
+        db.link_model_workload(m1.id, wl, 2)
+        db.link_model_workload(m2.id, wl, 1)
+        db.commit_measurements([
+            NewMeasurement(wl, hw, _trace(1), [0.2], energy_j=1.0, energy_source="rapl", useful=True),
+            NewMeasurement(wl, hw, _trace(2), [0.1], energy_j=2.0, energy_source="rapl", useful=True),
+            NewMeasurement(wl, hw, _trace(3), None, error_kind="run", energy_j=4.0, energy_source="rapl", useful=False),
+            NewMeasurement(wl, hw, _trace(4), None, error_kind=FILTERED, energy_j=0.0, useful=False),
+            NewMeasurement(wl, arm, _trace(5), [0.3], energy_j=8.0, energy_source="estimate", useful=True),
+        ])
+        (shard,) = db.add_shards(hw, [(wl, 8, 1.0)])
+        db.add_shard_energy(shard.id, joules=7.0, source="rapl", node_s=1.0, cpu_s=1.0, cost=0.5)
+        totals = db.energy_totals()
+        assert totals.hardware_names == {hw: "x86", arm: "arm"}
+        assert totals.model_names == {m1.id: "a", m2.id: "b"}
+        assert sorted(totals.links) == sorted([(m1.id, wl, 2), (m2.id, wl, 1)])
+        assert totals.workload_counts == {m1.id: 1, m2.id: 1}
+        assert totals.shard_costs == {(wl, hw): 0.5}
+        groups = {(g.hardware_class_id, g.useful, g.energy_source): g for g in totals.groups}
+        useful = groups[(hw, True, "rapl")]
+        assert (useful.joules, useful.count, useful.errors, useful.best_s, useful.filtered) == (3.0, 2, 0, 0.1, 0)
+        wasted = groups[(hw, False, "rapl")]
+        assert (wasted.joules, wasted.count, wasted.errors, wasted.best_s, wasted.filtered) == (4.0, 1, 1, None, 0)
+        filtered = groups[(hw, False, None)]
+        assert (filtered.count, filtered.errors, filtered.filtered) == (1, 1, 1)
+        assert groups[(arm, True, "estimate")].joules == 8.0
+        assert {g.hardware_class_id for g in db.energy_totals(arm).groups} == {arm}
+
+    def test_outlook_inputs_skip_filtered_candidates_in_id_order(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        wl2, _ = db.add_workload(structural_hash="00cd", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
+        m1, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
+        m2, _ = db.add_model(name="b", source="zoo", format="x", sha256="2" * 64, artifact_uri="u")
+        db.link_model_workload(m1.id, wl, 2)
+        db.link_model_workload(m2.id, wl, 3)
+        assert db.outlook_inputs(hw).workload_ids == []  # no shards yet
+        db.add_shards(hw, [(wl2.id, 8, 1.0), (wl, 8, 1.0)])
+        db.save_tuning_state(_state(wl2.id, hw, preempted=True))
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.3], energy_j=1.0),
+                                NewMeasurement(wl, hw, _trace(2), None, error_kind=FILTERED),
+                                NewMeasurement(wl, hw, _trace(3), None, error_kind="build"),
+                                NewMeasurement(wl, arm, _trace(4), [0.1])])
+        got = db.outlook_inputs(hw)
+        assert got.workload_ids == sorted([wl, wl2.id])
+        assert got.weights == {wl: 5} and got.preempted == {wl2.id}
+        assert got.trials == [(wl, 0.3, 1.0), (wl, None, None)]
+        assert db.outlook_inputs(hw, [wl]).preempted == set()
+        assert db.outlook_inputs(arm, [wl]).trials == [(wl, 0.1, None)]
+
+    def test_export_window_best_per_workload_and_trace_time(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.5 - i * 0.1]) for i in range(3)])
+        db.commit_measurements([NewMeasurement(wl, hw, "[[],[]]", None, error_kind="run")])
+        ids = [m.id for m in db.measurements(hardware_class_id=hw)]
+        assert db.measurement_window(hw, 0) == (ids[-1], 4)
+        assert db.measurement_window(hw, ids[1]) == (ids[-1], 2)
+        assert db.measurement_window(hw, ids[-1]) is None
+        assert db.measurement_window(arm, 0) is None
+        assert db.best_run_s_by_workload(hw, ids[-1]) == {wl: pytest.approx(0.3)}
+        assert db.best_run_s_by_workload(hw, ids[0]) == {wl: pytest.approx(0.5)}
+        assert db.best_run_s_by_workload(arm, ids[-1]) == {}
+        assert db.trace_run_s(wl, hw, sha256_text(_trace(1))) == pytest.approx(0.4)
+        assert db.trace_run_s(wl, hw, sha256_text("[[],[]]")) is None  # an error has no run time
+        assert db.trace_run_s(wl, arm, sha256_text(_trace(1))) is None
+
+    def test_freed_trials_add_up_on_an_existing_state(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        db.add_freed_trials(wl, hw, 5)  # no state yet: nothing to keep it on
+        assert db.tuning_state(wl, hw) is None
+        db.save_tuning_state(_state(wl, hw, preempted=True))
+        db.add_freed_trials(wl, hw, 5)
+        db.add_freed_trials(wl, hw, 3)
+        db.add_freed_trials(wl, hw, -2)
+        got = db.tuning_state(wl, hw)
+        assert got is not None and got.freed_trials == 8
+
+    def test_dataset_rows_and_cost_model_registry(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, _, hw, arm = seeded
+        reserved = db.add_dataset(uri="", manifest={"state": "writing"}, row_count=0)
+        db.update_dataset(reserved.id, uri="s3://b/v1", manifest={"state": "complete"}, row_count=7)
+        (got,) = db.datasets()
+        assert (got.version, got.uri, got.manifest, got.row_count) == (1, "s3://b/v1", {"state": "complete"}, 7)
+        doomed = db.add_dataset(uri="", manifest={}, row_count=0)
+        db.delete_dataset(doomed.id)
+        assert [d.version for d in db.datasets()] == [1]
+        assert db.next_cost_model_version(hw) == 1
+        c1 = db.add_cost_model(hardware_class_id=hw, artifact_uri="u1", metrics={"objective": "rank"})
+        assert db.next_cost_model_version(hw) == 2 and db.next_cost_model_version(arm) == 1
+        db.set_cost_model_uri(c1.id, "s3://b/cm/v1")
+        db.set_cost_model_uri(999999, "nowhere")  # a missing model changes nothing
+        got_cm = db.cost_model_version(hw, 1)
+        assert got_cm is not None and got_cm.artifact_uri == "s3://b/cm/v1"
+        assert db.cost_model_version(hw, 2) is None and db.cost_model_version(arm, 1) is None
+        db.add_cost_model(hardware_class_id=hw, artifact_uri="u2", metrics={})
+        db.add_cost_model(hardware_class_id=arm, artifact_uri="u3", metrics={})
+        assert [(name, cm.version, cm.artifact_uri) for cm, name in db.cost_models()] == [
+            ("arm", 1, "u3"), ("x86", 1, "s3://b/cm/v1"), ("x86", 2, "u2")]
+
+
+class DatabaseContract(ShardCases, ReportCases):
     """What every database backend must do."""
 
     @pytest.fixture
@@ -259,8 +500,6 @@ class DatabaseContract:
         assert got is not None and not got.preempted and got.stale_rounds == 0 and got.rounds == 4
 
     def test_filtered_candidates_are_known_but_never_best(self, seeded: tuple[Database, int, int, int]) -> None:
-        from tunefleet.db.database import FILTERED
-
         db, wl, hw, _ = seeded
         db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.2]),
                                 NewMeasurement(wl, hw, _trace(2), None, error_kind=FILTERED, energy_j=0.0),

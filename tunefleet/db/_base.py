@@ -1,0 +1,92 @@
+"""The session factory every part of :class:`tunefleet.db.Database` shares.
+
+Every method opens its own short transaction, so a caller never holds locks across TVM work.
+Storage errors are never swallowed: connection problems surface as :class:`DatabaseError`
+with one line naming the database (password masked) and the driver's reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tunefleet.db.engine import describe_db_error, ensure_schema, is_connection_problem, make_engine, masked_url
+from tunefleet.errors import DatabaseError, DatabaseUnavailableError
+
+if TYPE_CHECKING:
+    from tunefleet.config import Settings
+    from tunefleet.db.database import Database
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class DatabaseBase:
+    """One engine and one session factory over SQLite or PostgreSQL.
+
+    Parameters
+    ----------
+    url:
+        SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg2://...``).
+    connect_timeout_s:
+        Bound on connecting (and on SQLite's wait for a lock).
+    auto_migrate:
+        Create the schema in an empty database. An outdated or unknown schema is always refused.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        statement_timeout_s: float = 0.0,
+        auto_migrate: bool = True,
+        check_schema: bool = True,
+    ) -> None:
+        self.url = url
+        self.engine = make_engine(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._hw_ids: dict[str, int] = {}
+        if check_schema:
+            ensure_schema(self.engine, auto_migrate=auto_migrate)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **kwargs: Any) -> Database:
+        return cls(  # type: ignore[return-value]
+            settings.effective_database_url,
+            connect_timeout_s=settings.db_connect_timeout_s,
+            statement_timeout_s=settings.db_statement_timeout_s,
+            auto_migrate=settings.db_auto_migrate,
+            **kwargs,
+        )
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Database({masked_url(self.url)!r})"
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction: committed on success, rolled back on error."""
+        try:
+            with self._sessions.begin() as sess:
+                yield sess
+        except OperationalError as exc:
+            cls = DatabaseUnavailableError if is_connection_problem(exc) else DatabaseError
+            raise cls(f"database {masked_url(self.url)} failed: {describe_db_error(exc)}") from exc
+
+    def _insert(self, table: Any) -> Any:
+        return (pg_dialect.insert if self.dialect == "postgresql" else sqlite_dialect.insert)(table)

@@ -1,0 +1,123 @@
+"""Read-only aggregates for reports: energy per workload and class, shard states, budget outlooks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import case, func, select
+
+from tunefleet.db.catalog import CatalogMixin
+from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, TuningState
+from tunefleet.vocab import FILTERED
+
+
+@dataclass(frozen=True)
+class EnergyGroup:
+    """Measurements of one (workload, class) sharing a ``useful`` flag and an energy source."""
+
+    workload_id: int
+    hardware_class_id: int
+    useful: bool | None
+    energy_source: str | None
+    joules: float
+    count: int
+    """Rows, errors and filtered candidates included."""
+    errors: int
+    """Rows with an error kind, filtered candidates included."""
+    best_s: float | None
+    filtered: int
+
+
+@dataclass(frozen=True)
+class EnergyTotals:
+    """Everything an energy report adds up, read in one transaction."""
+
+    hardware_names: dict[int, str]
+    groups: list[EnergyGroup]
+    shard_costs: dict[tuple[int, int], float]
+    """Money per (workload, class), summed over its shards."""
+    links: list[tuple[int, int, int]]
+    """Every ``(model id, workload id, weight)``."""
+    model_names: dict[int, str]
+    workload_counts: dict[int, int]
+    """Workloads per model id."""
+
+
+@dataclass(frozen=True)
+class OutlookInputs:
+    """What budget outlooks are computed from, for some workloads on one class."""
+
+    workload_ids: list[int]
+    weights: dict[int, int]
+    """Call counts summed over models (absent: no model links the workload)."""
+    preempted: set[int]
+    trials: list[tuple[int, float | None, float | None]]
+    """``(workload id, mean_run_s, energy_j)`` of every non-filtered measurement, in id order."""
+
+
+class ReportsMixin(CatalogMixin):
+    """Aggregates over measurements and shards."""
+
+    def energy_totals(self, hardware_class_id: int | None = None) -> EnergyTotals:
+        """Energy, counts and best latency per (workload, class, useful, source), with costs and links."""
+        m = Measurement.__table__
+        hw_filter = [m.c.hardware_class_id == hardware_class_id] if hardware_class_id is not None else []
+        with self.session() as s:
+            hw_names = {h.id: h.name for h in s.scalars(select(HardwareClass))}
+            rows = s.execute(
+                select(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source,
+                       func.coalesce(func.sum(m.c.energy_j), 0.0), func.count(), func.count(m.c.error_kind),
+                       func.min(m.c.mean_run_s), func.sum(case((m.c.error_kind == FILTERED, 1), else_=0)))
+                .where(*hw_filter)
+                .group_by(m.c.workload_id, m.c.hardware_class_id, m.c.useful, m.c.energy_source)
+            ).all()
+            costs = {(wl, hw): float(c) for wl, hw, c in s.execute(
+                select(Shard.workload_id, Shard.hardware_class_id, func.coalesce(func.sum(Shard.cost), 0.0))
+                .group_by(Shard.workload_id, Shard.hardware_class_id))}
+            links = s.execute(select(ModelWorkload.model_id, ModelWorkload.workload_id, ModelWorkload.weight)).all()
+            models = {mo.id: mo.name for mo in s.scalars(select(Model))}
+            n_workloads = dict(s.execute(select(ModelWorkload.model_id, func.count())
+                                         .group_by(ModelWorkload.model_id)).all())
+        groups = [EnergyGroup(wl, hw, useful, source, float(joules), int(n), int(errors),
+                              float(best) if best is not None else None, int(filtered or 0))
+                  for wl, hw, useful, source, joules, n, errors, best, filtered in rows]
+        return EnergyTotals(hw_names, groups, costs, [(int(a), int(b), int(c)) for a, b, c in links], models,
+                            {int(k): int(v) for k, v in n_workloads.items()})
+
+    def shard_state_counts(self) -> dict[str, dict[str, int]]:
+        """``{hardware class name: {state: shards}}``, every class present (possibly empty)."""
+        with self.session() as s:
+            names = {h.id: h.name for h in s.scalars(select(HardwareClass))}
+            rows = s.execute(select(Shard.hardware_class_id, Shard.state, func.count())
+                             .group_by(Shard.hardware_class_id, Shard.state)).all()
+        out: dict[str, dict[str, int]] = {name: {} for name in names.values()}
+        for hw_id, state, n in rows:
+            out[names[hw_id]][state] = int(n)
+        return out
+
+    def outlook_inputs(self, hardware_class_id: int, workload_ids: Sequence[int] | None = None) -> OutlookInputs:
+        """Weights, preemption and trial history of the workloads given (default: those with shards)."""
+        m = Measurement.__table__
+        with self.session() as s:
+            if workload_ids is None:
+                workload_ids = sorted(set(s.scalars(select(Shard.workload_id)
+                                                    .where(Shard.hardware_class_id == hardware_class_id))))
+            ids = list(workload_ids)
+            if not ids:
+                return OutlookInputs([], {}, set(), [])
+            weights: dict[int, int] = defaultdict(int)
+            for wl, w in s.execute(select(ModelWorkload.workload_id, ModelWorkload.weight)
+                                   .where(ModelWorkload.workload_id.in_(ids))):
+                weights[wl] += int(w)
+            preempted = set(s.scalars(select(TuningState.workload_id).where(
+                TuningState.hardware_class_id == hardware_class_id, TuningState.preempted.is_(True),
+                TuningState.workload_id.in_(ids))))
+            rows = s.execute(
+                select(m.c.workload_id, m.c.mean_run_s, m.c.energy_j)
+                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids),
+                       (m.c.error_kind.is_(None)) | (m.c.error_kind != FILTERED))
+                .order_by(m.c.id)
+            ).all()
+        return OutlookInputs(ids, dict(weights), preempted, [(int(w), mean, e) for w, mean, e in rows])

@@ -1,0 +1,356 @@
+"""Shard rows: planned inserts, the lease state machine's conditional UPDATEs, granted trials.
+
+Every state change of a shard happens here, each a compare-and-set on its state (and owner,
+for a lease), so two workers can never both hold one shard on SQLite or PostgreSQL. Which
+transition to make (a lease rule, a planning cut, a reallocation choice) is decided by the
+callers in :mod:`tunefleet.shards` and :mod:`tunefleet.budget`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from tunefleet.db.catalog import CatalogMixin
+from tunefleet.db.models import Measurement, ModelWorkload, Shard, TuningState, Workload, utcnow
+from tunefleet.errors import NotFoundError
+from tunefleet.vocab import CANCELLED, FAILED, LEASED, PENDING
+
+_LEASE_RACES = 20  # a lost race retries with the next candidate, this many times at most
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """What planning needs to know of one workload on one hardware class."""
+
+    workload_id: int
+    structural_hash: str
+    flops: float | None
+    weight: int
+    """Call count over the models (or in the one model asked for); 1 when no model links it."""
+    measured: int
+    """Measurements committed on the class, errors and filtered candidates included."""
+    trials_by_state: dict[str, int]
+    """Sum of the trial budgets of its shards on the class, per shard state."""
+    preempted: bool
+
+
+@dataclass(frozen=True)
+class TrialGrant:
+    """Trials to hand to one workload: into its first pending shard, or a new one."""
+
+    workload_id: int
+    trials: int
+    priority: float
+    """The priority of a new shard (an extended shard keeps its own)."""
+    event: dict[str, Any]
+    """The history entry the shard gets."""
+
+
+def _event(shard: Shard, event: str, **info: object) -> list[object]:
+    entry = {"at": utcnow().isoformat(timespec="seconds"), "event": event, **info}
+    return [*(shard.history or []), entry]
+
+
+class ShardsMixin(CatalogMixin):
+    """Shards and their leases."""
+
+    # -- planning -------------------------------------------------------------------------
+    def planning_view(self, hardware_class_id: int, model_id: int | None = None) -> list[PlanRow]:
+        """Every workload (of one model, or all) with what is spent and outstanding on a class, by id."""
+        with self.session() as s:
+            weight = func.coalesce(func.sum(ModelWorkload.weight), 1)
+            wl_stmt = (
+                select(Workload.id, Workload.structural_hash, Workload.flops, weight)
+                .outerjoin(ModelWorkload, ModelWorkload.workload_id == Workload.id)
+                .group_by(Workload.id)
+                .order_by(Workload.id)
+            )
+            if model_id is not None:
+                wl_stmt = wl_stmt.where(ModelWorkload.model_id == model_id)
+            workloads = list(s.execute(wl_stmt))
+            measured = dict(
+                s.execute(
+                    select(Measurement.workload_id, func.count())
+                    .where(Measurement.hardware_class_id == hardware_class_id)
+                    .group_by(Measurement.workload_id)
+                ).all()
+            )
+            budgets: dict[int, dict[str, int]] = {}
+            for wl, state, total in s.execute(
+                select(Shard.workload_id, Shard.state, func.sum(Shard.trials))
+                .where(Shard.hardware_class_id == hardware_class_id)
+                .group_by(Shard.workload_id, Shard.state)
+            ):
+                budgets.setdefault(wl, {})[state] = int(total)
+            preempted = set(s.scalars(select(TuningState.workload_id).where(
+                TuningState.hardware_class_id == hardware_class_id, TuningState.preempted.is_(True))))
+        return [PlanRow(wl_id, shash, flops, int(w), int(measured.get(wl_id, 0)), budgets.get(wl_id, {}),
+                        wl_id in preempted)
+                for wl_id, shash, flops, w in workloads]
+
+    def add_shards(
+        self, hardware_class_id: int, cuts: Sequence[tuple[int, int, float]], *, max_attempts: int = 3
+    ) -> list[Shard]:
+        """Insert pending shards, one per ``(workload_id, trials, priority)``, in that order."""
+        created: list[Shard] = []
+        with self.session() as s:
+            for workload_id, trials, priority in cuts:
+                shard = Shard(
+                    workload_id=workload_id,
+                    hardware_class_id=hardware_class_id,
+                    trials=trials,
+                    priority=priority,
+                    state=PENDING,
+                    max_attempts=max_attempts,
+                    history=[{"at": utcnow().isoformat(timespec="seconds"), "event": "planned"}],
+                )
+                s.add(shard)
+                created.append(shard)
+            s.flush()
+        return created
+
+    # -- reading --------------------------------------------------------------------------
+    def shard(self, shard_id: int) -> Shard:
+        """One shard by id."""
+        with self.session() as s:
+            shard = s.get(Shard, shard_id)
+            if shard is None:
+                raise NotFoundError(f"no shard {shard_id}")
+            return shard
+
+    def shards(
+        self,
+        *,
+        states: Sequence[str] | None = None,
+        shard_ids: Sequence[int] | None = None,
+        hardware_class_id: int | None = None,
+    ) -> list[Shard]:
+        """Shards in id order matching every filter given (an empty ``shard_ids`` filters nothing)."""
+        with self.session() as s:
+            return list(s.scalars(self._shards_stmt(states, shard_ids, hardware_class_id)))
+
+    @staticmethod
+    def _shards_stmt(states: Sequence[str] | None, shard_ids: Sequence[int] | None,
+                     hardware_class_id: int | None) -> Any:
+        stmt = select(Shard).order_by(Shard.id)
+        if states is not None:
+            stmt = stmt.where(Shard.state.in_(list(states)))
+        if shard_ids:
+            stmt = stmt.where(Shard.id.in_(list(shard_ids)))
+        if hardware_class_id is not None:
+            stmt = stmt.where(Shard.hardware_class_id == hardware_class_id)
+        return stmt
+
+    def pending_shards(self, hardware_class_id: int) -> list[tuple[int, int]]:
+        """``(shard id, workload id)`` of every pending shard of a class."""
+        with self.session() as s:
+            return [(int(i), int(w)) for i, w in s.execute(select(Shard.id, Shard.workload_id).where(
+                Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING))]
+
+    # -- leases ---------------------------------------------------------------------------
+    def lease_shard(
+        self,
+        hardware_class_id: int,
+        owner: str,
+        *,
+        lease_s: float,
+        shard_id: int | None = None,
+        now: dt.datetime | None = None,
+    ) -> Shard | None:
+        """Lease the highest-priority pending shard of a class (or the given one) to ``owner``.
+
+        The attempt count goes up by one. Returns the leased shard, or None when no pending
+        shard is left (or every candidate was taken by another worker meanwhile).
+        """
+        for _ in range(_LEASE_RACES):
+            now_ = now or utcnow()
+            with self.session() as s:
+                stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING)
+                if shard_id is not None:
+                    stmt = stmt.where(Shard.id == shard_id)
+                candidate = s.scalars(stmt.order_by(Shard.priority.desc(), Shard.id).limit(1)).first()
+                if candidate is None:
+                    return None
+                res = s.execute(
+                    update(Shard)
+                    .where(Shard.id == candidate.id, Shard.state == PENDING)
+                    .values(
+                        state=LEASED,
+                        lease_owner=owner,
+                        lease_expires_at=now_ + dt.timedelta(seconds=lease_s),
+                        heartbeat_at=now_,
+                        attempts=Shard.attempts + 1,
+                        history=_event(candidate, "leased", owner=owner, attempt=candidate.attempts + 1),
+                        updated_at=now_,
+                    )
+                )
+                if res.rowcount == 1:
+                    s.expire(candidate)
+                    shard = s.get(Shard, candidate.id)
+                    assert shard is not None
+                    return shard
+        return None
+
+    def reclaim_lease(
+        self,
+        hardware_class_id: int,
+        owner: str,
+        *,
+        lease_s: float,
+        shard_id: int | None = None,
+        now: dt.datetime | None = None,
+    ) -> Shard | None:
+        """Renew a lease ``owner`` still holds on a shard of the class (attempts unchanged); None if none."""
+        now_ = now or utcnow()
+        with self.session() as s:
+            stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == LEASED,
+                                       Shard.lease_owner == owner)
+            if shard_id is not None:
+                stmt = stmt.where(Shard.id == shard_id)
+            own = s.scalars(stmt.order_by(Shard.id).limit(1)).first()
+            if own is None:
+                return None
+            res = s.execute(
+                update(Shard)
+                .where(Shard.id == own.id, Shard.state == LEASED, Shard.lease_owner == owner)
+                .values(lease_expires_at=now_ + dt.timedelta(seconds=lease_s), heartbeat_at=now_,
+                        history=_event(own, "reclaimed", owner=owner, attempt=own.attempts), updated_at=now_)
+            )
+            if res.rowcount != 1:
+                return None
+            s.expire(own)
+            return s.get(Shard, own.id)
+
+    def heartbeat_lease(self, shard_id: int, owner: str, *, lease_s: float) -> bool:
+        """Push ``owner``'s lease on a shard ``lease_s`` from now; False if it no longer holds it."""
+        now = utcnow()
+        with self.session() as s:
+            res = s.execute(
+                update(Shard)
+                .where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
+                .values(heartbeat_at=now, lease_expires_at=now + dt.timedelta(seconds=lease_s))
+            )
+            return res.rowcount == 1
+
+    def expired_leases(self, now: dt.datetime) -> list[Shard]:
+        """Leased shards whose lease expired before ``now``."""
+        with self.session() as s:
+            return list(s.scalars(select(Shard).where(Shard.state == LEASED, Shard.lease_expires_at < now)
+                                  .order_by(Shard.id)))
+
+    def end_lease(
+        self,
+        shard_id: int,
+        owner: str | None,
+        *,
+        state: str,
+        error: str | None,
+        event: str,
+        info: dict[str, Any] | None = None,
+        now: dt.datetime | None = None,
+    ) -> bool:
+        """Move a shard leased by ``owner`` to ``state``, releasing the lease; False if not so leased.
+
+        ``event`` (with ``owner`` and ``info``) is appended to its history and ``error`` replaces
+        its error. Raises :class:`~tunefleet.errors.NotFoundError` for an unknown shard.
+        """
+        with self.session() as s:
+            shard = s.get(Shard, shard_id)
+            if shard is None:
+                raise NotFoundError(f"no shard {shard_id}")
+            res = s.execute(
+                update(Shard)
+                .where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
+                .values(state=state, lease_owner=None, lease_expires_at=None, error=error,
+                        history=_event(shard, event, owner=owner, **(info or {})), updated_at=now or utcnow())
+            )
+            return res.rowcount == 1
+
+    def retry_shards(self, shard_ids: Sequence[int] | None = None, *,
+                     hardware_class_id: int | None = None) -> list[int]:
+        """Failed or cancelled shards back to pending with a fresh attempt budget; returns their ids."""
+        return self._transition([FAILED, CANCELLED], shard_ids, hardware_class_id, "retry",
+                                state=PENDING, attempts=0, error=None)
+
+    def cancel_shards(self, shard_ids: Sequence[int] | None = None, *,
+                      hardware_class_id: int | None = None) -> list[int]:
+        """Pending, leased or failed shards to cancelled (a leased one loses its lease); returns their ids."""
+        return self._transition([PENDING, LEASED, FAILED], shard_ids, hardware_class_id, "cancel",
+                                state=CANCELLED, lease_owner=None, lease_expires_at=None)
+
+    def _transition(self, from_states: Sequence[str], shard_ids: Sequence[int] | None,
+                    hardware_class_id: int | None, event: str, **values: Any) -> list[int]:
+        changed: list[int] = []
+        with self.session() as s:
+            for shard in s.scalars(self._shards_stmt(from_states, shard_ids, hardware_class_id)).all():
+                # Compare-and-set on the state read: a shard that moved meanwhile is left alone.
+                res = s.execute(update(Shard).where(Shard.id == shard.id, Shard.state == shard.state)
+                                .values(history=_event(shard, event, previous=shard.state), **values))
+                if res.rowcount:
+                    changed.append(shard.id)
+        return changed
+
+    # -- budget ---------------------------------------------------------------------------
+    def set_shard_priorities(self, priorities: dict[int, float]) -> int:
+        """Set the priority of the shards given that are still pending; returns how many were."""
+        changed = 0
+        with self.session() as s:
+            for shard_id, priority in priorities.items():
+                res = s.execute(update(Shard).where(Shard.id == shard_id, Shard.state == PENDING)
+                                .values(priority=priority))
+                changed += int(res.rowcount or 0)
+        return changed
+
+    def grant_trials(
+        self, hardware_class_id: int, grants: Sequence[TrialGrant], *, max_attempts: int = 3,
+        now: dt.datetime | None = None,
+    ) -> list[tuple[int, TrialGrant, bool]]:
+        """Add each grant's trials to its workload's first pending shard on the class, else a new one.
+
+        Returns ``(shard id, grant, extended)`` per grant with trials, in order; ``extended`` is
+        False where a new pending shard was inserted.
+        """
+        now = now or utcnow()
+        out: list[tuple[int, TrialGrant, bool]] = []
+        with self.session() as s:
+            for grant in grants:
+                if grant.trials <= 0:
+                    continue
+                pending = s.scalars(select(Shard).where(Shard.workload_id == grant.workload_id,
+                                                        Shard.hardware_class_id == hardware_class_id,
+                                                        Shard.state == PENDING)
+                                    .order_by(Shard.id).limit(1)).first()
+                if pending is not None:  # leased meanwhile: the update matches nothing, a new shard follows
+                    res = s.execute(update(Shard).where(Shard.id == pending.id, Shard.state == PENDING)
+                                    .values(trials=Shard.trials + grant.trials,
+                                            history=[*(pending.history or []), grant.event], updated_at=now))
+                    if res.rowcount:
+                        out.append((pending.id, grant, True))
+                        continue
+                shard = Shard(workload_id=grant.workload_id, hardware_class_id=hardware_class_id,
+                              trials=grant.trials, priority=grant.priority, state=PENDING,
+                              max_attempts=max_attempts, history=[grant.event])
+                s.add(shard)
+                s.flush()
+                out.append((shard.id, grant, False))
+        return out
+
+    # -- accounting -----------------------------------------------------------------------
+    def add_shard_energy(self, shard_id: int, *, joules: float, source: str, node_s: float, cpu_s: float,
+                         cost: float) -> None:
+        """Add one attempt's energy, node and CPU seconds and money to a shard's totals."""
+        with self.session() as s:
+            s.execute(
+                update(Shard).where(Shard.id == shard_id).values(
+                    energy_j=func.coalesce(Shard.energy_j, 0.0) + joules,
+                    energy_source=source,
+                    node_s=func.coalesce(Shard.node_s, 0.0) + node_s,
+                    cpu_s=func.coalesce(Shard.cpu_s, 0.0) + cpu_s,
+                    cost=func.coalesce(Shard.cost, 0.0) + cost,
+                )
+            )
