@@ -50,7 +50,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import CancelledError, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -80,6 +80,7 @@ __all__ = [
 _PRELOAD_MODULES = ["tvm", "tvm.s_tir.meta_schedule", __name__]
 _PRELOAD_ENV = "TUNEFLEET_BUILDER_FORKSERVER"
 _POLL_S = 0.05
+_BACKSTOP_SLACK_S = 30.0
 
 StartMethod = Literal["forkserver", "spawn"]
 BuildFunc = Callable[..., Any]
@@ -559,8 +560,13 @@ class PersistentBuilder(PyBuilder):
                     fut.set_exception(BrokenProcessPool(str(exc)))
                 fut.add_done_callback(lambda _, i=index: done_at.setdefault(i, time.monotonic()))
                 futures.append(fut)
-            # pebble resolves every future: a result, TimeoutError or ProcessExpired.
-            wait(futures)
+            # pebble resolves every future: a result, TimeoutError or ProcessExpired. The bound is
+            # a backstop for a worker killed from outside between taking a build and pebble
+            # noticing: every build's deadline, one round of workers after another, plus slack.
+            rounds = -(-n // self.max_workers)
+            _, lost = wait(futures, timeout=(rounds + 1) * self.timeout_s + _BACKSTOP_SLACK_S)
+            for fut in lost:
+                fut.cancel()
         except BaseException:
             # KeyboardInterrupt, startup failure: leave no busy worker behind.
             self._discard_pool()
@@ -587,6 +593,9 @@ class PersistentBuilder(PyBuilder):
                                "worker replaced", exc.exitcode)
             except BrokenProcessPool as exc:
                 error = f"PersistentBuilder: the build worker pool broke ({exc}) during this build"
+                broken = True
+            except CancelledError:  # the backstop gave up on it
+                error = "PersistentBuilder: the build was lost by the worker pool (no result in time)"
                 broken = True
             except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable f_build
                 error = f"PersistentBuilder: An exception occurred\n{exc!r}"
