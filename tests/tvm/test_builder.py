@@ -294,26 +294,39 @@ def test_spawn_start_method_builds(
         assert b.stats.startup_seconds and b.stats.startup_seconds[0] > 0
 
 
-def test_every_worker_starts_when_the_parent_is_slow_between_submits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ProcessPoolExecutor starts a worker on submit only when none is idle: a first worker that
-    is up and done with its warm-up before the parent submits the next one (the parent
-    descheduled on a loaded machine) must not leave the pool one worker short, waiting for it
-    until its start-up timeout (seen in a full-suite run: three tests hung 600 s each)."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    real_submit = ProcessPoolExecutor.submit
-    submitted: list[str] = []
-
-    def slow_parent(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        future = real_submit(self, fn, *args, **kwargs)
-        submitted.append(fn.__name__)
-        if len(submitted) == 1:
-            time.sleep(8)  # the first worker starts and would finish its warm-up meanwhile
-        return future
-
-    monkeypatch.setattr(ProcessPoolExecutor, "submit", slow_parent)
+def test_every_worker_starts_before_the_first_build() -> None:
+    """Warm-up returns only once every worker has run the initializer (the old executor started
+    workers lazily, and a descheduled parent once left a pool one worker short until its start-up
+    timeout: three tests hung 600 s each); each worker's start-up is recorded."""
     with PersistentBuilder(max_workers=2, startup_timeout_s=40) as builder:
         builder.warmup()
         pool = builder._holder["pool"]
         assert pool is not None and pool.ready.value == 2
-        assert len(pool.worker_init_seconds) == 2  # warm-ups answered by two distinct workers
+        assert len(pool.worker_init_seconds) == 2  # two distinct workers reported
+
+
+def test_a_build_the_pool_never_answers_gets_an_error(
+    mlp_workloads: list[ExtractedWorkload], cpu_target: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backstop: a build whose future pebble never resolves (a worker killed from outside at
+    the wrong moment) gets an error after its deadline instead of hanging the shard."""
+    from concurrent.futures import Future
+
+    import tunefleet.tvm.builder as builder_module
+
+    monkeypatch.setattr(builder_module, "_BACKSTOP_SLACK_S", 0.5)
+    b = PersistentBuilder(max_workers=1, timeout_s=1)
+    try:
+        b.warmup()
+        pool = b._holder["pool"]
+        monkeypatch.setattr(pool.executor, "schedule", lambda *a, **k: Future())  # never resolved
+        start = time.monotonic()
+        (result,) = b.build([ms.builder.BuilderInput(mlp_workloads[0].mod, cpu_target)])
+        assert time.monotonic() - start < 10
+        assert result.artifact_path is None and "lost by the worker pool" in result.error_msg
+        monkeypatch.undo()
+        (again,) = b.build([ms.builder.BuilderInput(mlp_workloads[0].mod, cpu_target)])  # a fresh pool builds
+        _cleanup([again.artifact_path])
+        assert again.error_msg is None
+    finally:
+        b.shutdown()

@@ -11,25 +11,29 @@ took 50-80 s of CPU per process (``inspect.getmodule`` scanning ~2,000 modules, 
 
 How
 ---
-* One :class:`concurrent.futures.ProcessPoolExecutor` for the builder's lifetime. The default
-  start method is ``forkserver`` with ``tvm``, ``tvm.s_tir.tensor_intrin`` and this module
-  preloaded in the fork server: the heavy import happens once per parent process, and every
-  worker (including those that replace a killed one) forks ready in milliseconds. ``spawn`` is
-  available too; each worker then imports TVM in the pool initializer. (The fork server is a
-  process-wide singleton: if something else started it first, the preload does not apply and
-  the initializer imports instead.)
+* One ``pebble.ProcessPool`` for the builder's lifetime, given the ``multiprocessing`` context
+  to start its workers with. The default start method is ``forkserver`` with ``tvm``,
+  ``tvm.s_tir.tensor_intrin`` and this module preloaded in the fork server: the heavy import
+  happens once per parent process, and every worker (including those pebble starts in place of
+  a killed one) forks ready in milliseconds. ``spawn`` is available too; each worker then
+  imports TVM in the pool initializer. (The fork server is a process-wide singleton: if
+  something else started it first, the preload does not apply and the initializer imports
+  instead.)
 * Each :class:`~tvm.s_tir.meta_schedule.builder.BuilderInput` is shipped as JSON
   (``tvm.ir.save_json`` of the module, the target's ``export()``, params via
   ``save_param_dict``) and built with the same functions as ``LocalBuilder``:
   ``ms.builder.local_builder.default_build`` then ``default_export`` (a ``.tar`` in a fresh
   temporary directory), or the ``f_build`` / ``f_export`` given (a registered global function
   name or a picklable top-level callable).
-* At most ``max_workers`` builds are in flight, so a build starts when it is submitted and its
-  deadline is ``timeout_s`` from then. A build past its deadline gets an error result; the pool
-  is killed and recreated and the other in-flight builds are resubmitted. A build that kills its
-  worker (segfault, ``os._exit``) breaks the pool: it is recreated, and the builds that were in
-  flight are retried one at a time so the culprit alone gets the error. ``build`` never hangs
-  and never raises for a bad candidate.
+* A batch is scheduled on the pool at once, each build with ``timeout=timeout_s``; pebble
+  times a build from when a worker takes it. Past that, pebble kills that worker (SIGTERM, then
+  SIGKILL) and starts another; a build that kills its worker (segfault, ``os._exit``) gets
+  ``pebble.ProcessExpired`` and its worker is replaced too. Only that build gets an error
+  result; the others keep running. Should pebble give up on the whole pool
+  (``BrokenProcessPool``), the builds it dropped get an error and the pool is replaced.
+  ``build`` never raises for a bad candidate.
+* Start-up waits until every worker has run the initializer (:meth:`warmup`): pebble starts
+  all its workers at once but reports nothing about them, so a shared counter does.
 * Build seconds (measured in the worker around build + export) are kept per artifact path in
   :attr:`build_times` (``pop_build_time`` for a measure callback) and passed to ``on_build``.
 """
@@ -45,13 +49,14 @@ import threading
 import time
 import traceback
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import CancelledError, Future, wait
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pebble
 import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
@@ -74,8 +79,8 @@ __all__ = [
 # imports the tensor intrinsics the fast way (see the end of this module).
 _PRELOAD_MODULES = ["tvm", "tvm.s_tir.meta_schedule", __name__]
 _PRELOAD_ENV = "TUNEFLEET_BUILDER_FORKSERVER"
-_IPC_SLACK_S = 1.0
 _POLL_S = 0.05
+_BACKSTOP_SLACK_S = 30.0
 
 StartMethod = Literal["forkserver", "spawn"]
 BuildFunc = Callable[..., Any]
@@ -99,8 +104,8 @@ class BuildStat:
         Worker-side seconds for deserialisation + build + export (0.0 when not measured, e.g.
         a timeout or a crashed worker: see ``wall_seconds``).
     wall_seconds : float
-        Parent-side seconds from submission to result (includes IPC and, for a timeout, the
-        whole wait).
+        Parent-side seconds from the batch's scheduling to this result (includes waiting for a
+        free worker, IPC and, for a timeout, the whole wait).
     error : str or None
         The error message given to MetaSchedule, when the build failed.
     worker_pid : int or None
@@ -117,7 +122,11 @@ class BuildStat:
 
 @dataclass
 class BuilderStats:
-    """Counters over the builder's lifetime."""
+    """Counters over the builder's lifetime.
+
+    ``pool_starts`` counts pool starts plus the workers pebble started in place of one killed
+    for a timeout or dead in a crash (each a restart of part of the pool).
+    """
 
     batches: int = 0
     built: int = 0
@@ -178,40 +187,20 @@ def import_tensor_intrinsics() -> float:
 
 
 def _worker_init(
-    ready: Any, initializer: Callable[[], None] | None
+    ready: Any, pids: Any, init_seconds: Any, initializer: Callable[[], None] | None
 ) -> None:  # pragma: no cover - runs in the worker
     """Pool initializer: import what ``default_build`` needs once, then report ready."""
-    global _WORKER_INIT_SECONDS, _READY
-    _READY = ready
     start = time.perf_counter()
     import_tensor_intrinsics()
     from tvm.s_tir.meta_schedule.builder import local_builder  # noqa: F401
 
     if initializer is not None:
         initializer()
-    _WORKER_INIT_SECONDS = time.perf_counter() - start
     with ready.get_lock():
+        if ready.value < len(pids):  # the first workers report; replacements are only counted
+            pids[ready.value] = os.getpid()
+            init_seconds[ready.value] = time.perf_counter() - start
         ready.value += 1
-
-
-_WORKER_INIT_SECONDS = 0.0
-_READY: Any = None
-
-
-def _worker_pid(workers: int, timeout_s: float) -> tuple[int, float]:  # pragma: no cover - runs in the worker
-    """A warm-up task: returns once all ``workers`` have started (or after the pool's start-up timeout).
-
-    ``ProcessPoolExecutor`` (spawn/forkserver) starts a new worker on ``submit`` only when none
-    is idle. Were a warm-up to return at once, a first worker that started and ran its warm-up
-    before the parent submitted the next one (a loaded machine descheduling the parent) would
-    be idle, no second worker would start, and the pool would wait for it until its start-up
-    timeout. Holding every warm-up until all workers are up keeps them busy while the rest are
-    submitted.
-    """
-    deadline = time.monotonic() + timeout_s
-    while _READY is not None and _READY.value < workers and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return os.getpid(), _WORKER_INIT_SECONDS
 
 
 def _build_in_worker(
@@ -266,7 +255,7 @@ def ensure_forkserver(ctx: Any) -> None:
 
 
 class _Pool:
-    """One ProcessPoolExecutor plus what is needed to wait for and kill its workers."""
+    """One ``pebble.ProcessPool`` plus the start-up barrier pebble does not have."""
 
     def __init__(
         self,
@@ -277,82 +266,62 @@ class _Pool:
     ) -> None:
         ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
+            # pebble starts its workers with this context, so they fork from the preloaded server.
             ensure_forkserver(ctx)
         self.max_workers = max_workers
         self.startup_timeout_s = startup_timeout_s
         self.started_at = time.monotonic()
         self.ready = ctx.Value("i", 0)
-        self.executor = ProcessPoolExecutor(
+        self.init_pids = ctx.Array("i", max_workers)
+        self.init_seconds = ctx.Array("d", max_workers)
+        self.executor = pebble.ProcessPool(
             max_workers=max_workers,
-            mp_context=ctx,
             initializer=_worker_init,
-            initargs=(self.ready, initializer),
+            initargs=(self.ready, self.init_pids, self.init_seconds, initializer),
+            context=ctx,
         )
-        # With spawn/forkserver, a submit spawns one more worker (up to max_workers) only while none
-        # is idle: the warm-ups wait for each other (_worker_pid), so every submit here spawns one.
-        self.warmups = [self.executor.submit(_worker_pid, max_workers, startup_timeout_s)
-                        for _ in range(max_workers)]
-        self.processes: list[Any] = []
+        # pebble starts all its workers on its first status check or schedule: start them now.
+        self.executor.active  # noqa: B018
         self.worker_init_seconds: dict[int, float] = {}
         self.is_ready = False
+
+    @property
+    def processes(self) -> list[Any]:
+        """The live workers (pebble's own table of them)."""
+        return list(self.executor._pool_manager.worker_manager.workers.values())
 
     def wait_ready(self) -> float:
         """Block until every worker has run the initializer; return the seconds it took."""
         timeout_s = self.startup_timeout_s
         deadline = self.started_at + timeout_s
-        while True:
-            if self.ready.value >= self.max_workers:
-                break
-            for fut in self.warmups:
-                if fut.done() and fut.exception() is not None:
-                    raise BuilderStartupError(
-                        f"PersistentBuilder workers failed to start: {fut.exception()!r}"
-                    )
+        # Hand-written: pebble has no "all workers started" signal, so poll the shared counter.
+        while self.ready.value < self.max_workers:
+            if not self.executor.active:  # a worker exited in the initializer: pebble gave up
+                raise BuilderStartupError(
+                    "PersistentBuilder workers failed to start (a worker exited during "
+                    "start-up; its error is in its log)."
+                )
             if time.monotonic() > deadline:
                 raise BuilderStartupError(
                     f"PersistentBuilder workers did not start within {timeout_s:.0f} s "
                     f"({self.ready.value}/{self.max_workers} ready)."
                 )
             time.sleep(_POLL_S)
-        wait(self.warmups, timeout=max(0.0, deadline - time.monotonic()))
-        self.worker_init_seconds = {}
-        for fut in self.warmups:
-            if fut.done() and fut.exception() is None:
-                pid, seconds = fut.result()
-                self.worker_init_seconds[pid] = max(seconds, self.worker_init_seconds.get(pid, 0))
-        self.processes = list(getattr(self.executor, "_processes", {}).values())
+        self.worker_init_seconds = dict(zip(self.init_pids[:], self.init_seconds[:]))
         self.is_ready = True
         return time.monotonic() - self.started_at
 
-    def exit_codes(self) -> list[int]:
-        codes = []
-        for proc in self.processes:
-            try:
-                code = proc.exitcode
-            except Exception:  # noqa: BLE001
-                code = None
-            if code is not None:
-                codes.append(int(code))
-        return codes
-
     def close(self, kill: bool) -> None:
-        """Shut the pool down; with ``kill``, SIGKILL the workers first (never blocks long)."""
-        procs = list(getattr(self.executor, "_processes", {}).values()) or self.processes
+        """Shut the pool down: with ``kill`` at once (pebble SIGTERMs, then SIGKILLs, each
+        worker), else after the builds already scheduled."""
         if kill:
-            for proc in procs:
-                try:
-                    proc.kill()
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+            self.executor.stop()
+        else:
+            self.executor.close()
         try:
-            self.executor.shutdown(wait=not kill, cancel_futures=True)
+            self.executor.join()
         except Exception:  # noqa: BLE001
-            logger.debug("executor shutdown failed", exc_info=True)
-        for proc in procs:
-            try:
-                proc.join(timeout=5)
-            except Exception:  # noqa: BLE001
-                pass
+            logger.debug("pool shutdown failed", exc_info=True)
 
 
 def _close_pool_holder(holder: dict[str, _Pool | None]) -> None:
@@ -470,6 +439,12 @@ class PersistentBuilder(PyBuilder):
         self._closed = False
         pool = self._start_pool()
         assert pool is not None
+        if pool.is_ready and not pool.executor.active:
+            # pebble gives up on a pool whose workers all died with nothing running.
+            logger.warning("PersistentBuilder: the pool broke while idle; replacing it")
+            self._discard_pool()
+            pool = self._start_pool()
+            assert pool is not None
         if not pool.is_ready:
             try:
                 seconds = pool.wait_ready()
@@ -569,133 +544,77 @@ class PersistentBuilder(PyBuilder):
         if n == 0:
             return []
         payloads = [self._payload(bi) for bi in inputs]
-        outcome: list[BuildStat | None] = [None] * n
-        queue: deque[int] = deque(range(n))
-        solo: deque[int] = deque()
-        # future -> (index, submitted_at, deadline, ran_solo)
-        in_flight: dict[Future[Any], tuple[int, float, float, bool]] = {}
+        done_at: dict[int, float] = {}
         try:
-            while queue or solo or in_flight:
-                pool = self._ready_pool()
-
-                def submit(index: int, ran_solo: bool, pool: _Pool = pool) -> bool:
-                    try:
-                        fut = pool.executor.submit(
-                            _build_in_worker, self.f_build, self.f_export, *payloads[index]
-                        )
-                    except BrokenProcessPool:  # a worker died while idle
-                        return False
-                    now = time.monotonic()
-                    in_flight[fut] = (index, now, now + self.timeout_s + _IPC_SLACK_S, ran_solo)
-                    return True
-
-                pool_broken = False
-                if solo:
-                    if not in_flight:
-                        index = solo.popleft()
-                        if not submit(index, True):
-                            solo.appendleft(index)
-                            pool_broken = True
-                else:
-                    while queue and len(in_flight) < self.max_workers:
-                        index = queue.popleft()
-                        if not submit(index, False):
-                            queue.appendleft(index)
-                            pool_broken = True
-                            break
-                if pool_broken and not in_flight:
-                    logger.warning("PersistentBuilder: the pool broke while idle; replacing it")
-                    self._discard_pool()
-                    continue
-
-                next_deadline = min(entry[2] for entry in in_flight.values())
-                done, _ = wait(
-                    list(in_flight),
-                    timeout=max(0.0, next_deadline - time.monotonic()),
-                    return_when=FIRST_COMPLETED,
-                )
-                broken: list[tuple[int, float, bool]] = []
-                for fut in done:
-                    index, submitted, _, ran_solo = in_flight.pop(fut)
-                    wall = time.monotonic() - submitted
-                    try:
-                        path, seconds, error, pid = fut.result()
-                    except BrokenProcessPool:
-                        broken.append((index, submitted, ran_solo))
-                        continue
-                    except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable f_build
-                        outcome[index] = BuildStat(
-                            index, None, 0.0, wall,
-                            f"PersistentBuilder: An exception occurred\n{exc!r}", None,
-                        )
-                        continue
-                    outcome[index] = BuildStat(index, path, float(seconds), wall, error, pid)
-
-                if broken:
-                    codes = [c for c in pool.exit_codes() if c not in (0, -9, -15)]
-                    # The rest of the in-flight builds died with the pool too.
-                    for fut, (index, submitted, _, ran_solo) in in_flight.items():
-                        broken.append((index, submitted, ran_solo))
-                    in_flight.clear()
-                    self._discard_pool()
-                    self.stats.crashes += 1
-                    if len(broken) == 1 or all(entry[2] for entry in broken):
-                        code_text = f" (exit code {codes[0]})" if codes else ""
-                        for index, submitted, _ in broken:
-                            outcome[index] = BuildStat(
-                                index, None, 0.0, time.monotonic() - submitted,
-                                f"PersistentBuilder: the build worker died{code_text} while "
-                                "building this candidate",
-                                None,
-                            )
-                        logger.warning(
-                            "PersistentBuilder: a build killed its worker%s; pool replaced",
-                            code_text,
-                        )
-                    else:
-                        logger.warning(
-                            "PersistentBuilder: a worker died with %d builds in flight; "
-                            "retrying them one at a time",
-                            len(broken),
-                        )
-                        solo.extend(index for index, _, _ in sorted(broken))
-                    continue
-
-                now = time.monotonic()
-                expired = [fut for fut, entry in in_flight.items() if entry[2] <= now]
-                if expired:
-                    for fut in expired:
-                        index, submitted, _, _ = in_flight.pop(fut)
-                        outcome[index] = BuildStat(
-                            index, None, 0.0, now - submitted,
-                            f"PersistentBuilder: Timeout, killed after {self.timeout_s} seconds",
-                            None,
-                        )
-                        self.stats.timeouts += 1
-                    requeue = sorted(entry[0] for entry in in_flight.values())
-                    in_flight.clear()
-                    self._discard_pool()
-                    queue.extendleft(reversed(requeue))
-                    logger.warning(
-                        "PersistentBuilder: %d build(s) timed out after %.1f s; pool replaced",
-                        len(expired),
-                        self.timeout_s,
+            pool = self._ready_pool()
+            scheduled = time.monotonic()
+            futures: list[Future[Any]] = []
+            for index, payload in enumerate(payloads):
+                try:
+                    fut = pool.executor.schedule(
+                        _build_in_worker, args=(self.f_build, self.f_export, *payload),
+                        timeout=self.timeout_s,
                     )
+                except RuntimeError as exc:  # pebble gave up on the pool since it was checked
+                    fut = Future()
+                    fut.set_exception(BrokenProcessPool(str(exc)))
+                fut.add_done_callback(lambda _, i=index: done_at.setdefault(i, time.monotonic()))
+                futures.append(fut)
+            # pebble resolves every future: a result, TimeoutError or ProcessExpired. The bound is
+            # a backstop for a worker killed from outside between taking a build and pebble
+            # noticing: every build's deadline, one round of workers after another, plus slack.
+            rounds = -(-n // self.max_workers)
+            _, lost = wait(futures, timeout=(rounds + 1) * self.timeout_s + _BACKSTOP_SLACK_S)
+            for fut in lost:
+                fut.cancel()
         except BaseException:
             # KeyboardInterrupt, startup failure: leave no busy worker behind.
             self._discard_pool()
             raise
 
-        stats = [s for s in outcome if s is not None]
-        assert len(stats) == n
-        for stat in stats:
+        outcome: list[BuildStat] = []
+        broken = False
+        for index, fut in enumerate(futures):
+            wall = done_at.get(index, time.monotonic()) - scheduled
+            try:
+                path, seconds, error, pid = fut.result()
+            except FutureTimeoutError:
+                error = f"PersistentBuilder: Timeout, killed after {self.timeout_s} seconds"
+                self.stats.timeouts += 1
+                self.stats.pool_starts += 1  # pebble replaced the worker it killed
+                logger.warning("PersistentBuilder: a build timed out after %.1f s; worker replaced",
+                               self.timeout_s)
+            except pebble.ProcessExpired as exc:
+                error = (f"PersistentBuilder: the build worker died (exit code {exc.exitcode}) "
+                         "while building this candidate")
+                self.stats.crashes += 1
+                self.stats.pool_starts += 1  # pebble replaced the dead worker
+                logger.warning("PersistentBuilder: a build killed its worker (exit code %s); "
+                               "worker replaced", exc.exitcode)
+            except BrokenProcessPool as exc:
+                error = f"PersistentBuilder: the build worker pool broke ({exc}) during this build"
+                broken = True
+            except CancelledError:  # the backstop gave up on it
+                error = "PersistentBuilder: the build was lost by the worker pool (no result in time)"
+                broken = True
+            except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable f_build
+                error = f"PersistentBuilder: An exception occurred\n{exc!r}"
+            else:
+                outcome.append(BuildStat(index, path, float(seconds), wall, error, pid))
+                continue
+            outcome.append(BuildStat(index, None, 0.0, wall, error, None))
+        if broken:
+            logger.warning("PersistentBuilder: pebble gave up on the pool; replacing it")
+            self._discard_pool()
+
+        for stat in outcome:
             if stat.artifact_path is not None:
                 self.stats.built += 1
                 self.stats.build_seconds += stat.build_seconds
                 self.build_times[stat.artifact_path] = stat.build_seconds
             else:
                 self.stats.failed += 1
-        return stats
+        return outcome
 
 
 def _enter(self: Any) -> Any:
