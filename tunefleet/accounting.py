@@ -68,14 +68,14 @@ class ShardAccountant:
         An unstarted energy meter; by default the node's best source for the class's target.
     pushgateway, shard_id:
         With a Pushgateway address, the attempt's metrics (a registry of its own) are pushed under
-        the grouping key ``{shard, attempt}`` when it starts, after every round and at its end,
+        the grouping key ``{shard, attempt}`` (``attempt``: the shard's lease number) when it starts, after every round and at its end,
         so concurrent shards never overwrite each other and the final values stay for Prometheus.
         A failed push is logged, never fatal: metrics must not stop tuning.
     """
 
     def __init__(self, db: Database, hardware: HardwareClass, workload: Workload, *,
                  meter: EnergyMeter | None = None, pushgateway: str | None = None,
-                 shard_id: int | None = None, attempt: int = 0) -> None:
+                 shard_id: int | None = None, lease: int = 0) -> None:
         from tunefleet.energy import probe
 
         self.hardware = hardware
@@ -85,7 +85,7 @@ class ShardAccountant:
         self.meter = meter or probe(hardware.target, watts_per_core=hardware.watts_per_core,
                                     idle_watts=hardware.idle_watts, watts_per_gpu=hardware.watts_per_gpu)
         self.pushgateway = pushgateway
-        self.grouping_key = {"shard": str(shard_id), "attempt": str(attempt)}
+        self.grouping_key = {"shard": str(shard_id), "attempt": str(lease)}
         self.metrics: FleetMetrics | None = None
         if pushgateway:
             from tunefleet.metrics import FleetMetrics

@@ -126,7 +126,7 @@ class Grant:
 
 
 def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: int, from_shard_id: int | None = None,
-               min_chunk: int = 8, max_attempts: int = 3) -> list[Grant]:
+               min_chunk: int = 8, max_leases: int = 3) -> list[Grant]:
     """Give ``trials`` a preempted workload did not use to the workloads still improving.
 
     Recipients are the class's other workloads with shards that are not preempted and are either
@@ -163,7 +163,7 @@ def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: in
         for view, n in zip(recipients, shares, strict=True) if n > 0
     ]
     granted = [Grant(shard_id, grant.workload_id, grant.trials, extended=extended)
-               for shard_id, grant, extended in db.grant_trials(hw.id, grants, max_attempts=max_attempts, now=now)]
+               for shard_id, grant, extended in db.grant_trials(hw.id, grants, max_leases=max_leases, now=now)]
     log.info("%d trial(s) freed by workload %d on %s reallocated to %s", trials, from_workload_id, hardware,
              ", ".join(f"workload {g.workload_id} (+{g.trials}{'' if g.extended else ', new shard'})"
                        for g in granted))

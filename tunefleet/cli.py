@@ -548,7 +548,7 @@ def cmd_shards_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = shards.list_shards(ctx.db, hardware=args.hardware, state=args.state)
     names = {h.id: h.name for h in ctx.db.hardware_classes()}
     data = [{"id": r.id, "workload_id": r.workload_id, "hardware": names.get(r.hardware_class_id), "trials": r.trials,
-             "priority": r.priority, "state": r.state, "attempts": f"{r.attempts}/{r.max_attempts}",
+             "priority": r.priority, "state": r.state, "attempts": f"{r.leases}/{r.max_leases}",
              "owner": r.lease_owner, "error": (r.error or "")[:80]} for r in rows]
     if args.json:
         _print_json(data)

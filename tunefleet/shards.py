@@ -3,7 +3,7 @@
 A shard is ``trials`` candidates to measure for one (workload, hardware class)::
 
     pending --lease--> leased --complete--> done
-                         | \\--fail / lease expired--> pending   (attempts < max_attempts)
+                         | \\--fail / lease expired--> pending   (attempts < max_leases)
                          |                    \\-----> failed    (attempts exhausted, error kept)
     pending|leased|failed --cancel--> cancelled;   failed|cancelled --retry--> pending
 
@@ -57,7 +57,7 @@ def plan(
     target_trials: int,
     shard_trials: int = 64,
     model: int | str | None = None,
-    max_attempts: int = 3,
+    max_leases: int = 3,
 ) -> tuple[list[Shard], list[PlannedWork]]:
     """Cut the untuned shortfall of every workload into pending shards for one hardware class.
 
@@ -91,7 +91,7 @@ def plan(
             trials = min(shard_trials, shortfall)
             cuts.append((row.workload_id, trials, priority))
             shortfall -= trials
-    created = db.add_shards(hw.id, cuts, max_attempts=max_attempts) if cuts else []
+    created = db.add_shards(hw.id, cuts, max_leases=max_leases) if cuts else []
     log.info("planned %d new shard(s) for %s over %d workload(s)", len(created), hardware, len(view))
     return created, view
 
@@ -102,11 +102,11 @@ def requeue_expired(db: Database, *, now: dt.datetime | None = None) -> list[int
     now = now or utcnow()
     changed: list[int] = []
     for shard in db.expired_leases(now):
-        exhausted = shard.attempts >= shard.max_attempts
+        exhausted = shard.leases >= shard.max_leases
         new_state = FAILED if exhausted else PENDING
         error = (
             f"lease of {shard.lease_owner} expired at {shard.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC "
-            f"(attempt {shard.attempts}/{shard.max_attempts})"
+            f"(attempt {shard.leases}/{shard.max_leases})"
         )
         if db.end_lease(shard.id, shard.lease_owner, state=new_state, error=error, event="lease-expired",
                         info={"to": new_state}, now=now):
@@ -135,12 +135,12 @@ def lease(
     if reclaim:
         reclaimed = db.reclaim_lease(hw.id, owner, lease_s=lease_s, shard_id=shard_id, now=now)
         if reclaimed is not None:
-            log.info("shard %d reclaimed by its owner %s (attempt %d)", reclaimed.id, owner, reclaimed.attempts)
+            log.info("shard %d reclaimed by its owner %s (attempt %d)", reclaimed.id, owner, reclaimed.leases)
             return reclaimed
     requeue_expired(db, now=now)
     shard = db.lease_shard(hw.id, owner, lease_s=lease_s, shard_id=shard_id, now=now)
     if shard is not None:
-        log.info("shard %d leased by %s (attempt %d)", shard.id, owner, shard.attempts)
+        log.info("shard %d leased by %s (attempt %d)", shard.id, owner, shard.leases)
     return shard
 
 
@@ -167,7 +167,7 @@ def complete(db: Database, shard_id: int, owner: str, *, event: str = "done", **
 def fail(db: Database, shard_id: int, owner: str, error: str) -> str:
     """Record a failed attempt: back to pending while attempts remain, else failed. Returns the new state."""
     shard = db.shard(shard_id)
-    new_state = FAILED if shard.attempts >= shard.max_attempts else PENDING
+    new_state = FAILED if shard.leases >= shard.max_leases else PENDING
     _end_owned(db, shard_id, owner, state=new_state, error=error[:4000], event=f"attempt-failed->{new_state}")
     log.warning("shard %d attempt failed (%s) -> %s", shard_id, error.splitlines()[0][:200], new_state)
     return new_state

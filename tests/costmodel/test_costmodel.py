@@ -242,7 +242,7 @@ def test_retrain_on_exported_mlp_dataset(db_url: str, tmp_path, mlp_workloads) -
     ids = _setup(db, mlp_workloads)
     batch = [_m(ids, w, i, trace, 1e-4 * (i + 1) * (j + 2))
              for i, w in enumerate(mlp_workloads) for j, trace in enumerate(w.traces)]
-    batch.append(_m(ids, mlp_workloads[0], 0, mlp_workloads[0].traces[1], None, attempt=1, error="build"))
+    batch.append(_m(ids, mlp_workloads[0], 0, mlp_workloads[0].traces[1], None, repeat=1, error="build"))
     db.commit_measurements(batch)
     v1 = dataset.export(db, store)
     assert v1 is not None

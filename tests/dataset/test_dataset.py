@@ -36,10 +36,10 @@ def _setup(db: Database, workloads: list[Any], classes: tuple[str, ...] = ("x86"
 
 
 def _m(ids: dict[str, Any], w: Any, i: int, trace: str, run_s: float | None, *, hw: str = "x86",
-       attempt: int = 0, error: str | None = None) -> NewMeasurement:
+       repeat: int = 0, error: str | None = None) -> NewMeasurement:
     return NewMeasurement(
         ids["wl"][i], ids["hw"][hw], trace, None if run_s is None else [run_s, run_s], build_s=0.1,
-        error_kind=error, error_msg="boom" if error else None, args_info=w.args_info, attempt=attempt,
+        error_kind=error, error_msg="boom" if error else None, args_info=w.args_info, repeat=repeat,
         tvm_version="0.27.0", target=ids["targets"][hw],
     )
 
@@ -50,7 +50,7 @@ def _first_batch(ids: dict[str, Any], workloads: list[Any], hw: str = "x86") -> 
     for i, w in enumerate(workloads):
         for j, trace in enumerate(w.traces):
             out.append(_m(ids, w, i, trace, 1e-4 * (i + 1) * (j + 2), hw=hw))
-    out.append(_m(ids, workloads[0], 0, workloads[0].traces[1], None, hw=hw, attempt=1, error="build"))
+    out.append(_m(ids, workloads[0], 0, workloads[0].traces[1], None, hw=hw, repeat=1, error="build"))
     out.append(_m(ids, workloads[1], 1, BOGUS_TRACE, 0.5, hw=hw))  # its trace cannot be replayed
     return out
 
@@ -136,7 +136,7 @@ def test_export_incremental_versions(db_url: str, tmp_path, mlp_workloads) -> No
 
     # More tuning: a faster schedule for workload 0, a slower one for workload 1.
     w0, w1 = mlp_workloads[0], mlp_workloads[1]
-    db.commit_measurements([_m(ids, w0, 0, w0.traces[0], 1e-5, attempt=1), _m(ids, w1, 1, w1.traces[0], 1.0, attempt=1)])
+    db.commit_measurements([_m(ids, w0, 0, w0.traces[0], 1e-5, repeat=1), _m(ids, w1, 1, w1.traces[0], 1.0, repeat=1)])
     v2 = dataset.export(db, store)
     assert v2 is not None and (v2.version, v2.parents, v2.row_count) == (2, [1], 2)
     assert v2.measurement_ids["min"] > v1.measurement_ids["max"], "version id ranges are disjoint"
@@ -245,7 +245,7 @@ def test_export_to_s3(seaweedfs, tmp_path, mlp_workloads) -> None:  # type: igno
     assert v1 is not None and v1.uri.startswith("s3://") and v1.uri.endswith("/tunefleet/datasets/v1/manifest.json")
     assert sorted(store.list("datasets/")) == ["datasets/v1/hardware=x86/part-0.parquet", "datasets/v1/manifest.json"]
     w = mlp_workloads[2]
-    db.commit_measurements([_m(ids, w, 2, w.traces[0], 1e-6, attempt=3)])
+    db.commit_measurements([_m(ids, w, 2, w.traces[0], 1e-6, repeat=3)])
     v2 = dataset.export(db, store)
     assert v2 is not None and v2.parents == [1] and v2.row_count == 1
     assert dataset.stored_versions(store) == [1, 2]

@@ -71,7 +71,7 @@ def test_lease_order_is_by_weight_then_flops(db: Database) -> None:
 def test_lease_heartbeat_complete(db: Database) -> None:
     shards.plan(db, "x86", target_trials=8)
     s = shards.lease(db, "x86", "worker-1", lease_s=30)
-    assert s is not None and s.state == "leased" and s.attempts == 1 and s.lease_owner == "worker-1"
+    assert s is not None and s.state == "leased" and s.leases == 1 and s.lease_owner == "worker-1"
     shards.heartbeat(db, s.id, "worker-1", lease_s=60)
     with pytest.raises(LeaseLostError):
         shards.heartbeat(db, s.id, "someone-else")
@@ -84,12 +84,12 @@ def test_lease_heartbeat_complete(db: Database) -> None:
 
 
 def test_expired_lease_requeues_then_fails_with_error(db: Database) -> None:
-    shards.plan(db, "x86", target_trials=8, model="m", max_attempts=2)
+    shards.plan(db, "x86", target_trials=8, model="m", max_leases=2)
     first = shards.lease(db, "x86", "dead-1", lease_s=10)
     assert first is not None
     later = utcnow() + dt.timedelta(seconds=11)
     again = shards.lease(db, "x86", "w2", lease_s=10, now=later, shard_id=first.id)
-    assert again is not None and again.id == first.id and again.attempts == 2
+    assert again is not None and again.id == first.id and again.leases == 2
     assert "lease of dead-1 expired" in (again.error or "")
     with pytest.raises(LeaseLostError):
         shards.heartbeat(db, first.id, "dead-1")
@@ -106,7 +106,7 @@ def test_owner_reclaims_its_own_lease(db: Database) -> None:
     assert s is not None
     # a retry of the same owner (e.g. after a lost connection) gets its shard back, same attempt
     again = shards.lease(db, "x86", "task-run-1", lease_s=30, reclaim=True)
-    assert again is not None and again.id == s.id and again.attempts == 1 and again.state == "leased"
+    assert again is not None and again.id == s.id and again.leases == 1 and again.state == "leased"
     assert [h["event"] for h in again.history][-1] == "reclaimed"
     # without reclaim, or for another owner, the shard stays taken: they get the next one
     other = shards.lease(db, "x86", "task-run-2", lease_s=30, reclaim=True)
@@ -116,7 +116,7 @@ def test_owner_reclaims_its_own_lease(db: Database) -> None:
 
 
 def test_fail_requeues_until_max_attempts(db: Database) -> None:
-    shards.plan(db, "x86", target_trials=8, max_attempts=2)
+    shards.plan(db, "x86", target_trials=8, max_leases=2)
     s = shards.lease(db, "x86", "w")
     assert s is not None
     assert shards.fail(db, s.id, "w", "builder crashed") == "pending"

@@ -43,7 +43,7 @@ def _extra_shard(db, workload_id: int, trials: int) -> int:  # type: ignore[no-u
 
     with db.session() as sess:
         shard = Shard(workload_id=workload_id, hardware_class_id=db.hardware_class("x86").id, trials=trials,
-                      priority=0.0, state="pending", max_attempts=3, history=[])
+                      priority=0.0, state="pending", max_leases=3, history=[])
         sess.add(shard)
         sess.flush()
         return int(shard.id)

@@ -1,7 +1,7 @@
 """PostgreSQL bulk path: COPY a batch into a temporary table, then one idempotent INSERT.
 
 Parsing one multi-row INSERT of ~2.5 KB traces costs the server more than COPY's text
-format; measured 2.3x faster on 10,000 measurements (bench/db_bench.py). Duplicate keys are
+format (``bench/db_bench.py``; docs/performance.md has the figures). Duplicate keys are
 still skipped by ``ON CONFLICT DO NOTHING`` and only inserted ids come back.
 """
 
@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from tunefleet.db.models import utcnow
+from tunefleet.db.models import Measurement, utcnow
 
 _JSON_COLUMNS = {"args_info", "run_secs"}
 
@@ -25,14 +25,16 @@ def _text_value(value: Any) -> str:
 
 
 def copy_insert_measurements(dbapi_conn: Any, rows: Sequence[dict[str, Any]]) -> int:
-    """Insert ``rows`` (dicts of measurement columns) on a psycopg2 connection; return inserted count."""
-    columns = [*rows[0].keys(), "created_at"]
+    """Insert ``rows`` (dicts of measurement columns by attribute name, as an ORM insert takes them)
+    on a psycopg2 connection; return inserted count."""
+    keys = list(rows[0].keys())
+    columns = [Measurement.__mapper__.columns[k].name for k in keys] + ["created_at"]  # ``repeat`` is "attempt"
     now = utcnow().isoformat(sep=" ")
     buf = io.StringIO()
     for row in rows:
         values = [
-            _text_value(json.dumps(row[c]) if c in _JSON_COLUMNS and row[c] is not None else row[c])
-            for c in columns[:-1]
+            _text_value(json.dumps(row[k]) if k in _JSON_COLUMNS and row[k] is not None else row[k])
+            for k in keys
         ]
         values.append(now)
         buf.write("\t".join(values))

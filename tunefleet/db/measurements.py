@@ -30,7 +30,8 @@ class NewMeasurement:
     error_msg: str | None = None
     args_info: list[Any] | None = None
     shard_id: int | None = None
-    attempt: int = 0
+    repeat: int = 0
+    """Which measurement of this candidate (0: the first; a deliberate re-measurement counts up)."""
     energy_j: float | None = None
     energy_source: str | None = None
     useful: bool | None = None
@@ -56,7 +57,7 @@ class NewMeasurement:
             "shard_id": self.shard_id,
             "trace_json": self.trace_json,
             "trace_sha256": self.trace_sha256,
-            "attempt": self.attempt,
+            "repeat": self.repeat,
             "args_info": self.args_info,
             "run_secs": [float(x) for x in self.run_secs] if self.run_secs is not None else None,
             "mean_run_s": self.mean_run_s,
@@ -77,7 +78,7 @@ class MeasurementsMixin(CatalogMixin):
 
     # -- measurements ---------------------------------------------------------------------
     def commit_measurements(self, records: Iterable[NewMeasurement]) -> int:
-        """Append measurements; a retried commit of the same (trace, attempt) is a no-op.
+        """Append measurements; a retried commit of the same (trace, repeat) is a no-op.
 
         Returns the number of rows actually inserted.
         """

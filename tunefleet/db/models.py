@@ -116,8 +116,10 @@ class Shard(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    # Leases taken so far, and how many a shard gets before it fails (the columns keep their
+    # first names, "attempts"; the CLI and JSON still say attempts).
+    leases: Mapped[int] = mapped_column("attempts", Integer, default=0)
+    max_leases: Mapped[int] = mapped_column("max_attempts", Integer, default=3)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
     # Accounting, summed over the shard's attempts (see tunefleet.accounting).
@@ -174,7 +176,9 @@ class Measurement(Base):
     shard_id: Mapped[int | None] = mapped_column(ForeignKey("shards.id", ondelete="SET NULL"), nullable=True)
     trace_json: Mapped[str] = mapped_column(Text)
     trace_sha256: Mapped[str] = mapped_column(String(64))
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Which measurement of this candidate the row is: 0 first, a deliberate re-measurement counts
+    # up (column "attempt"; not a shard's lease).
+    repeat: Mapped[int] = mapped_column("attempt", Integer, default=0)
     args_info: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     run_secs: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     mean_run_s: Mapped[float | None] = mapped_column(Float, nullable=True)

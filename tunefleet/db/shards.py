@@ -94,7 +94,7 @@ class ShardsMixin(CatalogMixin):
                 for wl_id, shash, flops, w in workloads]
 
     def add_shards(
-        self, hardware_class_id: int, cuts: Sequence[tuple[int, int, float]], *, max_attempts: int = 3
+        self, hardware_class_id: int, cuts: Sequence[tuple[int, int, float]], *, max_leases: int = 3
     ) -> list[Shard]:
         """Insert pending shards, one per ``(workload_id, trials, priority)``, in that order."""
         created: list[Shard] = []
@@ -106,7 +106,7 @@ class ShardsMixin(CatalogMixin):
                     trials=trials,
                     priority=priority,
                     state=PENDING,
-                    max_attempts=max_attempts,
+                    max_leases=max_leases,
                     history=[{"at": utcnow().isoformat(timespec="seconds"), "event": "planned"}],
                 )
                 s.add(shard)
@@ -184,8 +184,8 @@ class ShardsMixin(CatalogMixin):
                         lease_owner=owner,
                         lease_expires_at=now_ + dt.timedelta(seconds=lease_s),
                         heartbeat_at=now_,
-                        attempts=Shard.attempts + 1,
-                        history=_event(candidate, "leased", owner=owner, attempt=candidate.attempts + 1),
+                        leases=Shard.leases + 1,
+                        history=_event(candidate, "leased", owner=owner, attempt=candidate.leases + 1),
                         updated_at=now_,
                     )
                 )
@@ -219,7 +219,7 @@ class ShardsMixin(CatalogMixin):
                 update(Shard)
                 .where(Shard.id == own.id, Shard.state == LEASED, Shard.lease_owner == owner)
                 .values(lease_expires_at=now_ + dt.timedelta(seconds=lease_s), heartbeat_at=now_,
-                        history=_event(own, "reclaimed", owner=owner, attempt=own.attempts), updated_at=now_)
+                        history=_event(own, "reclaimed", owner=owner, attempt=own.leases), updated_at=now_)
             )
             if res.rowcount != 1:
                 return None
@@ -275,7 +275,7 @@ class ShardsMixin(CatalogMixin):
                      hardware_class_id: int | None = None) -> list[int]:
         """Failed or cancelled shards back to pending with a fresh attempt budget; returns their ids."""
         return self._transition([FAILED, CANCELLED], shard_ids, hardware_class_id, "retry",
-                                state=PENDING, attempts=0, error=None)
+                                state=PENDING, leases=0, error=None)
 
     def cancel_shards(self, shard_ids: Sequence[int] | None = None, *,
                       hardware_class_id: int | None = None) -> list[int]:
@@ -307,7 +307,7 @@ class ShardsMixin(CatalogMixin):
         return changed
 
     def grant_trials(
-        self, hardware_class_id: int, grants: Sequence[TrialGrant], *, max_attempts: int = 3,
+        self, hardware_class_id: int, grants: Sequence[TrialGrant], *, max_leases: int = 3,
         now: dt.datetime | None = None,
     ) -> list[tuple[int, TrialGrant, bool]]:
         """Add each grant's trials to its workload's first pending shard on the class, else a new one.
@@ -334,7 +334,7 @@ class ShardsMixin(CatalogMixin):
                         continue
                 shard = Shard(workload_id=grant.workload_id, hardware_class_id=hardware_class_id,
                               trials=grant.trials, priority=grant.priority, state=PENDING,
-                              max_attempts=max_attempts, history=[grant.event])
+                              max_leases=max_leases, history=[grant.event])
                 s.add(shard)
                 s.flush()
                 out.append((shard.id, grant, False))

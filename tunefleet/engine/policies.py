@@ -85,7 +85,7 @@ class Accounting(ShardPolicy):
         from tunefleet.accounting import ShardAccountant
 
         self.accountant = acc = ShardAccountant(run.db, run.hw, run.wl, pushgateway=run.options.metrics_pushgateway,
-                                                shard_id=run.shard.id, attempt=run.shard.attempts)
+                                                shard_id=run.shard.id, lease=run.shard.leases)
         if acc.metrics is not None and hasattr(run.runner, "on_degree"):  # the adaptive parallel runner
             run.runner.on_degree = partial(acc.metrics.set_measure_parallelism, run.hw.name)
             acc.metrics.set_measure_parallelism(run.hw.name, run.runner.degree)
@@ -160,7 +160,7 @@ class Preemption(ShardPolicy):
         self.ended = self.reason
         shards.complete(run.db, run.shard.id, run.owner, event="preempted", reason=self.reason, unused_trials=unused)
         reallocate(run.db, run.hw.name, unused, from_workload_id=run.wl.id, from_shard_id=run.shard.id,
-                   max_attempts=run.shard.max_attempts)
+                   max_leases=run.shard.max_leases)
         run.ended = True
 
 

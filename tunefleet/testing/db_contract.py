@@ -61,8 +61,8 @@ class ShardCases:
         model, _ = db.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
         db.link_model_workload(model.id, wl, 3)
         db.commit_measurements(NewMeasurement(wl, hw, _trace(i), [0.1]) for i in range(2))
-        created = db.add_shards(hw, [(wl, 10, 3.5), (wl, 5, 3.5)], max_attempts=2)
-        assert [(s.trials, s.priority, s.state, s.max_attempts) for s in created] == [(10, 3.5, PENDING, 2),
+        created = db.add_shards(hw, [(wl, 10, 3.5), (wl, 5, 3.5)], max_leases=2)
+        assert [(s.trials, s.priority, s.state, s.max_leases) for s in created] == [(10, 3.5, PENDING, 2),
                                                                                        (5, 3.5, PENDING, 2)]
         assert [e["event"] for e in db.shard(created[0].id).history] == ["planned"]
         assert db.add_shards(hw, []) == []
@@ -82,7 +82,7 @@ class ShardCases:
         now = utcnow().replace(microsecond=0)
         first = db.lease_shard(hw, "a", lease_s=60, now=now)
         assert first is not None and first.id == high.id
-        assert (first.state, first.lease_owner, first.attempts) == (LEASED, "a", 1)
+        assert (first.state, first.lease_owner, first.leases) == (LEASED, "a", 1)
         assert first.lease_expires_at == now + dt.timedelta(seconds=60)
         assert db.lease_shard(hw, "b", lease_s=60, shard_id=high.id) is None  # taken
         assert db.lease_shard(arm, "b", lease_s=60) is None  # per class
@@ -93,7 +93,7 @@ class ShardCases:
         assert db.shard(high.id).lease_expires_at > now + dt.timedelta(seconds=300)
         assert not db.heartbeat_lease(high.id, "b", lease_s=600)
         again = db.reclaim_lease(hw, "a", lease_s=60)
-        assert again is not None and again.id == high.id and again.attempts == 1
+        assert again is not None and again.id == high.id and again.leases == 1
         assert db.shard(high.id).history[-1]["event"] == "reclaimed"
         assert db.reclaim_lease(hw, "c", lease_s=60) is None
         assert db.reclaim_lease(arm, "a", lease_s=60) is None
@@ -132,7 +132,7 @@ class ShardCases:
         assert db.shard(done.id).state == DONE
         assert db.retry_shards([pending.id, done.id]) == [pending.id]
         got = db.shard(pending.id)
-        assert (got.state, got.attempts, got.error) == (PENDING, 0, None)
+        assert (got.state, got.leases, got.error) == (PENDING, 0, None)
         assert got.history[-1]["event"] == "retry" and got.history[-1]["previous"] == CANCELLED
         assert db.retry_shards(hardware_class_id=hw) == [leased.id, failed.id]
         assert [s.id for s in db.shards()] == [pending.id, leased.id, failed.id, done.id]
@@ -151,13 +151,13 @@ class ShardCases:
         assert (db.shard(pending.id).priority, db.shard(leased.id).priority) == (7.0, 9.0)
         event = {"at": "now", "event": "reallocated"}
         grants = [TrialGrant(wl, 4, 1.0, event), TrialGrant(wl2.id, 3, 2.5, event), TrialGrant(wl, 0, 1.0, event)]
-        out = db.grant_trials(hw, grants, max_attempts=5)
+        out = db.grant_trials(hw, grants, max_leases=5)
         assert [(g.workload_id, extended) for _, g, extended in out] == [(wl, True), (wl2.id, False)]
         assert out[0][0] == pending.id
         got = db.shard(pending.id)
         assert got.trials == 12 and got.priority == 7.0 and got.history[-1] == event
         new = db.shard(out[1][0])
-        assert (new.workload_id, new.trials, new.priority, new.state, new.max_attempts, new.history) == (
+        assert (new.workload_id, new.trials, new.priority, new.state, new.max_leases, new.history) == (
             wl2.id, 3, 2.5, PENDING, 5, [event])
         assert db.shard(leased.id).trials == 8
 
@@ -392,7 +392,7 @@ class DatabaseContract(ShardCases, ReportCases):
         rec = NewMeasurement(wl, hw, _trace(7), [0.2])
         assert db.commit_measurements([rec]) == 1
         assert db.commit_measurements([rec, NewMeasurement(wl, hw, _trace(7), [0.2])]) == 0
-        assert db.commit_measurements([NewMeasurement(wl, hw, _trace(7), [0.3], attempt=1)]) == 1
+        assert db.commit_measurements([NewMeasurement(wl, hw, _trace(7), [0.3], repeat=1)]) == 1
         assert db.count_measurements(wl, hw) == 2
         assert db.measured_trace_hashes(wl, hw) == {rec.trace_sha256}
 
