@@ -83,8 +83,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "subsample": 1.0,
     "tree_method": "hist",
     "max_bin": 64,  # PerStoreFeature values are mostly log-scaled counts: few distinct values
-    # One thread: on a shared, loaded machine OpenMP threads contend badly (measured 2 threads
-    # 20x slower than 1 on a loaded 2-core box); pass params={"nthread": n} on a dedicated node.
+    # One thread: on a shared, loaded machine OpenMP threads contend badly (docs/performance.md);
+    # pass params={"nthread": n} on a dedicated node.
     "nthread": 1,
     "verbosity": 0,
 }

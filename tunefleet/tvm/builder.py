@@ -5,9 +5,10 @@ Why
 The stock ``ms.builder.LocalBuilder`` creates a fresh ``PopenPoolExecutor`` for every batch
 (and once more in its constructor for a sanity check), and every fresh worker pays for
 ``import tvm`` plus ``import tvm.s_tir.tensor_intrin`` - which ``default_build`` imports and
-which parses hundreds of TVMScript intrinsics. On the 2-core development VM that import alone
-took 50-80 s of CPU per process (``inspect.getmodule`` scanning ~2,000 modules, because
-``tvm_ffi`` imports torch when it is installed). :class:`PersistentBuilder` pays it once.
+which parses hundreds of TVMScript intrinsics. That import alone costs tens of seconds of CPU per
+process when torch is installed (``inspect.getmodule`` scanning every loaded module, because
+``tvm_ffi`` imports torch; docs/performance.md has the figures). :class:`PersistentBuilder` pays
+it once.
 
 How
 ---
@@ -142,15 +143,15 @@ _INTRIN_LOCK = threading.Lock()
 
 
 def import_tensor_intrinsics() -> float:
-    """Import ``tvm.s_tir.tensor_intrin`` (once per process), 5-10x faster than a plain import.
+    """Import ``tvm.s_tir.tensor_intrin`` (once per process), several times faster than a plain import.
 
     MetaSchedule needs the tensor intrinsics registered: ``default_build`` and the first
     ``TuneContext`` import them. Each of the ~500 ``@T.prim_func`` definitions in that package
     calls ``inspect.stack()``, and for every ``<frozen importlib...>`` frame on the stack
     (an import is in progress) ``inspect.getmodule`` rescans all of ``sys.modules`` looking
     for a module whose file is ``<frozen ...>`` - which never matches. With torch loaded
-    (``tvm_ffi`` imports it) that is ~2,000 modules x ~30,000 calls: 80 s of CPU on the
-    development VM, the whole "first TuneContext" cost. During this import only,
+    (``tvm_ffi`` imports it) that is thousands of modules times tens of thousands of calls, the
+    whole "first TuneContext" cost (docs/performance.md). During this import only,
     ``inspect.getmodule`` returns None at once for a frame whose file name starts with ``<``
     (what the full scan returns for it anyway); it is restored afterwards.
 
