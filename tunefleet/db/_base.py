@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -22,7 +22,6 @@ from tunefleet.errors import DatabaseError, DatabaseUnavailableError
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
-    from tunefleet.db.database import Database
 
 
 def sha256_text(text: str) -> str:
@@ -59,8 +58,8 @@ class DatabaseBase:
             ensure_schema(self.engine, auto_migrate=auto_migrate)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **kwargs: Any) -> Database:
-        return cls(  # type: ignore[return-value]
+    def from_settings(cls, settings: Settings, **kwargs: Any) -> Self:
+        return cls(
             settings.effective_database_url,
             connect_timeout_s=settings.db_connect_timeout_s,
             statement_timeout_s=settings.db_statement_timeout_s,

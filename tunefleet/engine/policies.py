@@ -21,30 +21,62 @@ from __future__ import annotations
 import logging
 import math
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tunefleet.filter_audit import FilterAudit
 
 if TYPE_CHECKING:
     from tunefleet.accounting import ShardAccountant
     from tunefleet.costmodel import TrainedModel
-    from tunefleet.db import NewMeasurement
-    from tunefleet.engine.shard import ShardRun
+    from tunefleet.db import Database, NewMeasurement
+    from tunefleet.db.models import HardwareClass, Shard, Workload
+    from tunefleet.engine.options import TuneOptions
     from tunefleet.preemption import PreemptionPolicy
+    from tunefleet.tvm.commit import ShardProgress
 
 log = logging.getLogger(__name__)
+
+
+class ShardRunView(Protocol):
+    """What a policy sees of the shard run calling it (:class:`tunefleet.engine.shard.ShardRun`)."""
+
+    db: Database
+    shard: Shard
+    owner: str
+    options: TuneOptions
+    hw: HardwareClass
+    wl: Workload
+    remaining: int
+    """Trials of the shard's budget left when the run started."""
+    known: set[str]
+    """sha256 of every trace already committed for (workload, hardware class)."""
+    ctx: Any  # after attach: the TuneContext, its search, the committer, runner and online model
+    search: Any
+    committer: Any
+    runner: Any
+    online: Any
+    cost_model: Any
+    """The cost model the search is guided by; a policy may replace it in ``attach``."""
+    progress: ShardProgress
+    failure: BaseException | None
+    ended: bool
+    """Set by a policy that ended the shard itself in ``finish``."""
+
+    def unused(self) -> int: ...
+
+    def past(self) -> tuple[list[Any], list[float]] | None: ...
 
 
 class ShardPolicy:
     """A rule of a shard's tuning; every hook does nothing unless the rule needs it."""
 
-    def start(self, run: ShardRun) -> str | None:
+    def start(self, run: ShardRunView) -> str | None:
         return None
 
-    def seeds(self, run: ShardRun) -> list[str]:
+    def seeds(self, run: ShardRunView) -> list[str]:
         return []
 
-    def attach(self, run: ShardRun) -> None:
+    def attach(self, run: ShardRunView) -> None:
         pass
 
     def before_round(self) -> str | None:
@@ -53,7 +85,7 @@ class ShardPolicy:
     def after_round(self, rows: list[NewMeasurement], note: Any) -> None:
         pass
 
-    def finish(self, run: ShardRun) -> None:
+    def finish(self, run: ShardRunView) -> None:
         pass
 
 
@@ -61,7 +93,7 @@ class Transfer(ShardPolicy):
     """A workload this class never measured first measures the best schedule of the most
     compatible class that builds here (:func:`tunefleet.transfer.transfer_best`)."""
 
-    def seeds(self, run: ShardRun) -> list[str]:
+    def seeds(self, run: ShardRunView) -> list[str]:
         if run.known:
             return []
         from tunefleet.transfer import transfer_best
@@ -81,7 +113,7 @@ class Accounting(ShardPolicy):
     def __init__(self) -> None:
         self.accountant: ShardAccountant | None = None
 
-    def attach(self, run: ShardRun) -> None:
+    def attach(self, run: ShardRunView) -> None:
         from tunefleet.accounting import ShardAccountant
 
         self.accountant = acc = ShardAccountant(run.db, run.hw, run.wl, pushgateway=run.options.metrics_pushgateway,
@@ -93,7 +125,7 @@ class Accounting(ShardPolicy):
     def annotate(self, rows: list[NewMeasurement]) -> Any:
         return self.accountant.annotate(rows) if self.accountant is not None else None
 
-    def finish(self, run: ShardRun) -> None:
+    def finish(self, run: ShardRunView) -> None:
         if self.accountant is not None:
             from tunefleet.accounting import add_shard_energy
 
@@ -118,7 +150,7 @@ class Preemption(ShardPolicy):
     def reason(self) -> str | None:
         return self.state.reason or "preempted" if self.policy.enabled and self.state.preempted else None
 
-    def start(self, run: ShardRun) -> str | None:
+    def start(self, run: ShardRunView) -> str | None:
         from tunefleet.preemption import new_state
 
         db, wl, hw = run.db, run.wl, run.hw
@@ -147,7 +179,7 @@ class Preemption(ShardPolicy):
             self.state.preempted, self.state.reason = True, reason
         self._db.save_tuning_state(self.state)
 
-    def finish(self, run: ShardRun) -> None:
+    def finish(self, run: ShardRunView) -> None:
         unused = run.unused()
         if run.failure is not None or not self.reason or unused <= 0:  # (a plateau on the last round: simply done)
             return
@@ -178,7 +210,7 @@ class WarmStart(ShardPolicy):
     def dropped(self) -> str | None:
         return getattr(self.model, "dropped", None)
 
-    def attach(self, run: ShardRun) -> None:
+    def attach(self, run: ShardRunView) -> None:
         from tunefleet.engine.learned import FleetCostModel
 
         self.model = run.cost_model = FleetCostModel(self.trained, online=run.online,
@@ -209,7 +241,7 @@ class Filter(ShardPolicy):
     def stopped(self) -> str | None:
         return self.audit.stopped
 
-    def attach(self, run: ShardRun) -> None:
+    def attach(self, run: ShardRunView) -> None:
         self.task = run.wl.name or self.task
         run.search.select, run.search.on_results = self.select, self.on_results
         run.search.on_dropped = run.committer.filtered
