@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet import __version__
 from tunefleet.context import Context
-from tunefleet.errors import TunefleetError
+from tunefleet.errors import NotFoundError, TunefleetError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.engine.options import TuneOptions
@@ -181,6 +183,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     options = tune_options(args, settings)
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
+    stop_on_ctrl_c(settings, f"tunefleet tune --hardware {args.hardware}")
     if args.workers > 1:
         codes = tune_with_workers(settings, args.hardware, options, workers=args.workers, max_shards=args.max_shards)
         print(f"workers exited with {codes}")
@@ -257,7 +260,6 @@ def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
 
 def _best_transferred(ctx: Context, args: argparse.Namespace) -> int:
     """`best --transfer`: the best schedule of the most compatible class that builds for this one."""
-    from tunefleet.errors import NotFoundError
     from tunefleet.transfer import transfer_best
 
     found = transfer_best(ctx.db, args.workload, args.hardware)
@@ -335,8 +337,11 @@ def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def prefect_environment(settings: Settings) -> None:
+def prefect_environment(settings: Settings, *, quiet: bool = False) -> None:
     """Environment Prefect reads at import: no analytics, tunefleet's logs in run logs, and a home.
+
+    ``quiet``: Prefect's console shows warnings and errors only (its INFO logs go to the log file
+    :func:`log_to_file` adds).
 
     Without a Prefect server (no PREFECT_API_URL) and no Prefect profile of the user's own,
     Prefect's ephemeral database goes under the tunefleet home rather than ``~/.prefect``.
@@ -345,11 +350,14 @@ def prefect_environment(settings: Settings) -> None:
     from pathlib import Path
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # Prefect's client telemetry (and its notice at import)
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tunefleet")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")  # CLI logs outside runs
     # Prefect waits 20 s for its ephemeral server; the first start in a fresh environment (byte-
     # compiling, creating and migrating its database) took longer on a loaded 2-core CI machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    if quiet:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     if not ({"PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"} & set(os.environ)) and \
             not (Path.home() / ".prefect" / "profiles.toml").exists():
         home = Path(settings.home) / "prefect"
@@ -357,20 +365,127 @@ def prefect_environment(settings: Settings) -> None:
         os.environ["PREFECT_HOME"] = str(home)
 
 
+def preflight_run(args: argparse.Namespace, settings: Settings) -> Database:
+    """Everything ``run`` can check before a server or worker starts, in about a second: the
+    model (a zoo name, or a file, and the extras it needs), the options, the database (one connect
+    timeout, no retries) and the hardware class. Returns the open database."""
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.errors import ParameterError
+    from tunefleet.hardware import check_runs_here
+    from tunefleet.models.ingest import check_source
+
+    check_source(args.model)
+    for name in ("trials", "shard_trials"):
+        if getattr(args, name) < 1:
+            raise ParameterError(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} (must be >= 1)")
+    TuneOptions.from_settings(settings, seed=args.seed)
+    db = _open_db(settings)
+    known = {h.name: h.target for h in db.hardware_classes()}
+    if args.hardware not in known:
+        from tunefleet.hardware import hardware_names
+
+        names = sorted(set(known) | hardware_names(settings))
+        if args.hardware not in names:
+            raise NotFoundError(f"unknown hardware class {args.hardware!r}; known: {', '.join(names)}")
+    else:
+        check_runs_here(args.hardware, known[args.hardware])
+    return db
+
+
+def log_to_file(settings: Settings, command: str, *, verbose: bool) -> Path:
+    """Send tunefleet's, Prefect's and the libraries' logs to a file under ``TUNEFLEET_HOME/logs``
+    (the console keeps warnings and errors, everything with ``-v``); its path."""
+    import time as _time
+    from pathlib import Path as _Path
+
+    folder = _Path(settings.home) / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{command}-{_time.strftime('%Y%m%d-%H%M%S')}.log"
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    for h in root.handlers:
+        if h is not handler and not verbose:
+            h.setLevel(max(h.level, logging.WARNING))
+    logging.getLogger("tunefleet").setLevel(logging.DEBUG if verbose else logging.INFO)
+    return path
+
+
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """The ``pipeline`` flow on one model, in Prefect's ephemeral mode unless PREFECT_API_URL is set."""
-    from types import SimpleNamespace
-
     from rich.console import Console
 
-    prefect_environment(settings)
-    from tunefleet.flows.pipeline import pipeline
+    db = preflight_run(args, settings)
+    prefect_environment(settings, quiet=not args.verbose)
+    from tunefleet.flows.pipeline import pipeline  # Prefect configures logging at import: after it
+    from tunefleet.progress import RunProgress
 
-    console = Console()
+    log_path = log_to_file(settings, "run", verbose=args.verbose)
+    console = Console(width=None if sys.stdout.isatty() else 160)
     console.rule(f"[bold]tunefleet run[/]: {args.model} on {args.hardware}, {args.trials} trials per workload")
-    result = pipeline(models=[args.model], hardware=[args.hardware], trials=args.trials,
-                      shard_trials=args.shard_trials, batch_size=args.batch_size, image_size=args.image_size,
-                      seq_len=args.seq_len, seed=args.seed, output_dir=args.output_dir)
+    console.print(f"logs: {log_path}", highlight=False, soft_wrap=True)
+    stop_on_ctrl_c(settings, _resume_command(args))
+    with RunProgress(settings, _model_name(args.model), args.hardware, console):
+        result = pipeline(models=[args.model], hardware=[args.hardware], trials=args.trials,
+                          shard_trials=args.shard_trials, batch_size=args.batch_size, image_size=args.image_size,
+                          seq_len=args.seq_len, seed=args.seed, output_dir=args.output_dir)
+    return _run_summary(console, db, args, result, log_path)
+
+
+def _model_name(source: str) -> str:
+    """The name a model is ingested under (a zoo name, or a file's stem)."""
+    from pathlib import Path as _Path
+
+    return source if "/" not in source and "." not in source else _Path(source).stem
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    return f"tunefleet run --model {args.model} --hardware {args.hardware} --trials {args.trials}"
+
+
+def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
+    """From now on Ctrl-C (SIGINT) stops this command at once and cleanly: this process's shard
+    leases are given back (no lease is spent), its child processes (builder and runner workers,
+    Prefect's temporary server) are stopped, and the command that resumes is printed; exit 130.
+
+    A KeyboardInterrupt raised into MetaSchedule's C++ search or Prefect's engine is not a clean
+    stop (either may swallow it or crash), so the handler finishes the process itself. Committed
+    measurements are kept (each batch commits in one transaction); the batch in flight is lost.
+    """
+    import os
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        import socket
+
+        import psutil
+
+        from tunefleet.db import Database
+
+        children = psutil.Process().children(recursive=True)
+        owners = [f"{socket.gethostname()}:{pid}" for pid in (os.getpid(), *(c.pid for c in children))]
+        try:
+            db = Database.from_settings(settings, check_schema=False)
+            released = f"{sum(len(db.release_leases(owner)) for owner in owners)} shard lease(s) given back"
+        except Exception as exc:  # noqa: BLE001 - the leases then expire on their own
+            released = f"leases not given back ({str(exc).splitlines()[0]}); they expire by themselves"
+        for child in children:
+            child.terminate()
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for child in alive:
+            child.kill()
+        print(f"tunefleet: stopped; {released}; resume with: {resume}", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, stop)
+
+
+def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: dict[str, Any], log: Path) -> int:
+    """The steps' results; a run where no shard succeeded is one error line, never a tuned table."""
+    from types import SimpleNamespace
+
     model, ex, pl = result["models"][0], result["extracted"][0], result["planned"][0]
     tuned = result["tuned"][args.hardware]
     console.print(f"1/5 ingest: model {model['model_id']} ({'new' if model['created'] else 'already stored'}, "
@@ -379,13 +494,40 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     console.print(f"3/5 plan: {pl['new_shards']} new shard(s), {pl['new_trials']} trials over {pl['workloads']} workload(s)")
     console.print(f"4/5 tune: {tuned['shards_done']} shard(s) done, {tuned['shards_failed']} failed, "
                   f"{tuned['measured']} candidates measured ({tuned['errors']} errors) in {tuned['seconds']:.0f}s")
+    build = SimpleNamespace(**result["builds"][0])
+    if not build.tuned_workloads:
+        raise TunefleetError(_no_success(db, args, model["model_id"], log))
     for row in result["energy"]:
         wasted = "-" if row["wasted_pct"] is None else f"{row['wasted_pct']:.1f}%"
         console.print(f"   energy: {row['joules']:,.0f} J ({row['kwh']:.6f} kWh, source {row['sources']}), "
                       f"{row['cost']:.4f} in node time, {wasted} wasted on candidates that did not improve")
     console.print("5/5 build:")
-    _report_table(SimpleNamespace(**result["builds"][0]))
+    _report_table(build)
+    untuned = _untuned_workloads(db, model["model_id"], args.hardware)
+    if untuned:
+        console.print(f"not tuned (no successful measurement; default schedule): {', '.join(untuned)}", highlight=False)
     return 0 if not tuned["shards_failed"] else 1
+
+
+def _untuned_workloads(db: Database, model_id: int, hardware: str) -> list[str]:
+    hw = db.hardware_class(hardware)
+    return [wl.name for wl, _ in db.workloads(model_id) if not db.best_measurements(wl.id, hw.id, 1)]
+
+
+def _no_success(db: Database, args: argparse.Namespace, model_id: int, log: Path) -> str:
+    """One line: why no workload of the model was tuned, and the command that resumes."""
+    from tunefleet import shards
+
+    wl_ids = {wl.id for wl, _ in db.workloads(model_id)}
+    mine = [s for s in shards.list_shards(db, hardware=args.hardware) if s.workload_id in wl_ids]
+    failed = [s for s in mine if s.state == shards.FAILED]
+    waiting = [s for s in mine if s.state in (shards.PENDING, shards.LEASED)]
+    if failed:
+        cause = (failed[0].error or "no error recorded").splitlines()[0][:200]
+        return (f"no shard of {args.model} on {args.hardware} succeeded: {len(failed)} failed (first: {cause}); "
+                f"log: {log}; resume with: tunefleet shards retry --hardware {args.hardware} && {_resume_command(args)}")
+    return (f"no workload of {args.model} on {args.hardware} was tuned ({len(waiting)} shard(s) still pending or "
+            f"leased); log: {log}; resume with: {_resume_command(args)}")
 
 
 def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
@@ -760,6 +902,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    # Every Python process tunefleet starts (builder and runner workers, Prefect's server) must not
+    # put the working directory first on sys.path: run from the folder above a clone, the clone's
+    # ``tunefleet`` folder would shadow the installed package there.
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -767,6 +915,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         settings = load_settings()
         level = logging.DEBUG if args.verbose else getattr(logging, settings.log_level)
+        if args.handler is cmd_run and not args.verbose:
+            level = max(level, logging.WARNING)  # the run's INFO logs go to its log file (log_to_file)
         from rich.console import Console
         from rich.logging import RichHandler
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.errors import CorrectnessError, NotFoundError
+from tunefleet.vocab import DEFAULT_TRACE_SHA256
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
@@ -57,12 +58,7 @@ def best(db: Database, workload: str, hardware: str, n: int = 1) -> list[BestSch
 
 def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> float | None:
     """Mean run time of the default (empty-trace) candidate, if it was measured."""
-    from tunefleet.db.database import sha256_text
-
-    return db.trace_run_s(workload_id, hardware_class_id, sha256_text(_EMPTY_TRACE_JSON))
-
-
-_EMPTY_TRACE_JSON = '[[],[]]'
+    return db.trace_run_s(workload_id, hardware_class_id, DEFAULT_TRACE_SHA256)
 
 
 def _transfer_lookup(db: Database, hardware: str) -> Callable[[int], Any]:

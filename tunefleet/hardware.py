@@ -83,6 +83,11 @@ def configured_classes(settings: Settings) -> dict[str, dict[str, Any]]:
     return classes
 
 
+def hardware_names(settings: Settings) -> set[str]:
+    """Names of the built-in and configured classes, without detecting their targets (no TVM)."""
+    return {"x86", "arm", "gpu"} | set(settings.hardware)
+
+
 def ensure_hardware_classes(db: Database, settings: Settings) -> None:
     """Seed the classes into a database that has none, or when ``hardware`` overrides are set.
 

@@ -19,6 +19,11 @@ FILTERED = "filtered"
 """A candidate the cost model scored out before measuring: never built or run, no run time and no
 energy; it counts as a spent trial of its shard."""
 
+DEFAULT_TRACE_JSON = "[[],[]]"
+"""The stored trace of a workload's default (unscheduled) program: what an untuned build runs."""
+DEFAULT_TRACE_SHA256 = "643d5437104296e21d906ecb15b2c96ad278f20cfc4af53b12bb6069bd853726"
+"""sha256 of :data:`DEFAULT_TRACE_JSON` (a test checks it)."""
+
 # -- cost-model audits ------------------------------------------------------------------------------
 DEFAULT_MIN_AGREEMENT = 0.6
 """Pairwise agreement below which a shard stops trusting the class's trained cost model (filtering

@@ -297,3 +297,15 @@ def test_predictions_are_never_measurements(db: Database, mod: IRModule) -> None
         (only,) = fleet.get_top_k(workload, 5)
         _equal_record(only, measured)
         assert _run_secs(only) == [4.0, 4.0]
+
+
+def test_the_default_schedule_is_stored_as_the_shared_empty_trace(mod: IRModule) -> None:
+    """Progress and reports find a workload's default-schedule measurement by this trace's hash."""
+    import hashlib
+
+    from tunefleet.tvm.traces import candidate, trace_json_of, trace_sha256_of
+    from tunefleet.vocab import DEFAULT_TRACE_JSON, DEFAULT_TRACE_SHA256
+
+    default = candidate(mod)
+    assert trace_json_of(default.sch) == DEFAULT_TRACE_JSON
+    assert trace_sha256_of(default.sch) == DEFAULT_TRACE_SHA256 == hashlib.sha256(DEFAULT_TRACE_JSON.encode()).hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,8 +10,8 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, select
 
 from tunefleet.db.catalog import CatalogMixin
-from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, TuningState
-from tunefleet.vocab import FILTERED
+from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, TuningState, Workload
+from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_SHA256, FILTERED
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,27 @@ class OutlookInputs:
     preempted: set[int]
     trials: list[tuple[int, float | None, float | None]]
     """``(workload id, mean_run_s, energy_j)`` of every non-filtered measurement, in id order."""
+
+
+@dataclass(frozen=True)
+class WorkloadProgress:
+    """Where one workload of a model stands on one class, for a live progress display."""
+
+    workload_id: int
+    name: str
+    weight: int
+    shards: dict[str, int]
+    """Shards of the workload on the class by state."""
+    trials: int
+    """Trials planned over its shards that are not cancelled."""
+    spent: int
+    """Rows committed by those shards (measured, errored or filtered)."""
+    measured_since: int
+    errors_since: int
+    """Rows committed since the given time, and how many of them are build or run errors."""
+    best_s: float | None
+    default_s: float | None
+    """Mean run time of the unscheduled program, when it was measured."""
 
 
 class ReportsMixin(CatalogMixin):
@@ -121,3 +143,33 @@ class ReportsMixin(CatalogMixin):
                 .order_by(m.c.id)
             ).all()
         return OutlookInputs(ids, dict(weights), preempted, [(int(w), mean, e) for w, mean, e in rows])
+
+    def model_progress(self, model_id: int, hardware_class_id: int, since: dt.datetime) -> list[WorkloadProgress]:
+        """Per workload of a model on one class: shards by state, trials planned and spent, rows
+        committed since ``since`` (and their errors), the best and the default schedule's run time."""
+        m = Measurement
+        with self.session() as s:
+            links = s.execute(select(Workload.id, Workload.name, ModelWorkload.weight).join(ModelWorkload)
+                              .where(ModelWorkload.model_id == model_id).order_by(Workload.id)).all()
+            ids = [row[0] for row in links]
+            states: dict[int, dict[str, int]] = defaultdict(dict)
+            trials: dict[int, int] = defaultdict(int)
+            for wl, state, n, t in s.execute(
+                    select(Shard.workload_id, Shard.state, func.count(), func.sum(Shard.trials))
+                    .where(Shard.hardware_class_id == hardware_class_id, Shard.workload_id.in_(ids))
+                    .group_by(Shard.workload_id, Shard.state)):
+                states[wl][state] = int(n)
+                trials[wl] += 0 if state == CANCELLED else int(t or 0)
+            spent = dict(s.execute(select(Shard.workload_id, func.count(m.id)).join(m, m.shard_id == Shard.id)
+                                   .where(Shard.hardware_class_id == hardware_class_id, Shard.workload_id.in_(ids),
+                                          Shard.state != CANCELLED).group_by(Shard.workload_id)).all())
+            scope = (m.hardware_class_id == hardware_class_id, m.workload_id.in_(ids))
+            recent = {wl: (int(n), int(e or 0)) for wl, n, e in s.execute(
+                select(m.workload_id, func.count(m.id), func.sum(case((m.error_kind.in_(["build", "run"]), 1), else_=0)))
+                .where(*scope, m.created_at >= since).group_by(m.workload_id))}
+            best = dict(s.execute(select(m.workload_id, func.min(m.mean_run_s)).where(*scope)
+                                  .group_by(m.workload_id)).all())
+            default = dict(s.execute(select(m.workload_id, func.min(m.mean_run_s))
+                                     .where(*scope, m.trace_sha256 == DEFAULT_TRACE_SHA256).group_by(m.workload_id)).all())
+        return [WorkloadProgress(wl, name, int(weight), dict(states[wl]), trials[wl], int(spent.get(wl, 0)),
+                                 *recent.get(wl, (0, 0)), best.get(wl), default.get(wl)) for wl, name, weight in links]

@@ -271,6 +271,25 @@ class ShardsMixin(CatalogMixin):
             )
             return res.rowcount == 1
 
+    def release_leases(self, owner_prefix: str) -> list[int]:
+        """Give back every lease whose owner is ``owner_prefix`` or starts with ``owner_prefix + ":"``
+        (a process stopped by its user): the shards go back to pending and the lease is not counted
+        against their budget of leases. Returns their ids."""
+        released: list[int] = []
+        with self.session() as s:
+            held = s.scalars(select(Shard).where(Shard.state == LEASED, (Shard.lease_owner == owner_prefix)
+                                                 | Shard.lease_owner.startswith(owner_prefix + ":")))
+            for shard in held.all():
+                res = s.execute(update(Shard).where(Shard.id == shard.id, Shard.state == LEASED,
+                                                    Shard.lease_owner == shard.lease_owner)
+                                .values(state=PENDING, lease_owner=None, lease_expires_at=None,
+                                        leases=func.max(Shard.leases - 1, 0) if self.dialect == "sqlite"
+                                        else func.greatest(Shard.leases - 1, 0),
+                                        history=_event(shard, "released", owner=shard.lease_owner)))
+                if res.rowcount:
+                    released.append(shard.id)
+        return released
+
     def retry_shards(self, shard_ids: Sequence[int] | None = None, *,
                      hardware_class_id: int | None = None) -> list[int]:
         """Failed or cancelled shards back to pending with a fresh attempt budget; returns their ids."""

@@ -34,6 +34,39 @@ class IngestResult:
     loaded: LoadedModel | None  # the imported module, when this call built it
 
 
+def check_source(source: str) -> None:
+    """Refuse, in milliseconds and without importing a frontend, a model source that cannot be
+    ingested here: an unknown zoo name, a missing file, a URI scheme other than ``s3://``, or a
+    model whose frontend needs an extra that is not installed (one line naming the extra)."""
+    import importlib.util
+
+    from tunefleet.models.frontends import MissingDependencyError
+
+    def need(modules: tuple[str, ...], extra: str, what: str) -> None:
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            raise MissingDependencyError(f"{what} needs {', '.join(missing)}, which is not installed: "
+                                         f"pip install 'tunefleet[{extra}]'")
+
+    if source in _zoo_names():
+        from tunefleet.models.zoo import get_zoo_entry
+
+        if get_zoo_entry(source).requires == "torch":
+            need(("torch", "transformers"), "torch", f"zoo model {source!r}")
+        return
+    if source.startswith("s3://"):
+        return
+    if "://" in source:
+        raise NotSupportedError(f"not supported: model URI scheme of {source!r}; give a path, an s3:// URI or a zoo name")
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise TunefleetError(f"{source}: no such file, and not a zoo model ({', '.join(sorted(_zoo_names()))})")
+    if path.suffix.lower() == ".onnx":
+        need(("onnx",), "onnx", f"{path.name} (ONNX)")
+    elif path.suffix.lower() in (".pt2", ".pt", ".zip"):
+        need(("torch",), "torch", f"{path.name} (torch.export)")
+
+
 def _zoo_names() -> set[str]:
     from tunefleet.models.zoo import list_zoo
 

@@ -24,7 +24,7 @@ from tunefleet.db import Database, NewMeasurement, TrialGrant, current_revision,
 from tunefleet.db.database import sha256_text
 from tunefleet.db.models import TuningState, utcnow
 from tunefleet.errors import NotFoundError, SchemaOutdatedError, SchemaTooNewError
-from tunefleet.vocab import CANCELLED, DONE, FAILED, FILTERED, LEASED, PENDING
+from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_JSON, DONE, FAILED, FILTERED, LEASED, PENDING
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 
@@ -98,6 +98,22 @@ class ShardCases:
         assert db.reclaim_lease(hw, "c", lease_s=60) is None
         assert db.reclaim_lease(arm, "a", lease_s=60) is None
         assert db.reclaim_lease(hw, "a", lease_s=60, shard_id=low.id) is None  # b's
+
+    def test_release_leases_gives_back_only_this_process_leases(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        mine, task, other, done = db.add_shards(hw, [(wl, 8, 4.0), (wl, 8, 3.0), (wl, 8, 2.0), (wl, 8, 1.0)])
+        assert db.lease_shard(hw, "host:12", lease_s=60, shard_id=mine.id) is not None
+        assert db.lease_shard(hw, "host:12:task-run", lease_s=60, shard_id=task.id) is not None
+        assert db.lease_shard(hw, "host:123", lease_s=60, shard_id=other.id) is not None  # another pid
+        assert db.lease_shard(hw, "host:12", lease_s=60, shard_id=done.id) is not None
+        assert db.end_lease(done.id, "host:12", state=DONE, error=None, event="done")
+        assert sorted(db.release_leases("host:12")) == [mine.id, task.id]
+        for shard in (mine, task):
+            got = db.shard(shard.id)
+            assert (got.state, got.lease_owner, got.leases) == (PENDING, None, 0)  # the lease is not spent
+            assert got.history[-1]["event"] == "released"
+        assert (db.shard(other.id).state, db.shard(done.id).state) == (LEASED, DONE)
+        assert db.release_leases("host:12") == []
 
     def test_end_lease_refuses_another_owner_or_state(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
@@ -177,6 +193,29 @@ class ReportCases:
 
     Part of :class:`DatabaseContract` (its ``seeded`` fixture).
     """
+
+    def test_model_progress_counts_shards_trials_and_recent_rows(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        model, _ = db.add_model(name="p", source="zoo", format="x", sha256="b" * 64, artifact_uri="u")
+        db.link_model_workload(model.id, wl, 2)
+        before = utcnow() - dt.timedelta(seconds=1)
+        a, b, c = db.add_shards(hw, [(wl, 4, 1.0), (wl, 6, 1.0), (wl, 9, 1.0)])
+        db.cancel_shards([c.id])
+        db.commit_measurements([
+            NewMeasurement(wl, hw, DEFAULT_TRACE_JSON, [0.4], shard_id=a.id),
+            NewMeasurement(wl, hw, _trace(20), [0.1], shard_id=a.id),
+            NewMeasurement(wl, hw, _trace(21), None, error_kind="build", error_msg="x", shard_id=a.id),
+            NewMeasurement(wl, hw, _trace(22), None, error_kind=FILTERED, shard_id=b.id),
+            NewMeasurement(wl, arm, _trace(23), [0.01]),  # another class: not counted
+        ])
+        (row,) = db.model_progress(model.id, hw, before)
+        assert (row.workload_id, row.name, row.weight) == (wl, "dense", 2)
+        assert row.shards == {PENDING: 2, CANCELLED: 1} and (row.trials, row.spent) == (10, 4)
+        assert (row.measured_since, row.errors_since) == (4, 1)  # filtered rows count, and are no error
+        assert (row.best_s, row.default_s) == (0.1, 0.4)
+        (later,) = db.model_progress(model.id, hw, utcnow() + dt.timedelta(minutes=1))
+        assert (later.measured_since, later.errors_since) == (0, 0)
+        assert db.model_progress(model.id + 1, hw, before) == []
 
     def test_energy_totals_group_measurements_with_costs_and_links(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, arm = seeded

@@ -244,15 +244,20 @@ def ensure_forkserver(ctx: Any) -> None:
     from multiprocessing import forkserver
 
     ctx.set_forkserver_preload(list(_PRELOAD_MODULES))
-    previous = os.environ.get(_PRELOAD_ENV)
-    os.environ[_PRELOAD_ENV] = "1"
+    # PYTHONSAFEPATH: the server (``python -c ...``) must not put the working directory first on
+    # sys.path, else a folder named ``tunefleet`` there (the clone, seen from the folder above it)
+    # shadows the installed package in every worker.
+    env = {_PRELOAD_ENV: "1", "PYTHONSAFEPATH": "1"}
+    previous = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
         forkserver.ensure_running()
     finally:
-        if previous is None:
-            os.environ.pop(_PRELOAD_ENV, None)
-        else:
-            os.environ[_PRELOAD_ENV] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class _Pool:

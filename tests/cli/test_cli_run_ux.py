@@ -1,0 +1,147 @@
+"""`tunefleet run` as a new user meets it: checks before any server starts, a short output with a
+log file, an honest error when nothing was tuned, Ctrl-C that gives its leases back, and a run
+from the folder above a clone (where a `tunefleet/` folder sits in the working directory)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_cli_config import error_line, run_cli
+from tunefleet.errors import TunefleetError
+
+
+def _tunefleet(*args: str, home: Path, cwd: Path, **popen: object) -> subprocess.Popen[str]:
+    """The installed console script, as a user runs it (not ``python -m``, which puts the working
+    directory first on sys.path by itself)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFLEET_", "PREFECT_"))}
+    env["TUNEFLEET_HOME"] = str(home)
+    return subprocess.Popen([str(Path(sys.executable).with_name("tunefleet")), *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--model", "nosuch"], "nosuch: no such file, and not a zoo model"),
+    (["--model", "mlp", "--trials", "0"], "invalid --trials: 0 (must be >= 1)"),
+    (["--model", "mlp", "--hardware", "tpu"], "unknown hardware class 'tpu'; known: arm, gpu, x86"),
+    (["--model", "ftp://host/m.onnx"], "not supported: model URI scheme"),
+])
+def test_a_bad_run_is_refused_before_any_server_starts(tmp_path: Path, args: list[str], says: str) -> None:
+    home = tmp_path / "home"
+    started = time.monotonic()
+    out = run_cli("run", *args, env={"TUNEFLEET_HOME": str(home)})
+    assert out.returncode == 2 and says in error_line(out.stderr)
+    assert time.monotonic() - started < 30  # a Prefect server alone takes longer to start
+    assert not (home / "prefect").exists() and not (home / "logs").exists(), "nothing was started"
+
+
+def test_a_missing_extra_is_named_before_anything_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from tunefleet.models.frontends import MissingDependencyError
+    from tunefleet.models.ingest import check_source
+
+    model = tmp_path / "net.onnx"
+    model.write_bytes(b"not read by the check")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("onnx", "torch") else real(name, *a))
+    with pytest.raises(MissingDependencyError, match=r"net.onnx \(ONNX\) needs onnx.*pip install 'tunefleet\[onnx\]'"):
+        check_source(str(model))
+    with pytest.raises(MissingDependencyError, match=r"zoo model 'resnet18' needs torch.*tunefleet\[torch\]"):
+        check_source("resnet18")
+    check_source("mlp")  # built with TVM alone
+
+
+def _seeded(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from tunefleet.db import Database
+    from tunefleet.vocab import FAILED
+
+    db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    hw = db.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")
+    model, _ = db.add_model(name="mlp", source="zoo", format="x", sha256="c" * 64, artifact_uri="u")
+    ids = []
+    for i in range(2):
+        wl, _ = db.add_workload(structural_hash=f"{i:04x}", name=f"dense{i}", op_kind="dense", flops=1.0, tir_json="{}")
+        db.link_model_workload(model.id, wl.id, 1)
+        ids.append(wl.id)
+    shards = db.add_shards(hw.id, [(wl, 4, 1.0) for wl in ids], max_leases=1)
+    for shard in shards:
+        db.lease_shard(hw.id, "w", lease_s=60, shard_id=shard.id)
+        db.end_lease(shard.id, "w", state=FAILED, error="ImportError: cannot import name 'x'\ntraceback...",
+                     event="attempt-failed")
+    return db, model
+
+
+def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_command(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from tunefleet.cli import _run_summary
+
+    db, model = _seeded(tmp_path)
+    args = argparse.Namespace(model="mlp", hardware="x86", trials=4)
+    result = {"models": [{"model_id": model.id, "created": False, "sha256": model.sha256}],
+              "extracted": [{"workloads": 2, "new_workloads": 0}],
+              "planned": [{"new_shards": 2, "new_trials": 8, "workloads": 2}],
+              "tuned": {"x86": {"shards_done": 0, "shards_failed": 2, "measured": 0, "errors": 0, "seconds": 1.0}},
+              "energy": [], "builds": [{"tuned_workloads": 0, "workloads": 2, "default_workloads": 2}]}
+    console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
+    with pytest.raises(TunefleetError) as info:
+        _run_summary(console, db, args, result, tmp_path / "run.log")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "no shard of mlp on x86 succeeded: 2 failed (first: ImportError: cannot import name 'x')" in message
+    assert f"log: {tmp_path / 'run.log'}" in message
+    assert message.endswith("resume with: tunefleet shards retry --hardware x86 && "
+                            "tunefleet run --model mlp --hardware x86 --trials 4")
+
+
+def _shard_states(home: Path) -> dict[str, int]:
+    import sqlite3
+
+    with sqlite3.connect(home / "tunefleet.db") as conn:
+        return dict(conn.execute("SELECT state, count(*) FROM shards GROUP BY state").fetchall())
+
+
+@pytest.mark.slow
+def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_a_rerun_resumes(tmp_path: Path) -> None:
+    import psutil
+
+    home, cwd = tmp_path / "home", tmp_path / "above"
+    (cwd / "tunefleet").mkdir(parents=True)  # what `git clone` leaves beside the user
+    args = ("run", "--model", "mlp", "--trials", "16", "--shard-trials", "4")
+    run = _tunefleet(*args, home=home, cwd=cwd)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None:
+        if (home / "tunefleet.db").exists() and _shard_states(home).get("done", 0) >= 1 \
+                and _shard_states(home).get("leased", 0) >= 1:
+            break
+        time.sleep(0.5)
+    assert run.poll() is None, run.communicate()[1][-3000:]
+    children = psutil.Process(run.pid).children(recursive=True)
+    assert children, "the run started its server and workers"
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err[-3000:]
+    assert "resume with: tunefleet run --model mlp --hardware x86 --trials 16" in err
+    states = _shard_states(home)
+    assert states.get("leased", 0) == 0 and states.get("failed", 0) == 0, states
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"left running after Ctrl-C: {[p.cmdline()[:3] for p in alive]}"
+
+    again = _tunefleet(*args, home=home, cwd=cwd)
+    out, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    assert set(_shard_states(home)) == {"done"}
+    assert "tunefleet tuned (3/3 workloads tuned)" in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) <= 30, out  # not a terminal: a line per finished workload at most, no log flood
+    log = Path(next(line.split("logs: ", 1)[1] for line in lines if line.startswith("logs: ")).strip())
+    assert "Starting temporary server" in log.read_text(), "Prefect's INFO logs go to the log file"
+    assert "Traceback" not in err

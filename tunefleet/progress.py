@@ -1,0 +1,162 @@
+"""Live progress of a model's tuning on one hardware class, read from the database.
+
+The tuning itself may run in this process, in worker processes or on other nodes; what they
+commit is the truth, so :class:`RunProgress` polls the database (its own connection, once a
+second) rather than listening to any one worker. In a terminal it keeps one live line up to date
+(rich); otherwise it prints a plain line when a workload finishes, and at most one line a minute
+in between, so a log file stays short.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+    from tunefleet.db.reports import WorkloadProgress
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One reading of a model's tuning on a class."""
+
+    workloads: int
+    workloads_done: int
+    measured: int
+    """Candidates committed since the run started (measured, errored or filtered)."""
+    errors: int
+    trials_left: int
+    latency_ratio: float | None
+    """Σ weight × best / Σ weight × default over workloads whose default schedule was measured:
+    the model's estimated latency so far as a fraction of the untuned build's."""
+
+    @classmethod
+    def of(cls, rows: list[WorkloadProgress]) -> Snapshot:
+        done = sum(1 for r in rows if r.shards and not (r.shards.get("pending") or r.shards.get("leased")))
+        with_default = [r for r in rows if r.default_s and r.best_s]
+        ratio = (sum(r.weight * r.best_s for r in with_default) / sum(r.weight * r.default_s for r in with_default)
+                 if with_default else None)
+        return cls(len(rows), done, sum(r.measured_since for r in rows), sum(r.errors_since for r in rows),
+                   sum(max(0, r.trials - r.spent) for r in rows), ratio)
+
+    def line(self, elapsed_s: float, tuning_s: float | None) -> str:
+        """``tuning 2/3 workloads | 41 candidates, 0 errors | 1:05, ~0:30 left | 3.10x untuned speed``."""
+        parts = [f"tuning {self.workloads_done}/{self.workloads} workloads",
+                 f"{self.measured} candidates, {self.errors} errors"]
+        clock = _clock(elapsed_s)
+        if tuning_s and self.measured and self.trials_left:
+            clock += f", ~{_clock(self.trials_left * tuning_s / self.measured)} left"
+        parts.append(clock)
+        if self.latency_ratio:
+            parts.append(f"{1 / self.latency_ratio:.2f}x faster than untuned")
+        return " | ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
+
+
+class RunProgress:
+    """A background thread showing how the tuning of ``model`` on ``hardware`` goes.
+
+    Parameters
+    ----------
+    settings:
+        Where the database is (the thread opens its own connection).
+    model, hardware:
+        The model's name (as ingested) and the class.
+    console:
+        Where to print; live updates only when it is a terminal.
+    interval_s:
+        Seconds between readings.
+    """
+
+    def __init__(self, settings: Settings, model: str, hardware: str, console: Console, *,
+                 interval_s: float = 1.0) -> None:
+        self.settings, self.model, self.hardware, self.console = settings, model, hardware, console
+        self.interval_s = interval_s
+        self.started = time.monotonic()
+        self.since = _utcnow()
+        self.last: Snapshot | None = None
+        self._first_row_at: float | None = None
+        self._printed_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tunefleet-progress", daemon=True)
+        self._live: object | None = None
+
+    def __enter__(self) -> RunProgress:
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            from rich.text import Text
+
+            self._live = Live(Text("preparing: ingest, extract, plan"), console=self.console, transient=True,
+                              refresh_per_second=4)
+            self._live.__enter__()  # type: ignore[attr-defined]
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._live is not None:
+            self._live.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+    def _run(self) -> None:
+        db: Database | None = None
+        try:
+            from tunefleet.db import Database
+
+            db = Database.from_settings(self.settings, check_schema=False)
+            while not self._stop.wait(self.interval_s):
+                self._show(self.read(db))
+        except Exception:  # noqa: BLE001 - the display must never take the run down
+            import logging
+
+            logging.getLogger(__name__).debug("progress display stopped", exc_info=True)
+        finally:
+            if db is not None:
+                db.close()
+
+    def read(self, db: Database) -> Snapshot | None:
+        """The current reading, or None before the model's workloads are stored."""
+        models = [m for m in db.models() if m.name == self.model]
+        if not models:
+            return None
+        hw = db.hardware_class(self.hardware)
+        rows = db.model_progress(models[-1].id, hw.id, self.since)
+        if not rows or not any(r.shards for r in rows):
+            return None
+        snap = Snapshot.of(rows)
+        if snap.measured and self._first_row_at is None:
+            self._first_row_at = time.monotonic()
+        return snap
+
+    def _show(self, snap: Snapshot | None) -> None:
+        now = time.monotonic()
+        tuning_s = now - self._first_row_at if self._first_row_at is not None else None
+        if snap is None:
+            return
+        text = snap.line(now - self.started, tuning_s)
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(text, overflow="ellipsis", no_wrap=True))  # type: ignore[attr-defined]
+        elif self.last is None or snap.workloads_done != self.last.workloads_done or now - self._printed_at >= 60:
+            self.console.print(text, highlight=False, soft_wrap=True)
+            self._printed_at = now
+        self.last = snap
+
+
+def _utcnow() -> dt.datetime:
+    from tunefleet.db.models import utcnow
+
+    return utcnow() - dt.timedelta(seconds=1)  # SQLite's timestamps have second resolution
