@@ -537,19 +537,37 @@ def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
     rows = energy_report(ctx.db, model=args.model, hardware=args.hardware)
     if args.json:
         _print_json([r.as_dict() for r in rows])
-        return 0
-    if not rows:
+    elif not rows:
         print("no measurements yet")
-        return 0
-    _table("tuning energy and cost per model and hardware class",
-           ["model", "hardware", "joules", "kWh", "money", "wasted %", "trials", "errors", "filtered",
-            "best latency (ms)", "tuned workloads", "source"],
-           [(r.model, r.hardware, f"{r.joules:,.0f}", f"{r.kwh:.6f}", f"{r.cost:.4f}",
-             "-" if r.wasted_pct is None else f"{r.wasted_pct:.1f}", r.trials, r.errors, r.filtered,
-             "-" if r.best_latency_ms is None else f"{r.best_latency_ms:.3f}", f"{r.tuned_workloads}/{r.workloads}",
-             r.sources) for r in rows])
-    if any("estimate" in r.sources for r in rows):
-        print("estimate: CPU-seconds x the class's W per busy core + idle W x node time (no RAPL/NVML counter here)")
+    else:
+        _table("tuning energy and cost per model and hardware class",
+               ["model", "hardware", "joules", "kWh", "money", "wasted %", "trials", "errors", "filtered",
+                "best latency (ms)", "tuned workloads", "source"],
+               [(r.model, r.hardware, f"{r.joules:,.0f}", f"{r.kwh:.6f}", f"{r.cost:.4f}",
+                 "-" if r.wasted_pct is None else f"{r.wasted_pct:.1f}", r.trials, r.errors, r.filtered,
+                 "-" if r.best_latency_ms is None else f"{r.best_latency_ms:.3f}", f"{r.tuned_workloads}/{r.workloads}",
+                 r.sources) for r in rows])
+        if any("estimate" in r.sources for r in rows):
+            print("estimate: CPU-seconds x the class's W per busy core + idle W x node time (no RAPL/NVML counter here)")
+    if args.plot and rows:
+        from tunefleet.plots import energy_figure
+
+        chart = energy_figure(rows, args.plot)
+        # with --json, stdout stays parseable
+        print(f"wrote {chart.path}", file=sys.stderr if args.json else sys.stdout)
+    elif args.plot:
+        print(f"no chart written to {args.plot}: nothing measured yet", file=sys.stderr)
+    return 0
+
+
+def cmd_report_tuning(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.plots import tuning_figure
+
+    ctx = Context(settings)
+    model = ctx.db.model(args.model)
+    output = args.output or f"{model.name}-{args.hardware}-tuning.png"
+    chart = tuning_figure(ctx.db, model, args.hardware, output, top=args.top)
+    print(f"wrote {chart.path}")
     return 0
 
 
@@ -751,7 +769,17 @@ def build_parser() -> argparse.ArgumentParser:
     ren.add_argument("--model", default=None, help="only this model (name or id; default every model)")
     ren.add_argument("--hardware", default=None, help="only this hardware class (default every class)")
     ren.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ren.add_argument("--plot", default=None, metavar="FILE",
+                     help="also write a PNG chart of useful vs wasted joules per row (needs tunefleet[plots])")
     ren.set_defaults(handler=cmd_report_energy)
+    rtu = rep.add_parser("tuning", help="PNG chart of a model's tuning progress: best latency vs trials and time")
+    rtu.add_argument("model", help="model name, id or sha256 prefix (see `tunefleet models list`)")
+    rtu.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
+    rtu.add_argument("-o", "--output", default=None, metavar="FILE",
+                     help="PNG to write (default <model>-<hardware>-tuning.png in the current directory)")
+    rtu.add_argument("--top", type=int, default=6,
+                     help="plot this many workloads, those with the largest calls x best latency (default 6)")
+    rtu.set_defaults(handler=cmd_report_tuning)
 
     ds = sub.add_parser("dataset", help="measurements as versioned Parquet datasets").add_subparsers(
         dest="sub", required=True)

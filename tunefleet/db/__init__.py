@@ -2,7 +2,7 @@
 
 Public API: :class:`Database`, :class:`NewMeasurement`, the records some of its methods take or
 return (:class:`PlanRow`, :class:`TrialGrant`, :class:`EnergyTotals`, :class:`EnergyGroup`,
-:class:`OutlookInputs`), and the schema helpers :func:`upgrade`, :func:`downgrade`,
+:class:`OutlookInputs`, :class:`TimelinePoint`), and the schema helpers :func:`upgrade`, :func:`downgrade`,
 :func:`current_revision`, :func:`head_revision`.
 """
 
@@ -15,6 +15,7 @@ from tunefleet.db.database import (
     NewMeasurement,
     OutlookInputs,
     PlanRow,
+    TimelinePoint,
     TrialGrant,
 )
 from tunefleet.db.engine import current_revision, downgrade, head_revision, upgrade
@@ -26,6 +27,7 @@ __all__ = [
     "NewMeasurement",
     "OutlookInputs",
     "PlanRow",
+    "TimelinePoint",
     "TrialGrant",
     "current_revision",
     "downgrade",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from tunefleet.db._base import sha256_text
 from tunefleet.db.learning import LearningMixin
 from tunefleet.db.measurements import MeasurementsMixin, NewMeasurement
-from tunefleet.db.reports import EnergyGroup, EnergyTotals, OutlookInputs, ReportsMixin
+from tunefleet.db.reports import EnergyGroup, EnergyTotals, OutlookInputs, ReportsMixin, TimelinePoint
 from tunefleet.db.shards import PlanRow, ShardsMixin, TrialGrant
 from tunefleet.vocab import FILTERED
 
@@ -42,6 +42,7 @@ __all__ = [
     "NewMeasurement",
     "OutlookInputs",
     "PlanRow",
+    "TimelinePoint",
     "TrialGrant",
     "sha256_text",
 ]

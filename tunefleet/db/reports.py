@@ -79,6 +79,18 @@ class WorkloadProgress:
     """Mean run time of the unscheduled program, when it was measured."""
 
 
+@dataclass(frozen=True)
+class TimelinePoint:
+    """One measured candidate, as much of it as a tuning-progress chart needs."""
+
+    id: int
+    workload_id: int
+    mean_run_s: float | None
+    """NULL for errors and filtered candidates."""
+    error_kind: str | None
+    created_at: dt.datetime
+
+
 class ReportsMixin(CatalogMixin):
     """Aggregates over measurements and shards."""
 
@@ -118,6 +130,23 @@ class ReportsMixin(CatalogMixin):
         for hw_id, state, n in rows:
             out[names[hw_id]][state] = int(n)
         return out
+
+    def measurement_timeline(self, hardware_class_id: int, workload_ids: Sequence[int]) -> list[TimelinePoint]:
+        """Every measurement of the workloads given on one class, errors and filtered included, in id order.
+
+        Reads only the columns a progress chart needs (never the traces).
+        """
+        ids = list(workload_ids)
+        if not ids:
+            return []
+        m = Measurement.__table__
+        with self.session() as s:
+            rows = s.execute(
+                select(m.c.id, m.c.workload_id, m.c.mean_run_s, m.c.error_kind, m.c.created_at)
+                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids))
+                .order_by(m.c.id)
+            ).all()
+        return [TimelinePoint(int(i), int(w), mean, err, created) for i, w, mean, err, created in rows]
 
     def outlook_inputs(self, hardware_class_id: int, workload_ids: Sequence[int] | None = None) -> OutlookInputs:
         """Weights, preemption and trial history of the workloads given (default: those with shards)."""

@@ -248,6 +248,27 @@ class ReportCases:
         assert groups[(arm, True, "estimate")].joules == 8.0
         assert {g.hardware_class_id for g in db.energy_totals(arm).groups} == {arm}
 
+    def test_measurement_timeline_keeps_errors_and_filtered_in_id_order(
+            self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        wl2, _ = db.add_workload(structural_hash="00cd", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
+        wl3, _ = db.add_workload(structural_hash="00ef", name="pool", op_kind="pool", flops=1.0, tir_json="{}")
+        db.commit_measurements([
+            NewMeasurement(wl2.id, hw, _trace(1), [0.4, 0.2]),
+            NewMeasurement(wl, hw, _trace(2), None, error_kind="build"),
+            NewMeasurement(wl, hw, _trace(3), None, error_kind=FILTERED),
+            NewMeasurement(wl3.id, hw, _trace(4), [0.5]),   # a workload not asked for
+            NewMeasurement(wl, arm, _trace(5), [0.1]),      # another class
+            NewMeasurement(wl, hw, _trace(6), [0.1]),
+        ])
+        points = db.measurement_timeline(hw, [wl, wl2.id])
+        assert [(p.workload_id, p.mean_run_s, p.error_kind) for p in points] == [
+            (wl2.id, pytest.approx(0.3), None), (wl, None, "build"), (wl, None, FILTERED), (wl, 0.1, None)]
+        assert [p.id for p in points] == sorted(p.id for p in points)
+        assert all(isinstance(p.created_at, dt.datetime) for p in points)
+        assert db.measurement_timeline(hw, []) == []
+        assert db.measurement_timeline(arm, [wl2.id]) == []
+
     def test_outlook_inputs_skip_filtered_candidates_in_id_order(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, arm = seeded
         wl2, _ = db.add_workload(structural_hash="00cd", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
