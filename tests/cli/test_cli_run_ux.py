@@ -145,3 +145,17 @@ def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_a_rerun_resu
     log = Path(next(line.split("logs: ", 1)[1] for line in lines if line.startswith("logs: ")).strip())
     assert "Starting temporary server" in log.read_text(), "Prefect's INFO logs go to the log file"
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_the_readme_main_command_works_from_another_directory(tmp_path: Path) -> None:
+    """`bash scripts/run.sh` (the README's main command) run from elsewhere: it installs into the
+    test's own virtualenv (TUNEFLEET_VENV; already installed there, so pip has little to do) and
+    runs the main job on a tiny model."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFLEET_", "PREFECT_"))}
+    env.update(TUNEFLEET_HOME=str(tmp_path / "home"), TUNEFLEET_VENV=str(Path(sys.executable).parent.parent))
+    out = subprocess.run(["bash", str(repo / "scripts" / "run.sh"), "--model", "mlp", "--trials", "2"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "tunefleet tuned (3/3 workloads tuned)" in out.stdout
