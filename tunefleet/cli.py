@@ -318,9 +318,14 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     ctx = Context(settings)
     if args.verify and not args.zero_shot:
         raise TunefleetError("--verify needs --zero-shot")
-    report = build_model(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware, output=args.output,
-                         zero_shot=args.zero_shot, top_k=max(args.top_k, args.verify), verify=args.verify,
-                         transfer=args.transfer)
+    from rich.console import Console
+
+    model = ctx.db.model(args.model)
+    # A spinner on a terminal (stderr, so --json stays clean): extraction, compiling and timing take minutes.
+    with Console(stderr=True).status(f"building {model.name} for {args.hardware} with the best stored schedules"):
+        report = build_model(ctx.db, ctx.store, model, args.hardware, output=args.output,
+                             zero_shot=args.zero_shot, top_k=max(args.top_k, args.verify), verify=args.verify,
+                             transfer=args.transfer)
     if args.json:
         _print_json(report.as_dict())
     else:
