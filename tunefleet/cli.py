@@ -180,15 +180,25 @@ def tune_options(args: argparse.Namespace, settings: Settings) -> TuneOptions:
 def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.engine.worker import drain, tune_with_workers
 
+    from rich.console import Console
+
+    from tunefleet.progress import RunProgress
+
     options = tune_options(args, settings)
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(f"logs: {log_to_file(settings, 'tune', verbose=args.verbose)}", highlight=False, soft_wrap=True)
     stop_on_ctrl_c(settings, f"tunefleet tune --hardware {args.hardware}")
+    with RunProgress(settings, None, args.hardware, console):  # every worker commits to the database
+        if args.workers > 1:
+            codes = tune_with_workers(settings, args.hardware, options, workers=args.workers,
+                                      max_shards=args.max_shards)
+        else:
+            summary = drain(ctx.db, args.hardware, options, max_shards=args.max_shards, store=ctx.store)
     if args.workers > 1:
-        codes = tune_with_workers(settings, args.hardware, options, workers=args.workers, max_shards=args.max_shards)
         print(f"workers exited with {codes}")
         return 0 if not any(codes) else 1
-    summary = drain(ctx.db, args.hardware, options, max_shards=args.max_shards, store=ctx.store)
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known"
           + (f", {summary.filtered} filtered, {summary.preempted} shard(s) preempted" if args.efficient or
@@ -948,8 +958,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         settings = load_settings()
         level = logging.DEBUG if args.verbose else getattr(logging, settings.log_level)
-        if args.handler is cmd_run and not args.verbose:
-            level = max(level, logging.WARNING)  # the run's INFO logs go to its log file (log_to_file)
+        if args.handler in (cmd_run, cmd_tune) and not args.verbose:
+            level = max(level, logging.WARNING)  # their INFO logs go to a log file (log_to_file)
         from rich.console import Console
         from rich.logging import RichHandler
 

@@ -72,14 +72,15 @@ class RunProgress:
     settings:
         Where the database is (the thread opens its own connection).
     model, hardware:
-        The model's name (as ingested) and the class.
+        The model's name (as ingested) and the class; without a model, the shards of the class
+        that were pending or leased when the display started (what a ``tune`` worker drains).
     console:
         Where to print; live updates only when it is a terminal.
     interval_s:
         Seconds between readings.
     """
 
-    def __init__(self, settings: Settings, model: str, hardware: str, console: Console, *,
+    def __init__(self, settings: Settings, model: str | None, hardware: str, console: Console, *,
                  interval_s: float = 1.0) -> None:
         self.settings, self.model, self.hardware, self.console = settings, model, hardware, console
         self.interval_s = interval_s
@@ -91,6 +92,7 @@ class RunProgress:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tunefleet-progress", daemon=True)
         self._live: object | None = None
+        self._queue: list[int] | None = None
 
     def __enter__(self) -> RunProgress:
         if self.console.is_terminal:
@@ -128,11 +130,16 @@ class RunProgress:
 
     def read(self, db: Database) -> Snapshot | None:
         """The current reading, or None before the model's workloads are stored."""
-        models = [m for m in db.models() if m.name == self.model]
-        if not models:
-            return None
         hw = db.hardware_class(self.hardware)
-        rows = db.model_progress(models[-1].id, hw.id, self.since)
+        if self.model is None:
+            if self._queue is None:
+                self._queue = [s.id for s in db.shards(states=["pending", "leased"], hardware_class_id=hw.id)]
+            rows = db.queue_progress(self._queue, self.since)
+        else:
+            models = [m for m in db.models() if m.name == self.model]
+            if not models:
+                return None
+            rows = db.model_progress(models[-1].id, hw.id, self.since)
         if not rows or not any(r.shards for r in rows):
             return None
         snap = Snapshot.of(rows)

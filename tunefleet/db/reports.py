@@ -6,6 +6,7 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import case, func, select
 
@@ -202,3 +203,28 @@ class ReportsMixin(CatalogMixin):
                                      .where(*scope, m.trace_sha256 == DEFAULT_TRACE_SHA256).group_by(m.workload_id)).all())
         return [WorkloadProgress(wl, name, int(weight), dict(states[wl]), trials[wl], int(spent.get(wl, 0)),
                                  *recent.get(wl, (0, 0)), best.get(wl), default.get(wl)) for wl, name, weight in links]
+
+    def queue_progress(self, shard_ids: Sequence[int], since: dt.datetime) -> list[WorkloadProgress]:
+        """:meth:`model_progress` over given shards (e.g. the queue a worker found when it started),
+        per workload; weights are 1 and the default's run time is not read (no model to weigh by)."""
+        m = Measurement
+        ids = list(shard_ids)
+        with self.session() as s:
+            rows = s.execute(select(Shard.id, Shard.workload_id, Workload.name, Shard.state, Shard.trials)
+                             .join(Workload, Workload.id == Shard.workload_id).where(Shard.id.in_(ids))
+                             .order_by(Shard.workload_id)).all()
+            spent = dict(s.execute(select(m.shard_id, func.count(m.id)).where(m.shard_id.in_(ids))
+                                   .group_by(m.shard_id)).all())
+            recent = {sid: (int(n), int(e or 0)) for sid, n, e in s.execute(
+                select(m.shard_id, func.count(m.id), func.sum(case((m.error_kind.in_(["build", "run"]), 1), else_=0)))
+                .where(m.shard_id.in_(ids), m.created_at >= since).group_by(m.shard_id))}
+        per: dict[int, dict[str, Any]] = {}
+        for sid, wl, name, state, trials in rows:
+            w = per.setdefault(wl, {"name": name, "shards": defaultdict(int), "trials": 0, "spent": 0, "n": 0, "e": 0})
+            w["shards"][state] += 1
+            w["trials"] += 0 if state == CANCELLED else int(trials)
+            w["spent"] += int(spent.get(sid, 0))
+            n, e = recent.get(sid, (0, 0))
+            w["n"], w["e"] = w["n"] + n, w["e"] + e
+        return [WorkloadProgress(wl, w["name"], 1, dict(w["shards"]), w["trials"], w["spent"], w["n"], w["e"], None, None)
+                for wl, w in per.items()]

@@ -217,6 +217,20 @@ class ReportCases:
         assert (later.measured_since, later.errors_since) == (0, 0)
         assert db.model_progress(model.id + 1, hw, before) == []
 
+    def test_queue_progress_counts_the_given_shards_per_workload(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        before = utcnow() - dt.timedelta(seconds=1)
+        a, b, other = db.add_shards(hw, [(wl, 4, 1.0), (wl, 6, 1.0), (wl, 9, 1.0)])
+        db.commit_measurements([
+            NewMeasurement(wl, hw, _trace(30), [0.1], shard_id=a.id),
+            NewMeasurement(wl, hw, _trace(31), None, error_kind="run", error_msg="x", shard_id=b.id),
+            NewMeasurement(wl, hw, _trace(32), [0.2], shard_id=other.id),  # not asked for
+        ])
+        (row,) = db.queue_progress([a.id, b.id], before)
+        assert (row.workload_id, row.name, row.shards, row.trials, row.spent) == (wl, "dense", {PENDING: 2}, 10, 2)
+        assert (row.measured_since, row.errors_since, row.best_s, row.default_s) == (2, 1, None, None)
+        assert db.queue_progress([], before) == []
+
     def test_energy_totals_group_measurements_with_costs_and_links(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, arm = seeded
         m1, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
