@@ -21,17 +21,9 @@ from tunefleet.vocab import FILTERED
 
 
 class Database(MeasurementsMixin, ShardsMixin, LearningMixin, ReportsMixin):
-    """Access to the tunefleet schema on SQLite or PostgreSQL.
-
-    Parameters
-    ----------
-    url:
-        SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg2://...``).
-    connect_timeout_s:
-        Bound on connecting (and on SQLite's wait for a lock).
-    auto_migrate:
-        Create the schema in an empty database. An outdated or unknown schema is always refused.
-    """
+    """Access to the tunefleet schema on SQLite or PostgreSQL: one class composed of the concerns'
+    methods (catalog, measurements, shards and leases, learning artifacts, reports) over one
+    session factory; constructed as :class:`~tunefleet.db._base.DatabaseBase` says."""
 
 
 __all__ = [
