@@ -945,12 +945,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import os
-
-    # Every Python process tunefleet starts (builder and runner workers, Prefect's server) must not
-    # put the working directory first on sys.path: run from the folder above a clone, the clone's
-    # ``tunefleet`` folder would shadow the installed package there.
-    os.environ.setdefault("PYTHONSAFEPATH", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -239,25 +239,48 @@ def _build_in_worker(
 # Parent side.
 
 
+_FORKSERVER_LOCK = threading.Lock()
+
+
 def ensure_forkserver(ctx: Any) -> None:
-    """Start the process-wide fork server with TVM preloaded, unless it already runs."""
+    """Start the process-wide fork server with TVM preloaded, unless it already runs.
+
+    Call it from the thread that builds the pool, never concurrently with other work: it sets
+    environment variables for the server's start, and changing ``environ`` while another thread
+    starts a subprocess (vfork, then exec with that ``environ``) can make the exec fail with EFAULT
+    ("Bad address": seen when a builder's pool started in the background while MetaSchedule's
+    LocalRunner started its workers). Once the server runs, nothing is changed.
+    """
     from multiprocessing import forkserver
 
-    ctx.set_forkserver_preload(list(_PRELOAD_MODULES))
-    # PYTHONSAFEPATH: the server (``python -c ...``) must not put the working directory first on
-    # sys.path, else a folder named ``tunefleet`` there (the clone, seen from the folder above it)
-    # shadows the installed package in every worker.
-    env = {_PRELOAD_ENV: "1", "PYTHONSAFEPATH": "1"}
-    previous = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    with _FORKSERVER_LOCK:
+        server = forkserver._forkserver  # the process-wide instance ensure_running() starts
+        pid = getattr(server, "_forkserver_pid", None)
+        if pid is not None and _alive(pid):
+            return
+        ctx.set_forkserver_preload(list(_PRELOAD_MODULES))
+        # PYTHONSAFEPATH: the server (``python -c ...``) must not put the working directory first on
+        # sys.path, else a folder named ``tunefleet`` there (the clone, seen from the folder above
+        # it) shadows the installed package in every worker.
+        env = {_PRELOAD_ENV: "1", "PYTHONSAFEPATH": "1"}
+        previous = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            forkserver.ensure_running()
+        finally:
+            for key, value in previous.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def _alive(pid: int) -> bool:
     try:
-        forkserver.ensure_running()
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 class _Pool:
@@ -416,6 +439,8 @@ class PersistentBuilder(PyBuilder):
             self.start_method,
         )
         if eager:
+            if start_method == "forkserver":  # here, not in the background thread: see ensure_forkserver
+                ensure_forkserver(multiprocessing.get_context("forkserver"))
             # Starting workers blocks until the fork server has imported TVM: do it off-thread.
             self._start_pool_in_background()
 
