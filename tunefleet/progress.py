@@ -113,20 +113,19 @@ class RunProgress:
             self._live.__exit__(None, None, None)  # type: ignore[attr-defined]
 
     def _run(self) -> None:
-        db: Database | None = None
+        import logging
+
+        from tunefleet.db import Database
+
+        db = Database.from_settings(self.settings, check_schema=False)
         try:
-            from tunefleet.db import Database
-
-            db = Database.from_settings(self.settings, check_schema=False)
             while not self._stop.wait(self.interval_s):
-                self._show(self.read(db))
-        except Exception:  # noqa: BLE001 - the display must never take the run down
-            import logging
-
-            logging.getLogger(__name__).debug("progress display stopped", exc_info=True)
+                try:
+                    self._show(self.read(db))
+                except Exception:  # noqa: BLE001 - a busy database (a long write) must not end the display
+                    logging.getLogger(__name__).debug("progress not read this time", exc_info=True)
         finally:
-            if db is not None:
-                db.close()
+            db.close()
 
     def read(self, db: Database) -> Snapshot | None:
         """The current reading, or None before the model's workloads are stored."""
