@@ -187,7 +187,8 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     options = tune_options(args, settings)
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    # With --json, stdout carries the result alone: the log path and the live line go to stderr.
+    console = Console(stderr=args.json, width=None if (sys.stderr if args.json else sys.stdout).isatty() else 160)
     console.print(f"logs: {log_to_file(settings, 'tune', verbose=args.verbose)}", highlight=False, soft_wrap=True)
     stop_on_ctrl_c(settings, f"tunefleet tune --hardware {args.hardware}")
     with RunProgress(settings, None, args.hardware, console):  # every worker commits to the database
@@ -197,8 +198,16 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
         else:
             summary = drain(ctx.db, args.hardware, options, max_shards=args.max_shards, store=ctx.store)
     if args.workers > 1:
-        print(f"workers exited with {codes}")
+        if args.json:
+            _print_json({"hardware": args.hardware, "worker_exit_codes": codes})
+        else:
+            print(f"workers exited with {codes}")
         return 0 if not any(codes) else 1
+    if args.json:
+        from dataclasses import asdict
+
+        _print_json(asdict(summary))
+        return 0 if not summary.shards_failed else 1
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known"
           + (f", {summary.filtered} filtered, {summary.preempted} shard(s) preempted" if args.efficient or
@@ -438,7 +447,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.progress import RunProgress
 
     log_path = log_to_file(settings, "run", verbose=args.verbose)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    # With --json, stdout carries the result alone: everything else goes to stderr.
+    console = Console(stderr=args.json, width=None if (sys.stderr if args.json else sys.stdout).isatty() else 160)
     console.rule(f"[bold]tunefleet run[/]: {args.model} on {args.hardware}, {args.trials} trials per workload")
     console.print(f"logs: {log_path}", highlight=False, soft_wrap=True)
     stop_on_ctrl_c(settings, _resume_command(args))
@@ -503,6 +513,11 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
 
     model, ex, pl = result["models"][0], result["extracted"][0], result["planned"][0]
     tuned = result["tuned"][args.hardware]
+    if args.json:
+        if not result["builds"][0]["tuned_workloads"]:
+            raise TunefleetError(_no_success(db, args, model["model_id"], log))
+        _print_json(result)
+        return 0 if not tuned["shards_failed"] else 1
     console.print(f"1/5 ingest: model {model['model_id']} ({'new' if model['created'] else 'already stored'}, "
                   f"sha256 {model['sha256'][:12]})")
     console.print(f"2/5 extract: {ex['workloads']} workloads ({ex['new_workloads']} new)")
@@ -776,6 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard-trials", type=int, default=64, help="at most this many trials per shard (default 64)")
     run.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
     run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
+    run.add_argument("--json", action="store_true",
+                     help="print the steps' results as JSON on stdout (the log path and the live line go to stderr)")
     _zoo_options(run)
     run.set_defaults(handler=cmd_run)
 
@@ -878,6 +895,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="do not seed a workload this class never measured with a compatible class's best schedule")
     tu.add_argument("--cold", action="store_true",
                     help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
+    tu.add_argument("--json", action="store_true",
+                    help="print the summary as JSON on stdout (the log path and the live line go to stderr)")
     tu.add_argument("--efficient", action="store_true",
                     help="plateau preemption, cost-model filtering (half of each round) and energy-aware leasing "
                     "(TUNEFLEET_PREEMPT, _FILTER_FRACTION, _ENERGY_AWARE set them one by one; the adaptive parallel "

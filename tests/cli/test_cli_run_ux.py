@@ -85,16 +85,19 @@ def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_comman
     from tunefleet.cli import _run_summary
 
     db, model = _seeded(tmp_path)
-    args = argparse.Namespace(model="mlp", hardware="x86", trials=4)
+    args = argparse.Namespace(model="mlp", hardware="x86", trials=4, json=False)
     result = {"models": [{"model_id": model.id, "created": False, "sha256": model.sha256}],
               "extracted": [{"workloads": 2, "new_workloads": 0}],
               "planned": [{"new_shards": 2, "new_trials": 8, "workloads": 2}],
               "tuned": {"x86": {"shards_done": 0, "shards_failed": 2, "measured": 0, "errors": 0, "seconds": 1.0}},
               "energy": [], "builds": [{"tuned_workloads": 0, "workloads": 2, "default_workloads": 2}]}
     console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
+    with pytest.raises(TunefleetError) as as_json:  # --json: the same error, no JSON pretending success
+        _run_summary(console, db, argparse.Namespace(**{**vars(args), "json": True}), result, tmp_path / "run.log")
     with pytest.raises(TunefleetError) as info:
         _run_summary(console, db, args, result, tmp_path / "run.log")
     message = str(info.value)
+    assert str(as_json.value) == message
     assert "\n" not in message
     assert "no shard of mlp on x86 succeeded: 2 failed (first: ImportError: cannot import name 'x')" in message
     assert f"log: {tmp_path / 'run.log'}" in message
@@ -159,3 +162,13 @@ def test_the_readme_main_command_works_from_another_directory(tmp_path: Path) ->
                          env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "tunefleet tuned (3/3 workloads tuned)" in out.stdout
+
+
+def test_tune_json_is_the_only_thing_on_stdout(tmp_path: Path) -> None:
+    import json
+
+    out = run_cli("tune", "--json", "--hardware", "x86", env={"TUNEFLEET_HOME": str(tmp_path / "home")}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)  # nothing else on stdout
+    assert (summary["hardware"], summary["shards_done"], summary["measured"]) == ("x86", 0, 0)
+    assert "logs: " in out.stderr
