@@ -5,12 +5,12 @@ from tunefleet.tasks.steps import (
     build,
     export,
     extract,
-    hardware_tag,
     ingest,
     plan,
     retrain,
     retry_if_transient,
     tune_shard,
 )
+from tunefleet.vocab import hardware_tag
 
 __all__ = ["account", "build", "export", "retrain", "extract", "hardware_tag", "ingest", "plan", "retry_if_transient", "tune_shard"]

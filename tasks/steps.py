@@ -21,7 +21,7 @@ from prefect.tasks import exponential_backoff
 
 from tunefleet.context import shared_context
 from tunefleet.errors import is_transient
-from tunefleet.vocab import EXPORT_TAG, hardware_tag
+from tunefleet.vocab import EXPORT_TAG
 
 log = logging.getLogger("tunefleet.tasks")
 

@@ -23,7 +23,7 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from tunefleet.tvm.traces import candidate, mean_run_s, trace_json_of, trace_sha256_of
+from tunefleet.tvm.traces import candidate, mean_run_s, trace_sha256_of
 
 if TYPE_CHECKING:
     from tunefleet.costmodel import TrainedModel
