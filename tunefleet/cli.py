@@ -315,6 +315,9 @@ def _report_table(report: Any) -> None:
         speed = f"{report.untuned_ms / report.torch_ms:.2f}x" if report.untuned_ms else "-"
         rows.append((f"PyTorch eager ({report.threads} threads)", ms(report.torch_ms), speed))
     _table(f"{report.model} on {report.hardware}: latency (median)", ["build", "latency (ms)", "speed-up vs untuned"], rows)
+    if getattr(report, "recipe", ""):
+        print(f"recipe {report.recipe}: {report.database_hits} of {report.workloads} functions built from the database"
+              + (f", {report.prepacked_weights} weight(s) prepacked at build time" if report.prepacked_weights else ""))
     if report.default_workloads:
         print(f"{report.default_workloads} of {report.workloads} workloads had no record and kept the default schedule")
     if report.predicted_workloads:
@@ -541,14 +544,14 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
 
 def _untuned_workloads(db: Database, model_id: int, hardware: str) -> list[str]:
     hw = db.hardware_class(hardware)
-    return [wl.name for wl, _ in db.workloads(model_id) if not db.best_measurements(wl.id, hw.id, 1)]
+    return [wl.name for wl, _ in db.workloads(model_id, hw.id) if not db.best_measurements(wl.id, hw.id, 1)]
 
 
 def _no_success(db: Database, args: argparse.Namespace, model_id: int, log: Path) -> str:
     """One line: why no workload of the model was tuned, and the command that resumes."""
     from tunefleet import shards
 
-    wl_ids = {wl.id for wl, _ in db.workloads(model_id)}
+    wl_ids = {wl.id for wl, _ in db.workloads(model_id, db.hardware_class(args.hardware).id)}
     mine = [s for s in shards.list_shards(db, hardware=args.hardware) if s.workload_id in wl_ids]
     failed = [s for s in mine if s.state == shards.FAILED]
     waiting = [s for s in mine if s.state in (shards.PENDING, shards.LEASED)]

@@ -71,8 +71,11 @@ def _transfer_lookup(db: Database, hardware: str) -> Callable[[int], Any]:
 def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False) -> Any:
     """A MetaSchedule ``Database`` over the fleet's measurements of one hardware class.
 
-    Use it anywhere TVM takes a database, e.g.
-    ``ms.relax_integration.compile_relax(database, mod, target, params)``. With ``transfer``,
+    Build with it through :func:`tunefleet.tvm.build.build_with_database` (``mod`` as the
+    frontend gives it, the class's recipe): its workloads are keyed under the class's extraction
+    recipe, which stock ``compile_relax`` cannot reproduce when weights are prepacked (CPU
+    classes); for a class with the ``native`` layout and no prepacking (GPU), ``compile_relax``
+    finds them too. With ``transfer``,
     a workload the class never measured gets the best schedule of the most compatible class
     that builds for it (:mod:`tunefleet.transfer`); the database's ``transferred`` maps
     workload ids to what was borrowed.
@@ -85,7 +88,9 @@ def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False
 def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> tuple[int, int]:
     """Write the best ``top_k`` records per workload as MetaSchedule JSON database files.
 
-    Returns (workloads, records). Load them with ``ms.database.JSONDatabase(work_dir=directory)``.
+    Returns (workloads, records). Load them with ``ms.database.JSONDatabase(work_dir=directory)``
+    and build with :func:`tunefleet.tvm.build.build_with_database` under the class's recipe
+    (see :func:`metaschedule_database`).
     """
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -131,6 +136,12 @@ class BuildReport:
     """Workloads built with a schedule measured on another, compatible class (``transfer``)."""
     zero_shot_s_per_task: float | None = None
     verified: int = 0
+    recipe: str = ""
+    """The extraction recipe of the build (e.g. ``nhwc+prepack``)."""
+    database_hits: int = 0
+    """Fused functions built with a schedule from the database (the rest: default schedules)."""
+    prepacked_weights: int = 0
+    """Weight repackings moved out of the tuned kernels and run once at build time."""
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -176,58 +187,70 @@ def build_model(
     import numpy as np
     import tvm
     from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
 
+    from tunefleet.extraction import class_recipe
     from tunefleet.models.ingest import load_model
     from tunefleet.tvm.bridge import FleetDatabase
+    from tunefleet.tvm.build import build_with_database
     from tunefleet.tvm.extract import extract_workloads, prepare_for_build
     from tunefleet.tvm.targets import make_target
 
     hw = db.hardware_class(hardware)
     target = make_target(hw.target)
+    recipe = class_recipe(hw)
     if zero_shot:
         from tunefleet.zeroshot import predict_workloads, require_model
 
         cost_model = require_model(db, store, hardware)  # before any work: one line if there is none
     loaded = load_model(db, store, model)
-    found = extract_workloads(loaded.mod, target, params=loaded.params)
+    found = extract_workloads(loaded.mod, target, params=loaded.params, recipe=recipe)
     zs = None
     if zero_shot:
-
-        ids = []
+        weights: dict[int, int] = {}
         for w in found:  # a model never extracted for this class gets its workloads stored first
             row, _ = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
                                      flops=float(w.flops), tir_json=w.tir_json)
-            db.link_model_workload(model.id, row.id, int(w.weight))
-            ids.append(row.id)
-        zs = predict_workloads(db, store, hardware, ids, top_k=top_k, verify=verify, tuner=tuner, model=cost_model)
-    tuned = 0
+            weights[row.id] = weights.get(row.id, 0) + int(w.weight)
+        db.set_model_workloads(model.id, hw.id, recipe.name, weights)
+        zs = predict_workloads(db, store, hardware, list(weights), top_k=top_k, verify=verify, tuner=tuner,
+                               model=cost_model)
+    measured_names: list[str] = []
     for w in found:
         try:
             if db.best_measurements(db.workload(w.structural_hash).id, hw.id, 1):
-                tuned += 1
+                measured_names.append(w.name)
         except NotFoundError:
             pass
+    tuned = len(measured_names)
     predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
     report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
                          threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))),
-                         predicted_workloads=predicted)
+                         predicted_workloads=predicted, recipe=recipe.name)
     if zs is not None:
         report.zero_shot_s_per_task = zs.seconds_per_task
         report.verified = sum(w.verified for w in zs.workloads)
     t0 = time.perf_counter()
-    with target:
-        # compile_relax runs the fusion passes itself: hand it the module before them (extract.py).
-        prepared = prepare_for_build(loaded.mod, target, loaded.params)
-        fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot,
-                                 transfer=_transfer_lookup(db, hardware) if transfer else None)
-        tuned_exec = ms.relax_integration.compile_relax(fleet_db, prepared, target, params=None)
+    fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot,
+                             transfer=_transfer_lookup(db, hardware) if transfer else None)
+    built = build_with_database(loaded.mod, target, fleet_db, params=loaded.params, recipe=recipe)
+    tuned_exec = built.executable
+    report.database_hits, report.prepacked_weights = len(built.hits), built.prepacked
+    if built.preproc_left:
+        report.notes.append(f"{built.preproc_left} weight repacking(s) left in main: they run on every call")
     report.transferred_workloads = sum(v is not None for v in fleet_db.transferred.values())
     report.default_workloads -= report.transferred_workloads
-    for wl_id, found in fleet_db.transferred.items():
-        if found is not None:
-            log.info("workload %d on %s: schedule transferred from %s", wl_id, hardware, found.source_hardware)
-    log.info("tuned build of %s for %s in %.1fs", model.name, hardware, time.perf_counter() - t0)
+    for wl_id, found_t in fleet_db.transferred.items():
+        if found_t is not None:
+            log.info("workload %d on %s: schedule transferred from %s", wl_id, hardware, found_t.source_hardware)
+    expected = tuned + predicted + report.transferred_workloads
+    if report.database_hits < expected:
+        # A measured workload the build did not find is a key mismatch, not a tuning result: say it.
+        report.notes.append(f"{expected - report.database_hits} workload(s) with schedules in the database were "
+                            "built with the default schedule (no record matched at build time)")
+        log.warning("build of %s for %s: %d database hits for %d workloads with schedules", model.name, hardware,
+                    report.database_hits, expected)
+    log.info("tuned build of %s for %s in %.1fs (%d database hits)", model.name, hardware,
+             time.perf_counter() - t0, report.database_hits)
     if output is not None:
         out = Path(output)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -236,7 +259,9 @@ def build_model(
     if not _host_can_run(target):
         report.notes.append(f"not run: target {target.kind.name} {hw.target} cannot run on this host")
         return report
-    untuned_exec = tvm.compile(prepared, target=target)
+    # The untuned reference is the model as given (not converted): layout conversion and
+    # prepacking are checked against the unconverted model's outputs.
+    untuned_exec = tvm.compile(prepare_for_build(loaded.mod, target, loaded.params), target=target)
     dev = tvm.cpu()
     inputs_np = loaded.random_inputs(seed=0)
     inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]

@@ -6,9 +6,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tunefleet.recipes import Recipe, recipe_for
+
 if TYPE_CHECKING:
     from tunefleet.db import Database
-    from tunefleet.db.models import Model
+    from tunefleet.db.models import HardwareClass, Model
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -21,22 +23,55 @@ class ExtractResult:
     workloads: int
     new_workloads: int
     total_weight: int
+    recipe: str = ""
+    unlinked: int = 0
+    """Workloads the model had on the class under an earlier recipe, now unlinked."""
+    unlinked_measured: int = 0
+    """Their measurements on the class: tuning that no longer applies to this model's build."""
+
+
+def class_recipe(hw: HardwareClass) -> Recipe:
+    """The extraction recipe of a hardware class (its ``layout`` setting, else the target's default)."""
+    return recipe_for(hw.target, hw.layout)
 
 
 def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> ExtractResult:
-    """Extract the tuning tasks of a model for one hardware class and store the workloads once."""
+    """Extract the tuning tasks of a model for one hardware class under the class's recipe and
+    store the workloads once; the model's links to workloads of an earlier recipe are removed."""
     from tunefleet.models.ingest import load_model
     from tunefleet.tvm.extract import extract_workloads
     from tunefleet.tvm.targets import make_target
 
     hw = db.hardware_class(hardware)
+    recipe = class_recipe(hw)
     loaded = load_model(db, store, model)
-    found = extract_workloads(loaded.mod, make_target(hw.target), params=loaded.params)
+    found = extract_workloads(loaded.mod, make_target(hw.target), params=loaded.params, recipe=recipe)
     new = 0
+    weights: dict[int, int] = {}
     for w in found:
         row, created = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
                                        flops=float(w.flops), tir_json=w.tir_json)
         new += int(created)
-        db.link_model_workload(model.id, row.id, int(w.weight))
-    log.info("model %s on %s: %d workloads (%d new)", model.name, hardware, len(found), new)
-    return ExtractResult(model.id, hardware, len(found), new, sum(int(w.weight) for w in found))
+        weights[row.id] = weights.get(row.id, 0) + int(w.weight)
+    change = db.set_model_workloads(model.id, hw.id, recipe.name, weights)
+    log.info("model %s on %s: %d workloads (%d new), recipe %s", model.name, hardware, len(found), new, recipe.name)
+    if change.unlinked:
+        log.warning("model %s on %s: %d workload(s) of recipe %s unlinked; %d measurement(s) of them no longer "
+                    "apply to this model", model.name, hardware, len(change.unlinked),
+                    ", ".join(change.previous_recipes) or "?", change.unlinked_measured)
+    return ExtractResult(model.id, hardware, len(found), new, sum(int(w.weight) for w in found), recipe.name,
+                         len(change.unlinked), change.unlinked_measured)
+
+
+def recipe_warning(db: Database, model_id: int, hardware: str) -> str | None:
+    """One line when a model's workloads on a class were extracted under another recipe than the
+    class's current one (its earlier tuning no longer applies to what ``build`` compiles), else None."""
+    hw = db.hardware_class(hardware)
+    have = db.model_recipes(model_id, hw.id)
+    want = class_recipe(hw).name
+    if not have or have == [want]:
+        return None
+    model = db.model(model_id)
+    return (f"model {model.name} was extracted for {hardware} under recipe {', '.join(have)}, but the class now "
+            f"uses {want}: its earlier tuning no longer applies to the build; re-extract it "
+            f"(`tunefleet extract {model.name} --hardware {hardware}`, or `tunefleet run`)")

@@ -13,6 +13,7 @@ import platform
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.errors import ConfigError
+from tunefleet.vocab import LAYOUTS
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -25,7 +26,8 @@ BUILTIN_FIGURES: dict[str, dict[str, Any]] = {
     "arm": {"node_pool": "arm", "watts_per_core": 5.0, "idle_watts": 15.0, "watts_per_gpu": 0.0, "price_per_hour": 0.14},
     "gpu": {"node_pool": "gpu", "watts_per_core": 12.0, "idle_watts": 60.0, "watts_per_gpu": 300.0, "price_per_hour": 2.50},
 }
-_FIELDS = {"target", "node_pool", "watts_per_core", "idle_watts", "watts_per_gpu", "price_per_hour", "capabilities"}
+_FIELDS = {"target", "node_pool", "watts_per_core", "idle_watts", "watts_per_gpu", "price_per_hour", "capabilities",
+           "layout"}
 
 
 def host_cpu_flags() -> set[str]:
@@ -78,8 +80,11 @@ def configured_classes(settings: Settings) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: new class {name!r} needs a target")
         merged = {**(base or {"node_pool": name, "capabilities": {}}), **override}
         classes[name] = merged
-    for spec in classes.values():
+    for name, spec in classes.items():
         make_target(spec["target"])  # InvalidTargetError names what is wrong
+        if spec.get("layout") is not None and spec["layout"] not in LAYOUTS:
+            raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: class {name!r} has layout {spec['layout']!r}; "
+                              f"one of {', '.join(LAYOUTS)}")
     return classes
 
 
@@ -112,6 +117,7 @@ def seed_hardware_classes(db: Database, settings: Settings) -> list[HardwareClas
                 watts_per_gpu=float(spec.get("watts_per_gpu", 0.0)),
                 price_per_hour=float(spec.get("price_per_hour", 0.0)),
                 capabilities=spec.get("capabilities") or {},
+                layout=spec.get("layout"),
             )
         )
     return out

@@ -147,7 +147,7 @@ def tuning_figure(db: Database, model: Model | str | int, hardware: HardwareClas
     Figure, canvas_cls = _matplotlib()
     mo = db.model(model) if isinstance(model, (str, int)) else model
     hw = db.hardware_class(hardware) if isinstance(hardware, str) else hardware
-    linked = db.workloads(mo.id)
+    linked = db.workloads(mo.id, hw.id)
     if not linked:
         raise NotFoundError(f"model {mo.name!r} has no workloads; run `tunefleet extract {mo.name} --hardware {hw.name}`")
     weights = {w.id: weight for w, weight in linked}

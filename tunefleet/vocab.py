@@ -38,3 +38,8 @@ sets a concurrency limit of 1 on this tag."""
 def hardware_tag(hardware: str) -> str:
     """The tag tuning tasks of a hardware class carry (for tag-based concurrency limits)."""
     return f"tunefleet-hw:{hardware}"
+
+
+# conv2d layouts a hardware class's extraction recipe may ask for (tunefleet.tvm.extract.Recipe):
+# "NHWC" converts, "native" keeps the frontend's layout. Unset: NHWC on CPU classes, native on GPU.
+LAYOUTS = ("NHWC", "native")

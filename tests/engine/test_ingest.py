@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tunefleet.db import Database
 from tunefleet.errors import NotFoundError, NotSupportedError
 from tunefleet.models.frontends import ModelFormatError
 from tunefleet.models.ingest import ingest, load_model
@@ -64,3 +65,24 @@ def test_builtin_hardware_classes_are_seeded(engine) -> None:  # type: ignore[no
     assert classes["x86"].target["kind"] == "llvm" and classes["x86"].target["num-cores"] >= 1
     assert classes["arm"].target["mtriple"].startswith("aarch64")
     assert classes["gpu"].target["kind"] == "cuda"
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # type: ignore[no-untyped-def]
+    from tunefleet.config import load_settings
+    from tunefleet.errors import ConfigError
+    from tunefleet.extraction import class_recipe
+    from tunefleet.hardware import configured_classes, seed_hardware_classes
+
+    db = Database.from_settings(engine_settings)
+    seed_hardware_classes(db, engine_settings)
+    assert {h.name: class_recipe(h).name for h in db.hardware_classes()} == {
+        "x86": "nhwc+prepack", "arm": "nhwc+prepack", "gpu": "native"}
+    native = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
+                           hardware={"x86": {"layout": "native"}})
+    seed_hardware_classes(db, native)
+    assert class_recipe(db.hardware_class("x86")).name == "native+prepack"
+    bad = load_settings(home=engine_settings.home, hardware={"x86": {"layout": "NCHW"}})
+    with pytest.raises(ConfigError, match="layout 'NCHW'; one of NHWC, native"):
+        configured_classes(bad)
+    db.close()

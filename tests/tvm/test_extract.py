@@ -15,15 +15,17 @@ import tvm_ffi
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
-from tunefleet.errors import TunefleetError
+from tunefleet.errors import ConfigError, TunefleetError
 from tunefleet.tvm.extract import (
     ExtractedWorkload,
     ExtractionError,
+    Recipe,
     classify_op_kind,
     extract_workloads,
     prepare_for_build,
     prepare_for_tuning,
     random_params,
+    recipe_for,
     workload_hash,
 )
 
@@ -45,15 +47,16 @@ _HASH_SCRIPT = textwrap.dedent(
 def test_mlp_extracts_two_fused_dense_workloads(mlp_workloads: list[ExtractedWorkload]) -> None:
     assert len(mlp_workloads) == 2
     by_name = {w.name: w for w in mlp_workloads}
-    assert set(by_name) == {"fused_matmul_add_relu", "fused_matmul1_add1"}
+    # AttachAttrLayoutFreeBuffers (the CPU recipe's prepacking) re-adds the functions: a suffix "1".
+    assert set(by_name) == {"fused_matmul_add_relu1", "fused_matmul1_add11"}
     for workload in mlp_workloads:
         assert workload.op_kind == "dense/matmul"
         assert workload.weight == 1
         assert len(workload.structural_hash) == 16
         int(workload.structural_hash, 16)
     # 1x64 @ 64x128: 2*64*128 multiply-adds, +128 bias adds, +128 relu max.
-    assert by_name["fused_matmul_add_relu"].flops == 2 * 64 * 128 + 128 + 128
-    assert by_name["fused_matmul1_add1"].flops == 2 * 128 * 32 + 32
+    assert by_name["fused_matmul_add_relu1"].flops == 2 * 64 * 128 + 128 + 128
+    assert by_name["fused_matmul1_add11"].flops == 2 * 128 * 32 + 32
 
 
 def test_hash_is_metaschedules_workload_key(mlp_workloads: list[ExtractedWorkload]) -> None:
@@ -123,7 +126,9 @@ def test_build_pipeline_sees_the_same_workloads(
     cpu_target: Any,
 ) -> None:
     # compile_relax runs dispatch + LegalizeOps..FuseTIR itself on what it is given; fed
-    # prepare_for_build's output it must produce the PrimFuncs we extracted.
+    # prepare_for_build's output it must produce the PrimFuncs we extracted under the recipe
+    # stock TVM builds (no prepacking: the CPU default's prepacking needs build_with_database).
+    mlp_workloads = extract_workloads(mlp_mod, cpu_target, mlp_params, recipe=Recipe())
     built = prepare_for_build(mlp_mod, cpu_target, mlp_params)
     seq = tvm.transform.Sequential(
         [
@@ -208,3 +213,36 @@ def test_hashes_are_stable_across_processes(mlp_workloads: list[ExtractedWorkloa
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
         assert json.loads(out.strip().splitlines()[-1]) == expected
+
+
+def test_recipes(cpu_target: Any, mlp_mod: Any, mlp_params: dict[str, Any]) -> None:
+    assert recipe_for(cpu_target) == Recipe("NHWC", prepack=True)
+    assert recipe_for(cpu_target).name == "nhwc+prepack"
+    assert recipe_for(cpu_target, "native") == Recipe(None, prepack=True)
+    assert recipe_for({"kind": "cuda", "arch": "sm_80"}) == Recipe(None, prepack=False)
+    assert Recipe.from_name("nhwc+prepack") == Recipe("NHWC", True) and Recipe.from_name("native") == Recipe()
+    with pytest.raises(ConfigError, match="unknown layout"):
+        recipe_for(cpu_target, "NCHW4c")
+    with pytest.raises(ConfigError, match="unknown extraction recipe"):
+        Recipe.from_name("nchw")
+    # Prepacking is part of a workload's identity: the same MLP hashes differently without it.
+    packed = {w.structural_hash for w in extract_workloads(mlp_mod, cpu_target, mlp_params)}
+    plain = {w.structural_hash for w in extract_workloads(mlp_mod, cpu_target, mlp_params, recipe=Recipe())}
+    assert packed.isdisjoint(plain)
+
+
+def test_nhwc_leaves_layout_transforms_only_at_the_boundary(cpu_target: Any) -> None:
+    from tunefleet.models.zoo import build_zoo_model
+
+    zm = build_zoo_model("small-cnn", image_size=16)
+    fused = prepare_for_tuning(zm.mod, cpu_target, recipe=Recipe("NHWC", prepack=False))
+    convs = [gv.name_hint for gv, f in fused.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint]
+    assert len(convs) == 2
+    for name in convs:  # NHWC data: the channel axis (16 or 32) is last in the output
+        out = ms.arg_info.ArgInfo.from_prim_func(fused[name])[-1]
+        assert [int(d) for d in out.shape][-1] in (16, 32)
+    # One transpose in (NCHW input -> NHWC) and none between the convolutions: weights folded.
+    transposes = [gv.name_hint for gv in fused.get_global_vars() if "transpose" in gv.name_hint]
+    assert len(transposes) <= 2, transposes
+    assert "layout_transform" not in fused["main"].script()

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from tunefleet.db._base import DatabaseBase
-from tunefleet.db.models import HardwareClass, Model, ModelWorkload, Workload
+from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Workload
 from tunefleet.errors import NotFoundError
+
+
+def model_links(hardware_class_id: int | None = None) -> Any:
+    """(model_id, workload_id, weight) links as a subquery: of one hardware class, or of any
+    (a workload a model calls under several classes' recipes counts once, its largest weight)."""
+    mw = ModelWorkload
+    if hardware_class_id is not None:
+        return (select(mw.model_id, mw.workload_id, mw.weight)
+                .where(mw.hardware_class_id == hardware_class_id).subquery("links"))
+    return (select(mw.model_id, mw.workload_id, func.max(mw.weight).label("weight"))
+            .group_by(mw.model_id, mw.workload_id).subquery("links"))
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """What replacing a model's workloads on one class changed."""
+
+    linked: int
+    unlinked: list[int]
+    """Workloads the model no longer calls on the class (extracted under another recipe before)."""
+    unlinked_measured: int
+    """Measurements on the class of the unlinked workloads: tuning that no longer applies."""
+    previous_recipes: list[str]
 
 
 class CatalogMixin(DatabaseBase):
@@ -26,9 +50,11 @@ class CatalogMixin(DatabaseBase):
         watts_per_gpu: float = 0.0,
         price_per_hour: float = 0.0,
         capabilities: dict[str, Any] | None = None,
+        layout: str | None = None,
     ) -> HardwareClass:
         """Create or update a hardware class by name."""
         values = {
+            "layout": layout,
             "target": target,
             "node_pool": node_pool,
             "watts_per_core": watts_per_core,
@@ -121,13 +147,47 @@ class CatalogMixin(DatabaseBase):
             wl = s.scalars(select(Workload).where(Workload.structural_hash == structural_hash)).one()
             return wl, bool(res.rowcount)
 
-    def link_model_workload(self, model_id: int, workload_id: int, weight: int) -> None:
-        """Record that a model calls a workload ``weight`` times (last write wins)."""
+    def link_model_workload(self, model_id: int, workload_id: int, weight: int, *,
+                            hardware_class_id: int | None = None, recipe: str = "native") -> None:
+        """Record that a model calls a workload ``weight`` times on a class (every class when
+        None), extracted under ``recipe``; last write wins."""
         with self.session() as s:
-            stmt = self._insert(ModelWorkload).values(model_id=model_id, workload_id=workload_id, weight=weight)
-            s.execute(
-                stmt.on_conflict_do_update(index_elements=["model_id", "workload_id"], set_={"weight": weight})
-            )
+            classes = ([hardware_class_id] if hardware_class_id is not None
+                       else list(s.scalars(select(HardwareClass.id))))
+            for hw_id in classes:
+                stmt = self._insert(ModelWorkload).values(model_id=model_id, hardware_class_id=hw_id,
+                                                          workload_id=workload_id, weight=weight, recipe=recipe)
+                s.execute(stmt.on_conflict_do_update(index_elements=["model_id", "hardware_class_id", "workload_id"],
+                                                     set_={"weight": weight, "recipe": recipe}))
+
+    def set_model_workloads(self, model_id: int, hardware_class_id: int, recipe: str,
+                            weights: dict[int, int]) -> LinkChange:
+        """Make ``weights`` (workload id -> calls) the model's whole workload set on a class, extracted
+        under ``recipe``: links it had that are not in it (another recipe's workloads) are removed,
+        in the same transaction; their measurements stay (another model or recipe may use them)."""
+        mw = ModelWorkload
+        with self.session() as s:
+            old = {wl: r for wl, r in s.execute(select(mw.workload_id, mw.recipe).where(
+                mw.model_id == model_id, mw.hardware_class_id == hardware_class_id))}
+            for wl, weight in weights.items():
+                stmt = self._insert(mw).values(model_id=model_id, hardware_class_id=hardware_class_id,
+                                               workload_id=wl, weight=weight, recipe=recipe)
+                s.execute(stmt.on_conflict_do_update(index_elements=["model_id", "hardware_class_id", "workload_id"],
+                                                     set_={"weight": weight, "recipe": recipe}))
+            stale = sorted(set(old) - set(weights))
+            measured = 0
+            if stale:
+                s.execute(delete(mw).where(mw.model_id == model_id, mw.hardware_class_id == hardware_class_id,
+                                           mw.workload_id.in_(stale)))
+                measured = int(s.scalar(select(func.count(Measurement.id)).where(
+                    Measurement.hardware_class_id == hardware_class_id, Measurement.workload_id.in_(stale))) or 0)
+        return LinkChange(len(weights), stale, measured, sorted({r for r in old.values() if r != recipe}))
+
+    def model_recipes(self, model_id: int, hardware_class_id: int) -> list[str]:
+        """The recipes the model's workloads on a class were extracted under (empty: not extracted)."""
+        with self.session() as s:
+            return sorted(s.scalars(select(ModelWorkload.recipe).distinct().where(
+                ModelWorkload.model_id == model_id, ModelWorkload.hardware_class_id == hardware_class_id)))
 
     def workload(self, ref: int | str) -> Workload:
         """A workload by id or structural hash (a unique prefix of >= 6 hex digits works)."""
@@ -145,22 +205,27 @@ class CatalogMixin(DatabaseBase):
                 raise NotFoundError(f"no workload {ref!r}; see `tunefleet workloads list`")
             return found
 
-    def workloads(self, model_id: int | None = None) -> list[tuple[Workload, int]]:
-        """Workloads with their weight (total call count across models, or in one model)."""
+    def workloads(self, model_id: int | None = None, hardware_class_id: int | None = None) -> list[tuple[Workload, int]]:
+        """Workloads with their weight (total call count across models, or in one model), as
+        extracted for one hardware class or for any."""
+        links = model_links(hardware_class_id)
         with self.session() as s:
-            weight = func.coalesce(func.sum(ModelWorkload.weight), 0)
+            weight = func.coalesce(func.sum(links.c.weight), 0)
             stmt = (
                 select(Workload, weight)
-                .outerjoin(ModelWorkload, ModelWorkload.workload_id == Workload.id)
+                .outerjoin(links, links.c.workload_id == Workload.id)
                 .group_by(Workload.id)
                 .order_by(Workload.id)
             )
             if model_id is not None:
-                stmt = stmt.where(ModelWorkload.model_id == model_id)
+                stmt = stmt.where(links.c.model_id == model_id)
+            elif hardware_class_id is not None:
+                stmt = stmt.where(links.c.model_id.is_not(None))
             return [(wl, int(w)) for wl, w in s.execute(stmt)]
 
-    def workload_weight(self, workload_id: int) -> int:
+    def workload_weight(self, workload_id: int, hardware_class_id: int | None = None) -> int:
         """Total calls of a workload over every model that contains it (1 if none links it)."""
+        links = model_links(hardware_class_id)
         with self.session() as s:
-            total = s.scalar(select(func.sum(ModelWorkload.weight)).where(ModelWorkload.workload_id == workload_id))
+            total = s.scalar(select(func.sum(links.c.weight)).where(links.c.workload_id == workload_id))
         return int(total or 1)

@@ -81,8 +81,12 @@ class ModelWorkload(Base):
 
     __tablename__ = "model_workloads"
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    # Per class: a class's extraction recipe (layout, prepacking) decides which workloads a model has.
+    hardware_class_id: Mapped[int] = mapped_column(ForeignKey("hardware_classes.id", ondelete="CASCADE"),
+                                                   primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True)
     weight: Mapped[int] = mapped_column(Integer, default=1)
+    recipe: Mapped[str] = mapped_column(String(32), default="native")
 
 
 class HardwareClass(Base):
@@ -98,6 +102,8 @@ class HardwareClass(Base):
     watts_per_gpu: Mapped[float] = mapped_column(Float, default=0.0)
     price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
     capabilities: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    layout: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """conv2d layout of the extraction recipe ("NHWC", "native"); None: the target's default."""
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import case, func, select
 
-from tunefleet.db.catalog import CatalogMixin
-from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Shard, TuningState, Workload
+from tunefleet.db.catalog import CatalogMixin, model_links
+from tunefleet.db.models import HardwareClass, Measurement, Model, Shard, TuningState, Workload
 from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_SHA256, FILTERED
 
 
@@ -111,10 +111,11 @@ class ReportsMixin(CatalogMixin):
             costs = {(wl, hw): float(c) for wl, hw, c in s.execute(
                 select(Shard.workload_id, Shard.hardware_class_id, func.coalesce(func.sum(Shard.cost), 0.0))
                 .group_by(Shard.workload_id, Shard.hardware_class_id))}
-            links = s.execute(select(ModelWorkload.model_id, ModelWorkload.workload_id, ModelWorkload.weight)).all()
+            linked = model_links()
+            links = s.execute(select(linked.c.model_id, linked.c.workload_id, linked.c.weight)).all()
             models = {mo.id: mo.name for mo in s.scalars(select(Model))}
-            n_workloads = dict(s.execute(select(ModelWorkload.model_id, func.count())
-                                         .group_by(ModelWorkload.model_id)).all())
+            n_workloads = dict(s.execute(select(linked.c.model_id, func.count())
+                                         .group_by(linked.c.model_id)).all())
         groups = [EnergyGroup(wl, hw, useful, source, float(joules), int(n), int(errors),
                               float(best) if best is not None else None, int(filtered or 0))
                   for wl, hw, useful, source, joules, n, errors, best, filtered in rows]
@@ -160,8 +161,9 @@ class ReportsMixin(CatalogMixin):
             if not ids:
                 return OutlookInputs([], {}, set(), [])
             weights: dict[int, int] = defaultdict(int)
-            for wl, w in s.execute(select(ModelWorkload.workload_id, ModelWorkload.weight)
-                                   .where(ModelWorkload.workload_id.in_(ids))):
+            linked = model_links(hardware_class_id)
+            for wl, w in s.execute(select(linked.c.workload_id, linked.c.weight)
+                                   .where(linked.c.workload_id.in_(ids))):
                 weights[wl] += int(w)
             preempted = set(s.scalars(select(TuningState.workload_id).where(
                 TuningState.hardware_class_id == hardware_class_id, TuningState.preempted.is_(True),
@@ -179,8 +181,10 @@ class ReportsMixin(CatalogMixin):
         committed since ``since`` (and their errors), the best and the default schedule's run time."""
         m = Measurement
         with self.session() as s:
-            links = s.execute(select(Workload.id, Workload.name, ModelWorkload.weight).join(ModelWorkload)
-                              .where(ModelWorkload.model_id == model_id).order_by(Workload.id)).all()
+            linked = model_links(hardware_class_id)
+            links = s.execute(select(Workload.id, Workload.name, linked.c.weight)
+                              .join(linked, linked.c.workload_id == Workload.id)
+                              .where(linked.c.model_id == model_id).order_by(Workload.id)).all()
             ids = [row[0] for row in links]
             states: dict[int, dict[str, int]] = defaultdict(dict)
             trials: dict[int, int] = defaultdict(int)

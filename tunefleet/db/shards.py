@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from tunefleet.db.catalog import CatalogMixin
-from tunefleet.db.models import Measurement, ModelWorkload, Shard, TuningState, Workload, utcnow
+from tunefleet.db.catalog import CatalogMixin, model_links
+from tunefleet.db.models import Measurement, Shard, TuningState, Workload, utcnow
 from tunefleet.errors import NotFoundError
 from tunefleet.vocab import CANCELLED, FAILED, LEASED, PENDING
 
@@ -62,16 +62,17 @@ class ShardsMixin(CatalogMixin):
     # -- planning -------------------------------------------------------------------------
     def planning_view(self, hardware_class_id: int, model_id: int | None = None) -> list[PlanRow]:
         """Every workload (of one model, or all) with what is spent and outstanding on a class, by id."""
+        links = model_links(hardware_class_id)
         with self.session() as s:
-            weight = func.coalesce(func.sum(ModelWorkload.weight), 1)
+            weight = func.coalesce(func.sum(links.c.weight), 1)
             wl_stmt = (
                 select(Workload.id, Workload.structural_hash, Workload.flops, weight)
-                .outerjoin(ModelWorkload, ModelWorkload.workload_id == Workload.id)
+                .outerjoin(links, links.c.workload_id == Workload.id)
                 .group_by(Workload.id)
                 .order_by(Workload.id)
             )
             if model_id is not None:
-                wl_stmt = wl_stmt.where(ModelWorkload.model_id == model_id)
+                wl_stmt = wl_stmt.where(links.c.model_id == model_id)
             workloads = list(s.execute(wl_stmt))
             measured = dict(
                 s.execute(

@@ -159,7 +159,7 @@ class Preemption(ShardPolicy):
         if self.state is None:
             best = db.best_measurements(wl.id, hw.id, 1)
             self.state = new_state(wl.id, hw.id, float(best[0].mean_run_s) if best else None)
-        self.weight = db.workload_weight(wl.id)
+        self.weight = db.workload_weight(wl.id, hw.id)
         if self.reason:
             log.info("shard %d: workload %s is preempted on %s (%s); its %d trial(s) go elsewhere", run.shard.id,
                      wl.structural_hash[:12], hw.name, self.reason, run.remaining)

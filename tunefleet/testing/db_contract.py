@@ -401,11 +401,17 @@ class DatabaseContract(ShardCases, ReportCases):
             Database(db_url)
 
     def test_outdated_data_survives_upgrade(self, db_url: str, seeded: tuple[Database, int, int, int]) -> None:
-        db, wl, hw, _ = seeded
+        db, wl, hw, arm = seeded
+        model, _ = db.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
+        db.set_model_workloads(model.id, hw, "nhwc+prepack", {wl: 3})
         db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.5])])
         downgrade(db.engine, "0001")
         upgrade(db.engine)
-        assert [m.mean_run_s for m in Database(db_url).best_measurements(wl, hw)] == [0.5]
+        again = Database(db_url)
+        assert [m.mean_run_s for m in again.best_measurements(wl, hw)] == [0.5]
+        # Links made before recipes existed apply to every class, as extracted with the frontend's layout.
+        assert again.model_recipes(model.id, hw) == ["native"] and again.model_recipes(model.id, arm) == ["native"]
+        assert [(w.id, n) for w, n in again.workloads(model.id, arm)] == [(wl, 3)]
 
     # -- hardware classes, models, workloads ----------------------------------------------
     def test_hardware_class_upsert_and_lookup(self, db: Database) -> None:
@@ -434,12 +440,42 @@ class DatabaseContract(ShardCases, ReportCases):
         wl, created = db.add_workload(structural_hash="beef", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
         same, created_again = db.add_workload(structural_hash="beef", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
         assert created and not created_again and wl.id == same.id
-        db.link_model_workload(m1.id, wl.id, 3)
-        db.link_model_workload(m2.id, wl.id, 2)
-        db.link_model_workload(m2.id, wl.id, 2)  # idempotent
+        hw = db.upsert_hardware_class("x86", {"kind": "llvm"}, "x86").id
+        arm = db.upsert_hardware_class("arm", {"kind": "llvm"}, "arm").id
+        db.link_model_workload(m1.id, wl.id, 3)  # every class
+        db.link_model_workload(m2.id, wl.id, 2, hardware_class_id=hw)
+        db.link_model_workload(m2.id, wl.id, 2, hardware_class_id=hw)  # idempotent
         assert [(w.structural_hash, n) for w, n in db.workloads()] == [("beef", 5)]
         assert [(w.structural_hash, n) for w, n in db.workloads(m1.id)] == [("beef", 3)]
+        assert [(w.structural_hash, n) for w, n in db.workloads(hardware_class_id=arm)] == [("beef", 3)]
+        assert db.workload_weight(wl.id, hw) == 5 and db.workload_weight(wl.id, arm) == 3
         assert db.workload("beef").id == wl.id
+
+    def test_model_workloads_follow_the_recipe(self, db: Database) -> None:
+        # Re-extracting under another recipe replaces a model's links on that class only, and says
+        # how much tuning of the unlinked workloads no longer applies.
+        model, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
+        hw = db.upsert_hardware_class("x86", {"kind": "llvm"}, "x86", layout="NHWC").id
+        arm = db.upsert_hardware_class("arm", {"kind": "llvm"}, "arm").id
+        assert db.hardware_class("x86").layout == "NHWC" and db.hardware_class("arm").layout is None
+        old = [db.add_workload(structural_hash=f"aa{i}", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")[0].id
+               for i in range(2)]
+        new = db.add_workload(structural_hash="bb0", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")[0].id
+        for cls in (hw, arm):
+            first = db.set_model_workloads(model.id, cls, "native", {old[0]: 2, old[1]: 1})
+            assert (first.linked, first.unlinked, first.previous_recipes) == (2, [], [])
+        db.commit_measurements([NewMeasurement(old[0], hw, _trace(i), [0.1]) for i in range(3)]
+                               + [NewMeasurement(old[0], arm, _trace(9), [0.1])])
+        change = db.set_model_workloads(model.id, hw, "nhwc+prepack", {old[1]: 1, new: 4})
+        assert (change.linked, change.unlinked, change.unlinked_measured, change.previous_recipes) == (
+            2, [old[0]], 3, ["native"])
+        assert db.model_recipes(model.id, hw) == ["nhwc+prepack"] and db.model_recipes(model.id, arm) == ["native"]
+        assert {w.id: n for w, n in db.workloads(model.id, hw)} == {old[1]: 1, new: 4}
+        assert {w.id: n for w, n in db.workloads(model.id, arm)} == {old[0]: 2, old[1]: 1}
+        assert [r.workload_id for r in db.planning_view(hw, model.id)] == [old[1], new]
+        assert len(db.best_measurements(old[0], hw, 5)) == 3  # measurements stay
+        again = db.set_model_workloads(model.id, hw, "nhwc+prepack", {old[1]: 1, new: 4})
+        assert (again.unlinked, again.previous_recipes) == ([], [])  # idempotent
 
     # -- measurements ---------------------------------------------------------------------
     def test_best_n_is_target_aware_and_skips_errors(self, seeded: tuple[Database, int, int, int]) -> None:

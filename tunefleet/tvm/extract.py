@@ -34,6 +34,28 @@ commits to the database; ``Workload(mod)`` in C++ (``database.cc``) stores
 decimal in ``Workload.as_json()[0]``. ``MetaScheduleApplyDatabase`` looks PrimFuncs up at build
 time after the same normalisation. So our key and MetaSchedule's are one number.
 
+Recipes
+-------
+Which passes run between the frontend's graph and the fused TIR is the *extraction recipe*
+(:class:`Recipe`), a hardware-class setting, and part of every workload's identity:
+
+* ``layout="NHWC"`` runs Relax ``ConvertLayout`` (conv2d to NHWC data and OHWI weights) right
+  after ``DecomposeOpsForInference``. The ops around each conv2d follow it; layout transforms
+  stay only at the model's boundary and on constants, where ``FoldConstant`` folds them. CPU
+  classes use it: TVM's NHWC conv2d schedules vectorise over channels (NCHW[x]c is out of reach:
+  ``LegalizeOps`` refuses channel-chunked conv2d in TVM 0.27).
+* ``prepack`` runs ``AttachAttrLayoutFreeBuffers`` after ``FuseTIR`` (TVM's own CPU recipe,
+  ``static_shape_tuning_pipeline(cpu_weight_prepack=True)``): it marks the weight arguments of
+  every fused PrimFunc layout-free, so MetaSchedule's ``RewriteLayout`` postprocessor may pick a
+  packed weight layout. The attribute changes the workload's hash, so it belongs to extraction;
+  measuring such a schedule needs the packed argument shapes
+  (``ArgInfo.from_entry_func(mod, remove_preproc=True)``, see :mod:`tunefleet.tvm.traces`).
+
+Stock ``compile_relax`` cannot build prepacked records (it goes from ``FuseTIR`` straight to
+``MetaScheduleApplyDatabase``): :func:`tunefleet.tvm.build.build_with_database` runs this
+module's passes, applies the database, then ``SplitLayoutRewritePreproc`` + ``FoldConstant``
+pack the bound weights once at build time.
+
 Weights
 -------
 ``nn.Module.export_tvm`` gives parameter *specs*; the weights are extra function inputs. We bind
@@ -61,6 +83,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
+from tunefleet.recipes import Recipe, recipe_for
 from tunefleet.tvm.targets import make_target
 
 logger = logging.getLogger(__name__)
@@ -68,11 +91,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ExtractedWorkload",
     "ExtractionError",
+    "Recipe",
     "classify_op_kind",
     "extract_workloads",
     "prepare_for_build",
     "prepare_for_tuning",
     "random_params",
+    "recipe_for",
     "workload_hash",
 ]
 
@@ -282,12 +307,16 @@ def prepare_for_build(
     params: Mapping[str, Any] | None = None,
     *,
     func_name: str | None = None,
+    recipe: Recipe | None = None,
 ) -> IRModule:
     """The module to give ``ms.relax_integration.compile_relax`` so tuned records apply.
 
-    Binds ``params`` and runs ``DecomposeOpsForInference`` - the steps of
-    :func:`prepare_for_tuning` that ``compile_relax`` does not run itself. Pass ``params=None``
-    to ``compile_relax`` afterwards.
+    Binds ``params``, runs ``DecomposeOpsForInference`` and the recipe's layout conversion -
+    the steps of :func:`prepare_for_tuning` that ``compile_relax`` does not run itself. Pass
+    ``params=None`` to ``compile_relax`` afterwards. Only for recipes without ``prepack``
+    (``compile_relax`` cannot build prepacked records; use
+    :func:`tunefleet.tvm.build.build_with_database`). The default recipe here is
+    ``Recipe()`` (the frontend's layout, no prepacking), as stock TVM builds.
 
     Parameters
     ----------
@@ -306,10 +335,14 @@ def prepare_for_build(
         The bound, decomposed (still unfused) Relax module.
     """
     target = make_target(target) if not isinstance(target, Target) else target
+    recipe = recipe or Recipe()
     if params:
         mod = _bind_params(mod, params, func_name)
     with target, tvm.transform.PassContext(opt_level=3):
-        return relax.transform.DecomposeOpsForInference()(mod)
+        mod = relax.transform.DecomposeOpsForInference()(mod)
+        if recipe.layout == "NHWC":
+            mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+        return mod
 
 
 def prepare_for_tuning(
@@ -318,6 +351,7 @@ def prepare_for_tuning(
     params: Mapping[str, Any] | None = None,
     *,
     func_name: str | None = None,
+    recipe: Recipe | None = None,
 ) -> IRModule:
     """Lower a Relax module to fused TIR the way ``compile_relax`` does before its DB lookup.
 
@@ -331,12 +365,15 @@ def prepare_for_tuning(
         Weights to bind as constants, by parameter name (numpy arrays or TVM tensors).
     func_name : str, optional
         The Relax function to bind ``params`` to; ``"main"`` or the only one by default.
+    recipe : Recipe, optional
+        Layout and prepacking (default: :func:`recipe_for` the target).
 
     Returns
     -------
     tvm.ir.IRModule
-        The module with fused PrimFuncs called through ``call_tir``, for task extraction only
-        (not idempotent: never feed it to ``compile_relax`` or to this function again).
+        The module with fused PrimFuncs called through ``call_tir``, for task extraction and
+        :func:`tunefleet.tvm.build.build_with_database` (not idempotent: never feed it to
+        ``compile_relax`` or to this function again).
 
     Raises
     ------
@@ -344,7 +381,8 @@ def prepare_for_tuning(
         If ``params`` names parameters the function does not have.
     """
     target = make_target(target) if not isinstance(target, Target) else target
-    mod = prepare_for_build(mod, target, params, func_name=func_name)
+    recipe = recipe_for(target) if recipe is None else recipe
+    mod = prepare_for_build(mod, target, params, func_name=func_name, recipe=recipe)
     passes = [
         *_library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
@@ -352,6 +390,7 @@ def prepare_for_tuning(
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        *([relax.transform.AttachAttrLayoutFreeBuffers()] if recipe.prepack else []),
     ]
     with target, tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential(passes)(mod)
@@ -411,6 +450,7 @@ def extract_workloads(
     *,
     func_name: str | None = None,
     prepared: bool = False,
+    recipe: Recipe | None = None,
 ) -> list[ExtractedWorkload]:
     """The tuning workloads of a Relax model for a target.
 
@@ -427,6 +467,8 @@ def extract_workloads(
         The Relax function to bind ``params`` to.
     prepared : bool
         Skip :func:`prepare_for_tuning` (``params`` must then be None).
+    recipe : Recipe, optional
+        Layout and prepacking (default: :func:`recipe_for` the target).
 
     Returns
     -------
@@ -444,7 +486,7 @@ def extract_workloads(
         if params:
             raise ExtractionError("params cannot be bound to an already prepared module.")
     else:
-        mod = prepare_for_tuning(mod, target, params, func_name=func_name)
+        mod = prepare_for_tuning(mod, target, params, func_name=func_name, recipe=recipe)
     tasks = ms.relax_integration.extract_tasks(mod, target)
     if not tasks:
         raise ExtractionError(

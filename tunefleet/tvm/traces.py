@@ -56,7 +56,9 @@ def candidate(mod: Any, trace_json: str | None = None, args_info: list[Any] | No
     if args_info:
         args = [ms.arg_info.ArgInfo.from_json(a) for a in args_info]
     else:
-        args = ms.arg_info.ArgInfo.from_prim_func(entry_func(sch.mod))
+        # remove_preproc: a schedule that repacks weights (RewriteLayout) is measured with the
+        # packed shapes, as MetaSchedule's own search measures it.
+        args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
     return ms.MeasureCandidate(sch, args)
 
 

@@ -1,0 +1,61 @@
+"""Extraction recipes: how a hardware class turns a model into tuning workloads (no TVM here).
+
+The passes themselves run in :mod:`tunefleet.tvm.extract`; this leaf names the choice, so the
+database, the planner and the CLI can tell which recipe a model's workloads came from without
+importing TVM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tunefleet.errors import ConfigError
+from tunefleet.vocab import LAYOUTS
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a model becomes fused TIR: the conv2d layout and whether weights may be prepacked.
+
+    ``name`` is what the database keeps with each model-workload link, so a model extracted under
+    another recipe is known to need re-extracting (its workloads hash differently).
+    """
+
+    layout: str | None = None
+    """``"NHWC"``: conv2d (and the ops that follow it) converted to NHWC; None: as given."""
+    prepack: bool = False
+    """Weights marked layout-free, so tuned schedules may read them in a packed layout."""
+
+    @property
+    def name(self) -> str:
+        return f"{(self.layout or 'native').lower()}{'+prepack' if self.prepack else ''}"
+
+    @classmethod
+    def from_name(cls, name: str) -> Recipe:
+        layout, _, extra = name.partition("+")
+        if layout not in ("nhwc", "native") or extra not in ("", "prepack"):
+            raise ConfigError(f"unknown extraction recipe {name!r} (e.g. 'nhwc+prepack', 'native')")
+        return cls(None if layout == "native" else layout.upper(), extra == "prepack")
+
+
+def _kind(target: Any) -> str:
+    if isinstance(target, Mapping):
+        return str(target.get("kind", ""))
+    if isinstance(target, str):
+        return target.split()[0] if target.strip() else ""
+    return str(target.kind.name)  # a tvm.target.Target
+
+
+def recipe_for(target: Any, layout: str | None = None) -> Recipe:
+    """The recipe for a target (dict form, kind name or ``tvm.target.Target``): CPU (llvm) targets
+    convert conv2d to NHWC (unless ``layout`` says ``"native"``) and prepack weights, TVM's own CPU
+    recipe; GPU targets keep the frontend's layout and unpacked weights (their schedules stage
+    weights through shared memory instead)."""
+    if layout is not None and layout not in LAYOUTS:
+        raise ConfigError(f"unknown layout {layout!r}; one of {', '.join(LAYOUTS)}")
+    cpu = _kind(target) == "llvm"
+    if layout is None:
+        layout = "NHWC" if cpu else "native"
+    return Recipe(None if layout == "native" else layout, prepack=cpu)
