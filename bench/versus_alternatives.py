@@ -87,8 +87,11 @@ def run_phase(name: str, args: argparse.Namespace, amount: list[str], output_dir
     try:
         result = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        sys.exit(f"versus_alternatives: {name} exited {proc.returncode} without a JSON result "
-                 f"(stdout: {proc.stdout.strip()[-500:]!r}); see its error line above")
+        error = (f"{name} exited {proc.returncode} without a JSON result (stdout: {proc.stdout.strip()[-500:]!r}); "
+                 "see its error line above")
+        print(f"   {error}", flush=True)
+        return {"name": name, "command": cmd, "returncode": proc.returncode, "wall_s": wall, "error": error,
+                "library": None}
     if proc.returncode != 0:
         print(f"   {name} exited {proc.returncode} (some shards failed); measuring what it built", flush=True)
     tuned = (result.get("tuned") or {}).get(args.hardware) or {}
@@ -478,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
                            "phases": []}
     first = run_phase(phases_wanted[0][0], args, phases_wanted[0][1], work / f"out-{args.model}-{args.hardware}" / "phase1",
                       child_env)
+    if "error" in first:
+        out["phases"].append(first)
+        return _finish(out, args.json, 1)
     db = Database.from_settings(settings)
     if args.threads is None:
         cores = db.hardware_class(args.hardware).target.get("num-cores")
@@ -513,17 +519,24 @@ def main(argv: list[str] | None = None) -> int:
             pass
         print(f"preparing the alternatives (torch {torch.__version__}: eager, torch.compile, onnxruntime) ...", flush=True)
         alt_calls, skipped, setup = alternatives(module, inputs_np, threads, work / f"{args.model}.onnx")
-        reference = _outputs(alt_calls["torch eager"]())
+        try:
+            reference = _outputs(alt_calls["torch eager"]())
+        except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
+            del alt_calls["torch eager"]
+            skipped["torch eager"] = _reason(exc)
     out["setup_s"] = setup
     out["not_measured"] = skipped
     out["versions"] = _versions()
 
+    status = 0
     for i, (name, amount) in enumerate(phases_wanted):
         phase = first if i == 0 else run_phase(name, args, amount, work / f"out-{args.model}-{args.hardware}" / f"phase{i + 1}",
                                                child_env)
         if not phase["library"]:
-            print(f"   {phase['name']} wrote no library: nothing to time", flush=True)
+            if "error" not in phase:
+                print(f"   {phase['name']} wrote no library: nothing to time", flush=True)
             out["phases"].append(phase)
+            status = 1
             continue
         phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds)
         phase["ratios"] = print_latency(phase, skipped, setup, threads)
@@ -539,11 +552,16 @@ def main(argv: list[str] | None = None) -> int:
               f"({report['successful_measurements']} successful)", flush=True)
         out["phases"].append(phase)
 
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2, default=str))
-        print(f"\nwrote {args.json}")
-    return 0
+    return _finish(out, args.json, status)
+
+
+def _finish(out: dict[str, Any], path: Path | None, status: int) -> int:
+    """Write what was measured (``--json``), also after a phase failed; the exit status."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2, default=str))
+        print(f"\nwrote {path}")
+    return status
 
 
 def _cpu_model() -> str:
