@@ -282,6 +282,8 @@ def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Pat
         with torch.no_grad(), warnings.catch_warnings():
             # dynamo=False is chosen (the TorchScript exporter needs no onnxscript); torch warns that it is legacy.
             warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*legacy TorchScript-based ONNX")
+            # The trace freezes shape checks in transformers' code into constants: fine for these fixed-shape inputs.
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
             torch.onnx.export(module, tuple(args), str(onnx_path), dynamo=False, input_names=names)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
