@@ -17,9 +17,10 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
    again on the same database. Each phase's wall time is recorded and its JSON result parsed (the
    build's exported library ``output`` and the CLI's own ``tuned_ms``).
 2. After each phase: the exported library (``tvm.runtime.load_module`` -> ``relax.VirtualMachine``)
-   is timed alternating with PyTorch eager, ``torch.compile`` (default mode; its compile time is
-   reported apart) and onnxruntime (the same torch module exported with ``torch.onnx.export(...,
-   dynamo=False)``; ORT_ENABLE_ALL, intra-op threads = the thread count, inter-op 1): same inputs,
+   is timed alternating with PyTorch eager, ``torch.compile`` (default mode; its compile time,
+   from a cold inductor cache, is reported apart) and onnxruntime (the same torch module exported
+   with ``torch.onnx.export(..., dynamo=False)``; ORT_ENABLE_ALL, intra-op threads = the thread
+   count, inter-op 1): same inputs,
    same thread count (the hardware class's ``num-cores``, else 2; ``--threads``), the median of
    ``--rounds`` alternating rounds (the order rotates each round), each round the median of several
    calls after warm-up. Every call is timed the same way (wall clock around one call from Python).
