@@ -1,0 +1,600 @@
+"""Is the tuned model faster than what its user would run instead, on the same threads?
+
+Usage::
+
+    python bench/versus_alternatives.py resnet18                       # 15 min, then 60 min more
+    python bench/versus_alternatives.py bert-base --budget 15m --more 0 --json bert.json
+    python bench/versus_alternatives.py mlp --trials 2 --more 0        # a smoke run (a minute or two)
+    python bench/versus_alternatives.py resnet18 --trials 1 --more 0   # a smoke run with every alternative
+
+One model per invocation (a zoo name: resnet18, mobilenet_v2, bert-base, ...; mlp and small-cnn
+for smoke runs). The bench drives the CLI the way a user does, then measures in its own process:
+
+1. Phase 1: ``tunefleet run --model MODEL --hardware HW --budget 15m --json --output-dir DIR`` (or
+   ``--trials N`` instead of ``--budget``) in a subprocess, with the bench's own ``TUNEFLEET_HOME``
+   (``--home``; reusing it continues the same database). Phase 2 (``--more``, default ``60m``;
+   ``--more 0`` skips it; ``--more-trials N`` passes ``--trials N`` instead) runs the same command
+   again on the same database. Each phase's wall time is recorded and its JSON result parsed (the
+   build's exported library ``output`` and the CLI's own ``tuned_ms``).
+2. After each phase: the exported library (``tvm.runtime.load_module`` -> ``relax.VirtualMachine``)
+   is timed alternating with PyTorch eager, ``torch.compile`` (default mode; its compile time,
+   from a cold inductor cache, is reported apart) and onnxruntime (the same torch module exported
+   with ``torch.onnx.export(..., dynamo=False)``; ORT_ENABLE_ALL, intra-op threads = the thread
+   count, inter-op 1): same inputs,
+   same thread count (the hardware class's ``num-cores``, else 2; ``--threads``), the median of
+   ``--rounds`` alternating rounds (the order rotates each round), each round the median of several
+   calls after warm-up. Every call is timed the same way (wall clock around one call from Python).
+   Each output is compared with PyTorch eager (max abs diff). An alternative that cannot run prints
+   ``not measured: <reason>``. ``mlp`` has no PyTorch module in the zoo: the bench rebuilds the same
+   three layers in PyTorch with the zoo's weights (the max abs diff shows they agree).
+3. Machine peak: fp32 BLAS sgemm (numpy float32 matmul, 2048^3 by default) on the same threads
+   (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS are set before numpy is imported; the
+   thread count OpenBLAS reports is printed), in GFLOP/s.
+4. The ten workloads with the largest latency share (weight x best mean run time on the class),
+   read from the database: name, op kind, weight, best latency, share of the model's summed
+   latency, GFLOP/s and fraction of the sgemm peak; and the tuning wall time, candidates measured
+   and seconds per measured candidate.
+
+``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
+it). Prints what it measured; asserts nothing about speed. Needs ``pip install -e '.[bench]'``
+(PyTorch, transformers, onnx, onnxruntime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_WORK_DIR = Path(tempfile.gettempdir()) / "tunefleet-bench" / "versus_alternatives"
+DEFAULT_THREADS = 2
+ALTERNATIVES = ("torch eager", "torch.compile", "onnxruntime")
+TOP_WORKLOADS = 10
+
+
+# -- phases: the CLI as a user runs it -------------------------------------------------------------
+
+def tunefleet_command() -> list[str]:
+    """The ``tunefleet`` console script of this interpreter's environment, else ``python -m tunefleet.cli``."""
+    script = Path(sys.executable).parent / "tunefleet"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "tunefleet.cli"]
+
+
+def run_phase(name: str, args: argparse.Namespace, amount: list[str], output_dir: Path,
+              env: dict[str, str]) -> dict[str, Any]:
+    """One ``tunefleet run --json``: its wall time, exit status and parsed result.
+
+    stderr (the log path and the live progress line) goes to this terminal; stdout is the JSON.
+    """
+    cmd = [*tunefleet_command(), "run", "--model", args.model, "--hardware", args.hardware, *amount,
+           "--json", "--output-dir", str(output_dir)]
+    for flag in ("batch_size", "image_size", "seq_len"):
+        if getattr(args, flag) is not None:
+            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    print(f"== {name}: {' '.join(cmd[len(tunefleet_command()):])}", flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, text=True, env=env)
+    wall = time.perf_counter() - start
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        error = (f"{name} exited {proc.returncode} without a JSON result (stdout: {proc.stdout.strip()[-500:]!r}); "
+                 "see its error line above")
+        print(f"   {error}", flush=True)
+        return {"name": name, "command": cmd, "returncode": proc.returncode, "wall_s": wall, "error": error,
+                "library": None}
+    if proc.returncode != 0:
+        print(f"   {name} exited {proc.returncode} (some shards failed); measuring what it built", flush=True)
+    tuned = (result.get("tuned") or {}).get(args.hardware) or {}
+    build = (result.get("builds") or [{}])[0]
+    phase = {"name": name, "command": cmd, "returncode": proc.returncode, "wall_s": wall,
+             "tune_s": tuned.get("seconds"), "measured": tuned.get("measured"), "errors": tuned.get("errors"),
+             "shards_done": tuned.get("shards_done"), "shards_failed": tuned.get("shards_failed"),
+             "library": build.get("output"), "cli_tuned_ms": build.get("tuned_ms"),
+             "cli_untuned_ms": build.get("untuned_ms"), "cli_torch_ms": build.get("torch_ms"),
+             "tuned_workloads": build.get("tuned_workloads"), "workloads": build.get("workloads"),
+             "model_id": (result.get("models") or [{}])[0].get("model_id"), "run_result": result}
+    print(f"   {name}: {wall:.0f} s wall; tune {_fmt(phase['tune_s'], '.0f')} s, {phase['measured']} candidates "
+          f"measured ({phase['errors']} errors); {phase['tuned_workloads']}/{phase['workloads']} workloads tuned; "
+          f"library {phase['library']}", flush=True)
+    return phase
+
+
+# -- threads ---------------------------------------------------------------------------------------
+
+def pin_threads(threads: int) -> None:
+    """Every runtime in this process on ``threads`` threads; before numpy, TVM or torch is imported."""
+    if "numpy" in sys.modules:
+        print("   warning: numpy was imported before the thread count was set; BLAS may use another count")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def blas_threads() -> int | None:
+    """The thread count OpenBLAS (numpy's BLAS) reports, or None if it is not OpenBLAS."""
+    import ctypes
+
+    import numpy  # noqa: F401 - loads the BLAS library into this process
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            libs = {line.split()[-1] for line in fh if "openblas" in line.lower() and line.split()[-1].startswith("/")}
+    except OSError:
+        return None
+    for lib in sorted(libs):
+        handle = ctypes.CDLL(lib)
+        for symbol in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads"):
+            fn = getattr(handle, symbol, None)
+            if fn is not None:
+                return int(fn())
+    return None
+
+
+def sgemm_peak(n: int, repeat: int = 5) -> dict[str, Any]:
+    """fp32 GFLOP/s of numpy's BLAS on an n x n x n matmul (median of ``repeat`` after one warm-up)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    seconds = statistics.median(times)
+    return {"n": n, "seconds": seconds, "gflops": 2.0 * n ** 3 / seconds / 1e9, "blas_threads": blas_threads()}
+
+
+# -- the model and its alternatives ----------------------------------------------------------------
+
+def _torch_mlp(zoo: Any) -> Any:
+    """The zoo's ``mlp`` in PyTorch with the same weights (zoo.py's ``_build_nn`` drawing rule)."""
+    import numpy as np
+    import torch
+
+    from tunefleet.models.zoo import _NN_BUILDERS, ZOO_SEED
+
+    module, spec = _NN_BUILDERS["mlp"](zoo.metadata["options"])
+    _, params = module.export_tvm(spec={"forward": spec})
+    rng = np.random.default_rng(ZOO_SEED)
+    state = {}
+    for name, param in params:
+        shape = tuple(int(s) for s in param.shape)
+        std = float(np.sqrt(2.0 / int(np.prod(shape[1:])))) if len(shape) > 1 else 0.01
+        state[name] = torch.from_numpy((rng.standard_normal(shape) * std).astype("float32"))
+
+    class MLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = torch.nn.Linear(64, 128)
+            self.fc2 = torch.nn.Linear(128, 128)
+            self.fc3 = torch.nn.Linear(128, 10)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+    mlp = MLP()
+    mlp.load_state_dict(state)
+    return mlp.eval()
+
+
+def torch_module(zoo: Any) -> tuple[Any, str | None]:
+    """(the eager module, None) or (None, why there is none)."""
+    if zoo.torch_module is not None:
+        return zoo.torch_module, None
+    if zoo.name == "mlp":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return None, "PyTorch is not installed"
+        return _torch_mlp(zoo), None
+    return None, f"zoo model {zoo.name} has no PyTorch module"
+
+
+def _outputs(out: Any) -> list[Any]:
+    """Any runtime's result as a flat list of numpy arrays."""
+    import numpy as np
+
+    if hasattr(out, "detach"):
+        return [out.detach().numpy()]
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    if isinstance(out, np.ndarray):
+        return [out]
+    if hasattr(out, "logits"):
+        return [out.logits.detach().numpy()]
+    flat: list[Any] = []
+    for item in out:
+        flat += _outputs(item)
+    return flat
+
+
+def _max_abs_diff(a: list[Any], b: list[Any]) -> float:
+    import numpy as np
+
+    if len(a) != len(b):
+        return float("nan")
+    return max((float(np.max(np.abs(x.astype("float64") - y.astype("float64")))) if x.size else 0.0
+                for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def _reason(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+
+
+def tuned_runner(library: str, inputs_np: list[Any]) -> Any:
+    """A zero-argument call of the exported tuned library on the inputs."""
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(tvm.runtime.load_module(library), dev)
+    main = vm["main"]
+    inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
+    return lambda: main(*inputs)
+
+
+def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, float]]:
+    """(name -> zero-argument call, name -> why not measured, setup seconds) for the alternatives."""
+    import torch
+
+    calls: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    setup: dict[str, float] = {}
+    args = [torch.from_numpy(x) for x in inputs_np]
+
+    def eager() -> Any:
+        with torch.inference_mode():
+            return module(*args)
+
+    calls["torch eager"] = eager
+    try:
+        compiled = torch.compile(module)
+
+        def compiled_call() -> Any:
+            with torch.inference_mode():
+                return compiled(*args)
+
+        t = time.perf_counter()
+        compiled_call()  # compiles
+        setup["torch.compile"] = time.perf_counter() - t
+        compiled_call()
+        calls["torch.compile"] = compiled_call
+    except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
+        skipped["torch.compile"] = _reason(exc)
+    try:
+        import onnxruntime as ort
+
+        t = time.perf_counter()
+        names = [f"input{i}" for i in range(len(args))]
+        with torch.no_grad(), warnings.catch_warnings():
+            # dynamo=False is chosen (the TorchScript exporter needs no onnxscript); torch warns that it is legacy.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*legacy TorchScript-based ONNX")
+            # The trace freezes shape checks in transformers' code into constants: fine for these fixed-shape inputs.
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            torch.onnx.export(module, tuple(args), str(onnx_path), dynamo=False, input_names=names)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs_np, strict=True)}
+        setup["onnxruntime"] = time.perf_counter() - t
+        calls["onnxruntime"] = lambda: sess.run(None, feeds)
+    except ImportError as exc:
+        skipped["onnxruntime"] = f"not installed ({exc.name}): pip install -e '.[bench]'"
+    except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
+        skipped["onnxruntime"] = _reason(exc)
+    return calls, skipped, setup
+
+
+def time_alternating(calls: dict[str, Any], rounds: int, round_s: float = 0.3) -> dict[str, dict[str, Any]]:
+    """Median over ``rounds`` rounds of each call's median latency in ms; the order rotates each round.
+
+    Warm-up: 3 calls each (more for fast ones, up to 0.2 s); each round then makes enough calls of
+    each for about ``round_s`` seconds (5 to 200).
+    """
+    names = list(calls)
+    n_calls: dict[str, int] = {}
+    for name in names:
+        t0 = time.perf_counter()
+        k = 0
+        while k < 3 or (time.perf_counter() - t0 < 0.2 and k < 200):
+            calls[name]()
+            k += 1
+        n_calls[name] = max(5, min(200, int(round_s / ((time.perf_counter() - t0) / k))))
+    per_round: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, times = calls[name], []
+            for _ in range(n_calls[name]):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            per_round[name].append(statistics.median(times) * 1e3)
+    return {name: {"ms": statistics.median(per_round[name]), "rounds_ms": per_round[name],
+                   "calls_per_round": n_calls[name]} for name in names}
+
+
+def measure_phase(phase: dict[str, Any], inputs_np: list[Any], alt_calls: dict[str, Any], reference: list[Any] | None,
+                  rounds: int) -> dict[str, Any]:
+    """Time the phase's tuned library alternating with the alternatives; check outputs against eager."""
+    calls = {"tunefleet tuned": tuned_runner(phase["library"], inputs_np), **alt_calls}
+    diffs = {}
+    if reference is not None:
+        for name, fn in calls.items():
+            if name != "torch eager":
+                diffs[name] = _max_abs_diff(_outputs(fn()), reference)
+    return {"latency": time_alternating(calls, rounds), "max_abs_diff_vs_eager": diffs}
+
+
+# -- the database's view: workloads, trials --------------------------------------------------------
+
+def workload_shares(db: Any, model_id: int, hardware: str, peak_gflops: float | None) -> dict[str, Any]:
+    """Every workload of the model with its best latency on the class, by latency share; trial counts."""
+    hw = db.hardware_class(hardware)
+    rows, unmeasured, attempted, successful = [], [], 0, 0
+    for wl, weight in db.workloads(model_id):
+        attempted += db.count_measurements(wl.id, hw.id)
+        successful += db.count_measurements(wl.id, hw.id, errors=False)
+        best = db.best_measurements(wl.id, hw.id, 1)
+        if not best:
+            unmeasured.append(wl.name)
+            continue
+        best_s = float(best[0].mean_run_s)
+        gflops = float(wl.flops) / best_s / 1e9 if wl.flops else None
+        rows.append({"workload": wl.structural_hash, "name": wl.name, "op_kind": wl.op_kind, "weight": weight,
+                     "flops": float(wl.flops), "best_ms": best_s * 1e3, "weighted_ms": weight * best_s * 1e3,
+                     "gflops": gflops, "peak_fraction": gflops / peak_gflops if gflops and peak_gflops else None})
+    total = sum(r["weighted_ms"] for r in rows)
+    for r in rows:
+        r["share"] = r["weighted_ms"] / total if total else None
+    rows.sort(key=lambda r: -r["weighted_ms"])
+    return {"workloads": rows, "summed_ms": total, "unmeasured": unmeasured,
+            "measurements": attempted, "successful_measurements": successful}
+
+
+# -- printing --------------------------------------------------------------------------------------
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ms(value: float) -> str:
+    """Milliseconds with 4 significant digits (an MLP runs in microseconds, BERT in 100s of ms)."""
+    return f"{value:.4g}" if value < 1000 else f"{value:.0f}"
+
+
+def print_latency(phase: dict[str, Any], skipped: dict[str, str], setup: dict[str, float], threads: int) -> dict[str, Any]:
+    """The side-by-side table; returns the ratios tuned / alternative."""
+    lat = phase["measure"]["latency"]
+    diffs = phase["measure"]["max_abs_diff_vs_eager"]
+    tuned = lat["tunefleet tuned"]["ms"]
+    ratios = {}
+    print(f"\n{phase['name']}: latency on {threads} threads (median of {len(lat['tunefleet tuned']['rounds_ms'])} "
+          "alternating rounds; ratio < 1: tuned is faster)")
+    print(f"{'runtime':<18} {'ms':>10} {'round min-max ms':>20} {'calls/round':>11} {'tuned / it':>11} "
+          f"{'max abs diff vs eager':>22}")
+    for name in ("tunefleet tuned", *ALTERNATIVES):
+        if name in lat:
+            r = lat[name]
+            ratio = tuned / r["ms"] if name != "tunefleet tuned" else None
+            if ratio is not None:
+                ratios[f"tuned / {name}"] = ratio
+            spread = f"{_ms(min(r['rounds_ms']))}-{_ms(max(r['rounds_ms']))}"
+            diff = "(reference)" if name == "torch eager" else _fmt(diffs.get(name), ".3g")
+            print(f"{name:<18} {_ms(r['ms']):>10} {spread:>20} {r['calls_per_round']:>11} "
+                  f"{_fmt(ratio, '.2f') + ('x' if ratio else ''):>11} {diff:>22}")
+        elif name in skipped:
+            print(f"{name:<18} not measured: {skipped[name]}")
+    if "torch.compile" in setup and phase["name"] == "phase 1":  # set up once, before phase 1's timing
+        print(f"torch.compile: first call (compiling, cold inductor cache) took {setup['torch.compile']:.1f} s")
+    if "onnxruntime" in setup and phase["name"] == "phase 1":
+        print(f"onnxruntime: export + session creation took {setup['onnxruntime']:.1f} s")
+    if phase.get("cli_tuned_ms") is not None:
+        print(f"(tunefleet run's own build report: tuned {_ms(phase['cli_tuned_ms'])} ms, "
+              f"untuned {_fmt(phase.get('cli_untuned_ms'), '.3f')} ms, eager {_fmt(phase.get('cli_torch_ms'), '.3f')} ms)")
+    return ratios
+
+
+def print_workloads(report: dict[str, Any], peak: float | None, tuned_ms: float) -> None:
+    rows = report["workloads"][:TOP_WORKLOADS]
+    print(f"\ntop {len(rows)} of {len(report['workloads'])} measured workloads by latency share "
+          f"(weight x best mean run time; summed over all: {_ms(report['summed_ms'])} ms, the whole model "
+          f"ran in {_ms(tuned_ms)} ms)")
+    print(f"{'workload':<44} {'op kind':<14} {'weight':>6} {'best ms':>9} {'share':>6} {'GFLOP/s':>8} {'of peak':>8}")
+    for r in rows:
+        print(f"{r['name'][:44]:<44} {str(r['op_kind'])[:14]:<14} {r['weight']:>6} {_ms(r['best_ms']):>9} "
+              f"{_fmt(r['share'] and r['share'] * 100, '5.1f')}% {_fmt(r['gflops'], '8.2f')} "
+              f"{_fmt(r['peak_fraction'], '8.3f')}")
+    if report["unmeasured"]:
+        print(f"{len(report['unmeasured'])} workload(s) without a successful measurement (default schedule): "
+              + ", ".join(report["unmeasured"]))
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="zoo model: resnet18, mobilenet_v2, bert-base, ... (mlp, small-cnn: smoke runs)")
+    ap.add_argument("--hardware", default="x86", help="hardware class (default x86)")
+    amount = ap.add_mutually_exclusive_group()
+    amount.add_argument("--budget", default="15m", help="phase 1's `tunefleet run --budget` (default 15m)")
+    amount.add_argument("--trials", type=int, default=None,
+                        help="phase 1 with `tunefleet run --trials N` (trials per workload) instead of --budget")
+    more = ap.add_mutually_exclusive_group()
+    more.add_argument("--more", default="60m",
+                      help="phase 2's `--budget`, continuing the same database (default 60m; 0 skips phase 2)")
+    more.add_argument("--more-trials", type=int, default=None,
+                      help="phase 2 with `--trials N` (target trials per workload) instead of --more")
+    ap.add_argument("--home", type=Path, default=None,
+                    help="TUNEFLEET_HOME of the runs; reusing it continues the same database "
+                    "(default WORK_DIR/home-MODEL-HARDWARE)")
+    ap.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+                    help=f"libraries, ONNX files and the default home (default {DEFAULT_WORK_DIR})")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of every runtime (default the hardware class's num-cores, else 2)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds, at least 3 (default 5)")
+    ap.add_argument("--sgemm-n", type=int, default=2048, help="matrix size of the sgemm peak (default 2048)")
+    ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write everything measured here")
+    ap.add_argument("--batch-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
+    ap.add_argument("--image-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
+    ap.add_argument("--seq-len", type=int, default=None, help="zoo option passed to `tunefleet run`")
+    args = ap.parse_args(argv)
+    if args.rounds < 3:
+        ap.error("--rounds must be at least 3")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = args.work_dir.resolve()
+    home = (args.home or work / f"home-{args.model}-{args.hardware}").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    child_env = {**os.environ, "TUNEFLEET_HOME": str(home)}  # the runs' environment: not this process's threads
+    os.environ["TUNEFLEET_HOME"] = str(home)  # this process reads the same database (and config file)
+
+    phases_wanted = [("phase 1", ["--trials", str(args.trials)] if args.trials is not None else ["--budget", args.budget])]
+    if args.more_trials is not None:
+        phases_wanted.append(("phase 2", ["--trials", str(args.more_trials)]))
+    elif args.more not in ("0", "0m", "0s", "0h", ""):
+        phases_wanted.append(("phase 2", ["--budget", args.more]))
+
+    from tunefleet.config import load_settings, mask_url
+    from tunefleet.db import Database
+
+    settings = load_settings()
+    print(f"TUNEFLEET_HOME {home}; database {mask_url(settings.effective_database_url)}", flush=True)
+    out: dict[str, Any] = {"model": args.model, "hardware": args.hardware, "home": str(home),
+                           "host": {"machine": platform.machine(), "processor": _cpu_model(),
+                                    "usable_cores": len(os.sched_getaffinity(0))},
+                           "phases": []}
+    first = run_phase(phases_wanted[0][0], args, phases_wanted[0][1], work / f"out-{args.model}-{args.hardware}" / "phase1",
+                      child_env)
+    if "error" in first:
+        out["phases"].append(first)
+        return _finish(out, args.json, 1)
+    db = Database.from_settings(settings)
+    if args.threads is None:
+        cores = db.hardware_class(args.hardware).target.get("num-cores")
+        threads = int(cores) if cores else DEFAULT_THREADS
+    else:
+        threads = args.threads
+    pin_threads(threads)
+    out["threads"] = threads
+
+    peak = sgemm_peak(args.sgemm_n)
+    out["sgemm"] = peak
+    print(f"\nfp32 peak: sgemm {args.sgemm_n}^3 (numpy) {peak['gflops']:.1f} GFLOP/s on {threads} threads "
+          f"(OpenBLAS reports {_fmt(peak['blas_threads'], 'd')} threads)", flush=True)
+
+    # torch.compile's compile time from a cold cache on every invocation (inductor keeps one on disk).
+    inductor_cache = work / "inductor-cache"
+    shutil.rmtree(inductor_cache, ignore_errors=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache)
+
+    from tunefleet.models.zoo import build_zoo_model
+
+    zoo = build_zoo_model(args.model, **{k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len")
+                                         if getattr(args, k) is not None})
+    inputs_np = zoo.loaded.random_inputs(seed=0)
+    module, why_not = torch_module(zoo)
+    alt_calls: dict[str, Any] = {}
+    setup: dict[str, float] = {}
+    reference = None
+    if module is None:
+        skipped = dict.fromkeys(ALTERNATIVES, why_not or "no PyTorch module")
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # building the zoo model already started torch's inter-op pool
+            pass
+        print(f"preparing the alternatives (torch {torch.__version__}: eager, torch.compile, onnxruntime) ...", flush=True)
+        alt_calls, skipped, setup = alternatives(module, inputs_np, threads, work / f"{args.model}.onnx")
+        try:
+            reference = _outputs(alt_calls["torch eager"]())
+        except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
+            del alt_calls["torch eager"]
+            skipped["torch eager"] = _reason(exc)
+    out["setup_s"] = setup
+    out["not_measured"] = skipped
+    out["versions"] = _versions()
+
+    status = 0
+    for i, (name, amount) in enumerate(phases_wanted):
+        phase = first if i == 0 else run_phase(name, args, amount, work / f"out-{args.model}-{args.hardware}" / f"phase{i + 1}",
+                                               child_env)
+        if not phase["library"]:
+            if "error" not in phase:
+                print(f"   {phase['name']} wrote no library: nothing to time", flush=True)
+            out["phases"].append(phase)
+            status = 1
+            continue
+        phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds)
+        phase["ratios"] = print_latency(phase, skipped, setup, threads)
+        report = workload_shares(db, phase["model_id"], args.hardware, peak["gflops"])
+        phase["workload_report"] = report
+        print_workloads(report, peak["gflops"], phase["measure"]["latency"]["tunefleet tuned"]["ms"])
+        measured = phase["measured"]
+        per = f"{phase['wall_s'] / measured:.2f} s wall, {_fmt(phase['tune_s'] and phase['tune_s'] / measured, '.2f')} s tuning" \
+            if measured else "-"
+        print(f"\ntuning: {phase['name']} {phase['wall_s']:.0f} s wall (tune step {_fmt(phase['tune_s'], '.0f')} s), "
+              f"{measured} candidates measured ({phase['errors']} errors): {per} per measured candidate; the database "
+              f"holds {report['measurements']} measurements of this model's workloads on {args.hardware} "
+              f"({report['successful_measurements']} successful)", flush=True)
+        out["phases"].append(phase)
+
+    return _finish(out, args.json, status)
+
+
+def _finish(out: dict[str, Any], path: Path | None, status: int) -> int:
+    """Write what was measured (``--json``), also after a phase failed; the exit status."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2, default=str))
+        print(f"\nwrote {path}")
+    return status
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for dist in ("apache-tvm", "torch", "onnxruntime", "numpy", "transformers"):
+        try:
+            found[dist] = version(dist)
+        except PackageNotFoundError:
+            found[dist] = "not installed"
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())
