@@ -348,7 +348,7 @@ def workload_shares(db: Any, model_id: int, hardware: str, peak_gflops: float | 
     """Every workload of the model with its best latency on the class, by latency share; trial counts."""
     hw = db.hardware_class(hardware)
     rows, unmeasured, attempted, successful = [], [], 0, 0
-    for wl, weight in db.workloads(model_id):
+    for wl, weight in db.workloads(model_id, hw.id):
         attempted += db.count_measurements(wl.id, hw.id)
         successful += db.count_measurements(wl.id, hw.id, errors=False)
         best = db.best_measurements(wl.id, hw.id, 1)
