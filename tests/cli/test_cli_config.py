@@ -117,3 +117,16 @@ def test_tune_flags_named_like_knobs_reach_the_options(tunefleet_home, monkeypat
     assert given.preempt and given.energy_aware and given.filter_fraction == 0.5 and given.trials_per_iter == 7
     with pytest.raises(ParameterError, match=r"^invalid lease_s: -1\.0 \(Input should be greater than 0\)$"):
         tune_options(parse(["tune", "--lease-s", "-1"]), settings)
+
+
+def test_search_population_follows_the_round_size(tunefleet_home, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tunefleet.config import load_settings
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.errors import ParameterError
+
+    auto = TuneOptions.from_settings(load_settings())
+    assert [auto.population(n) for n in (1, 8, 16, 32, 64, 128)] == [128, 128, 128, 256, 512, 512]
+    monkeypatch.setenv("TUNEFLEET_SEARCH_POPULATION", "300")
+    assert TuneOptions.from_settings(load_settings()).population(8) == 300
+    with pytest.raises(ParameterError, match="invalid search_population: 8"):
+        TuneOptions.validated(search_population=8)

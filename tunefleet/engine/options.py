@@ -56,6 +56,12 @@ class TuneOptions(TuneKnobs):
         (``docs/performance.md``)."""
         return self.replace(preempt=True, energy_aware=True, filter_fraction=min(self.filter_fraction, 0.5))
 
+    def population(self, round_size: int) -> int:
+        """The evolutionary search's population for rounds of ``round_size`` candidates."""
+        if self.search_population is not None:
+            return self.search_population
+        return min(512, max(128, 8 * round_size))
+
     @property
     def policy(self) -> PreemptionPolicy:
         """The plateau preemption policy (disabled unless ``preempt``)."""

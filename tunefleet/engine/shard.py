@@ -80,6 +80,16 @@ class ShardResult:
     warm_start_dropped: str | None = None
     """Why the class's trained model stopped guiding this shard's search (it misranked its
     measurements: :class:`tunefleet.engine.learned.FleetCostModel`), or None."""
+    search_s: float = 0.0
+    """Of ``seconds``: proposing candidates (see :class:`tunefleet.tvm.commit.ShardProgress`)."""
+    build_s: float = 0.0
+    run_s: float = 0.0
+
+
+def _build_wall(builder: Any) -> Any:
+    """The builder's wall-time counter (PersistentBuilder), or None for builders without one."""
+    stats = getattr(builder, "stats", None)
+    return (lambda: stats.wall_seconds) if stats is not None and hasattr(stats, "wall_seconds") else None
 
 
 def new_online_model(threads: int) -> Any:
@@ -179,7 +189,8 @@ class ShardRun:
         import_tensor_intrinsics()  # the fast way; TuneContext would otherwise import them slowly
         self.known = self.db.measured_trace_hashes(self.wl.id, self.hw.id)
         seeds = [trace for p in policies for trace in p.seeds(self)]
-        self.search = ResumingSearch(ms.search_strategy.EvolutionarySearch(), self.known,
+        population = self.options.population(min(self.options.trials_per_iter, self.remaining))
+        self.search = ResumingSearch(ms.search_strategy.EvolutionarySearch(population_size=population), self.known,
                                      include_default=self.target.kind.name == "llvm", progress=self.progress,
                                      seeds=seeds, budget=self.remaining)
         self.search.should_stop = self._should_stop(policies)
@@ -213,6 +224,7 @@ class ShardRun:
                 self.committer, build_seconds=getattr(self.builder, "pop_build_time", None),
                 measure_info=getattr(self.runner, "pop_measure_info", None),
                 annotate=accounting.annotate if accounting is not None else None, progress=self.progress,
+                build_wall=_build_wall(self.builder),
                 after_commit=[self._report_batch, *(p.after_round for p in policies), hb.check])
             ms.tune_tasks(
                 tasks=[self.ctx], task_weights=[1.0], work_dir=tmp, max_trials_global=self.remaining,
@@ -243,7 +255,8 @@ class ShardRun:
             commit_s=p.commit_s + time.perf_counter() - t0, filtered=p.filtered, preempted=preempted,
             unused_trials=self.unused() if preempted else 0,
             filter_stopped=next((x.stopped for x in policies if isinstance(x, Filter)), None),
-            warm_start_dropped=next((x.dropped for x in policies if isinstance(x, WarmStart)), None))
+            warm_start_dropped=next((x.dropped for x in policies if isinstance(x, WarmStart)), None),
+            search_s=p.search_s, build_s=p.build_s, run_s=p.run_s)
 
     # -- what policies ask of the run ------------------------------------------------------------
     def unused(self) -> int:

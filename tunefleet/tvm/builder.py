@@ -136,6 +136,9 @@ class BuilderStats:
     crashes: int = 0
     pool_starts: int = 0
     build_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    """Wall time inside :meth:`PersistentBuilder.build` (batches build in parallel: less than
+    ``build_seconds``, the sum over candidates)."""
     startup_seconds: list[float] = field(default_factory=list)
 
 
@@ -558,8 +561,10 @@ class PersistentBuilder(PyBuilder):
         BuilderStartupError
             Only if the worker pool cannot start at all.
         """
+        t0 = time.monotonic()
         with self._lock:
             stats = self._build_locked(list(build_inputs))
+        self.stats.wall_seconds += time.monotonic() - t0
         self.last_batch = stats
         if self.on_build is not None:
             for stat in stats:

@@ -42,6 +42,14 @@ class ShardProgress:
     first_best_s: float | None = None
     batches: int = 0
     commit_s: float = 0.0
+    search_s: float = 0.0
+    """Wall time the search spent proposing candidates (sampling, evolving, cost-model scoring)."""
+    build_s: float = 0.0
+    """Wall time building the proposed candidates (when the builder reports it)."""
+    run_s: float = 0.0
+    """Wall time from the builds' end to the batch's results: measuring on this node."""
+    proposed_at: float | None = None
+    """When the search last handed a batch out (the build starts then)."""
     started: float = field(default_factory=time.monotonic)
 
     def count(self, records: list[NewMeasurement]) -> None:
@@ -130,9 +138,11 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
                  measure_info: Callable[[str], dict[str, Any] | None] | None = None,
                  annotate: Callable[[list[NewMeasurement]], Any] | None = None,
                  after_commit: list[Callable[[list[NewMeasurement], Any], None]] | None = None,
-                 progress: ShardProgress | None = None) -> None:
+                 progress: ShardProgress | None = None, build_wall: Callable[[], float] | None = None) -> None:
         self.committer = committer
         self.build_seconds, self.measure_info = build_seconds, measure_info
+        self.build_wall = build_wall
+        self._build_wall_seen = build_wall() if build_wall is not None else 0.0
         self.annotate = annotate
         self.after_commit = list(after_commit or [])
         self.progress = progress or ShardProgress()
@@ -148,7 +158,22 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
             self.failure = exc
             raise
 
+    def _time_batch(self) -> None:
+        """Split the batch's wall time since the search handed it out into build and run."""
+        p = self.progress
+        if p.proposed_at is None:
+            return
+        batch = time.monotonic() - p.proposed_at
+        build = 0.0
+        if self.build_wall is not None:
+            wall = self.build_wall()
+            build, self._build_wall_seen = min(batch, wall - self._build_wall_seen), wall
+        p.build_s += build
+        p.run_s += batch - build
+        p.proposed_at = None
+
     def _apply(self, cands: list[Any], built: list[Any], ran: list[Any]) -> None:
+        self._time_batch()
         rows = self.committer.measured(cands, built, ran, build_seconds=self.build_seconds,
                                        measure_info=self.measure_info)
         note = self.annotate(rows) if self.annotate is not None else None

@@ -10,6 +10,7 @@ results — comes through hooks the engine's policies provide; this module knows
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -87,6 +88,14 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self.inner.post_tuning()
 
     def generate_measure_candidates(self) -> list[Any] | None:
+        t0 = time.monotonic()
+        try:
+            return self._generate_measure_candidates()
+        finally:
+            self.progress.proposed_at = now = time.monotonic()
+            self.progress.search_s += now - t0
+
+    def _generate_measure_candidates(self) -> list[Any] | None:
         reason = self.should_stop() if self.should_stop else None
         if reason:
             self.progress.stop_reason = reason
@@ -101,7 +110,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
             out = out[:left]
         out = self._select(out)
         self.handed_out += len(out) + self._dropped_now
-        return out or self.generate_measure_candidates()
+        return out or self._generate_measure_candidates()
 
     def _select(self, out: list[Any]) -> list[Any]:
         """The round's forced candidates (default, seeds) and the search's that ``select`` keeps."""
