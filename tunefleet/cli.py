@@ -52,6 +52,24 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
+def at_least(minimum: int, flag: str) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum``; anything else is one
+    :class:`~tunefleet.errors.ParameterError` line naming ``flag``, before any work (flags that
+    are :class:`~tunefleet.config.TuneKnobs` fields are checked by the options instead)."""
+    from tunefleet.errors import ParameterError
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ParameterError(f"invalid {flag}: {text!r} (not an integer)") from None
+        if value < minimum:
+            raise ParameterError(f"invalid {flag}: {value} (must be >= {minimum})")
+        return value
+
+    return parse
+
+
 # -- config ---------------------------------------------------------------------------------
 def cmd_config_show(args: argparse.Namespace, settings: Settings) -> int:
     masked = settings.masked()
@@ -812,7 +830,7 @@ def build_parser() -> argparse.ArgumentParser:
     rtu.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
     rtu.add_argument("-o", "--output", default=None, metavar="FILE",
                      help="PNG to write (default <model>-<hardware>-tuning.png in the current directory)")
-    rtu.add_argument("--top", type=int, default=6,
+    rtu.add_argument("--top", type=at_least(1, "--top"), default=6,
                      help="plot this many workloads, those with the largest calls x best latency (default 6)")
     rtu.set_defaults(handler=cmd_report_tuning)
 
@@ -934,13 +952,13 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("best", help="best measured schedule of a workload on a hardware class")
     be.add_argument("workload", help="structural hash (or a unique prefix)")
     be.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
-    be.add_argument("--top", type=int, default=1, help="show this many best schedules (default 1)")
+    be.add_argument("--top", type=at_least(1, "--top"), default=1, help="show this many best schedules (default 1)")
     be.add_argument("--json", action="store_true", help="print JSON instead of a table")
     be.add_argument("--zero-shot", action="store_true",
                     help="never measured on this class: show the current cost model's proposals (PREDICTED)")
     be.add_argument("--transfer", action="store_true",
                     help="never measured on this class: the best schedule of the most compatible class (TRANSFERRED)")
-    be.add_argument("--verify", type=int, default=0, metavar="K",
+    be.add_argument("--verify", type=at_least(0, "--verify"), default=0, metavar="K",
                     help="with --zero-shot: measure the top K proposals; with --transfer: measure it (K >= 1)")
     be.set_defaults(handler=cmd_best)
 
@@ -951,8 +969,8 @@ def build_parser() -> argparse.ArgumentParser:
     bu.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bu.add_argument("--zero-shot", action="store_true",
                     help="workloads never measured on this class get the current cost model's best proposal")
-    bu.add_argument("--top-k", type=int, default=5, help="with --zero-shot: proposals stored per workload (default 5)")
-    bu.add_argument("--verify", type=int, default=0, metavar="K",
+    bu.add_argument("--top-k", type=at_least(1, "--top-k"), default=5, help="with --zero-shot: proposals stored per workload (default 5)")
+    bu.add_argument("--verify", type=at_least(0, "--verify"), default=0, metavar="K",
                     help="with --zero-shot: measure the top K proposals of each such workload here")
     bu.add_argument("--transfer", action="store_true",
                     help="workloads never measured on this class use the most compatible class's best schedule")
@@ -961,15 +979,15 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export-db", help="write the best records as MetaSchedule JSON database files")
     ex.add_argument("directory", help="directory to write the JSONDatabase files to")
     ex.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
-    ex.add_argument("--top", type=int, default=1, help="records per workload (default 1)")
+    ex.add_argument("--top", type=at_least(1, "--top"), default=1, help="records per workload (default 1)")
     ex.set_defaults(handler=cmd_export_db)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)  # a flag's type may refuse its value (a ParameterError)
         from tunefleet.config import load_settings
 
         settings = load_settings()

@@ -23,7 +23,7 @@ from pydantic_settings import (
 )
 
 from tunefleet.errors import ConfigError
-from tunefleet.vocab import DEFAULT_LEASE_S, DEFAULT_MIN_AGREEMENT
+from tunefleet.vocab import DEFAULT_LEASE_S, DEFAULT_MIN_AGREEMENT, MIN_LEASE_S
 
 ENV_PREFIX = "TUNEFLEET_"
 
@@ -62,8 +62,8 @@ class TuneKnobs(BaseModel):
     the engine's options object (:class:`tunefleet.engine.options.TuneOptions`), which CLI flags and
     flow parameters of the same name override. A new knob is one field here."""
 
-    lease_s: float = Field(default=DEFAULT_LEASE_S, gt=0, description="Shard lease length in seconds; "
-                           "heartbeats renew it every third.")
+    lease_s: float = Field(default=DEFAULT_LEASE_S, ge=MIN_LEASE_S, description="Shard lease length in seconds "
+                           "(at least 3); heartbeats renew it every third.")
     trials_per_iter: int = Field(default=64, ge=1, description="Candidates measured per batch.")
     search_population: int | None = Field(
         default=None, ge=16, le=4096,

@@ -12,6 +12,9 @@ STATES = (PENDING, LEASED, DONE, FAILED, CANCELLED)
 
 DEFAULT_LEASE_S = 120.0
 """Lease length of a shard; heartbeats renew it every third of it."""
+MIN_LEASE_S = 3.0
+"""The shortest lease: heartbeats run every third of it and at most once a second
+(tunefleet.engine.heartbeat), so a shorter lease would expire between two heartbeats."""
 
 # -- candidate kinds (a measurement's ``error_kind``) ---------------------------------------------
 BUILD_ERROR, RUN_ERROR = "build", "run"

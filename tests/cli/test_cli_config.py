@@ -115,7 +115,7 @@ def test_tune_flags_named_like_knobs_reach_the_options(tunefleet_home, monkeypat
                                 "--cold", "--efficient"]), settings)
     assert (given.warm_start_min_agreement, given.transfer, given.lease_s, given.warm_start) == (0.2, False, 30.0, False)
     assert given.preempt and given.energy_aware and given.filter_fraction == 0.5 and given.trials_per_iter == 7
-    with pytest.raises(ParameterError, match=r"^invalid lease_s: -1\.0 \(Input should be greater than 0\)$"):
+    with pytest.raises(ParameterError, match=r"^invalid lease_s: -1\.0 \(Input should be greater than or equal to 3\)$"):
         tune_options(parse(["tune", "--lease-s", "-1"]), settings)
 
 
