@@ -15,7 +15,7 @@ from tests.cli.test_cli_config import error_line, run_cli
     (["tune", "--trials-per-iter", "-4"], "invalid trials_per_iter: -4"),
     (["best", "0123abcd", "--top", "-1"], "invalid --top: -1 (must be >= 1)"),
     (["best", "0123abcd", "--zero-shot", "--top", "0"], "invalid --top: 0 (must be >= 1)"),
-    (["export-db", "out", "--top", "-2"], "invalid --top: -2 (must be >= 1)"),
+    (["export-db", "{tmp}/out", "--top", "-2"], "invalid --top: -2 (must be >= 1)"),
     (["report", "tuning", "mlp", "--top", "-1"], "invalid --top: -1 (must be >= 1)"),
     (["build", "mlp", "--zero-shot", "--top-k", "0"], "invalid --top-k: 0 (must be >= 1)"),
     (["best", "0123abcd", "--top", "many"], "invalid --top: 'many' (not an integer)"),
@@ -23,7 +23,7 @@ from tests.cli.test_cli_config import error_line, run_cli
     (["build", "mlp", "--zero-shot", "--verify", "-3"], "invalid --verify: -3 (must be >= 0)"),
 ])
 def test_bad_flags_are_refused_up_front_in_one_line(tmp_path, args: list[str], named: str) -> None:  # type: ignore[no-untyped-def]
-    out = run_cli(*args, env={"TUNEFLEET_HOME": str(tmp_path)})
+    out = run_cli(*(a.format(tmp=tmp_path) for a in args), env={"TUNEFLEET_HOME": str(tmp_path)})
     assert out.returncode == 2, out.stderr
     assert named in error_line(out.stderr)
     assert not (tmp_path / "tunefleet.db").exists(), "refused before the database was opened"
