@@ -30,6 +30,11 @@ class DatabaseUnavailableError(DatabaseError, TransientError):
     """The database connection failed or was lost (server down, network cut, lock timeout)."""
 
 
+class ConflictError(DatabaseError, TransientError):
+    """A write collided with a concurrent one (a unique key taken meanwhile, e.g. two exports
+    reserving the same dataset version): running it again resolves it."""
+
+
 class SchemaOutdatedError(DatabaseError):
     """The database schema is at an older revision than this tunefleet."""
 

@@ -50,3 +50,26 @@ def test_options_validator_refuses_short_leases() -> None:
         TuneOptions.validated(lease_s=0.5)
     with pytest.raises(ParameterError, match=r"^invalid trials_per_iter: 0 "):
         TuneOptions.validated(trials_per_iter=0)
+
+
+def test_a_write_that_lost_a_race_is_one_line(tunefleet_home, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Two `dataset export`s at once reserve the same version: the loser prints one line, exit 2."""
+    from sqlalchemy.engine import Engine
+
+    from tests.db.test_db_conflicts import RACED_DATASET, inserted_just_before
+    from tunefleet.cli import main
+    from tunefleet.config import load_settings
+    from tunefleet.context import Context
+    from tunefleet.db import NewMeasurement
+
+    ctx = Context(load_settings())
+    hw = ctx.db.hardware_class("x86")
+    wl, _ = ctx.db.add_workload(structural_hash="0" * 32, name="raced", op_kind="dense", flops=1.0, tir_json="{}")
+    ctx.db.commit_measurements([NewMeasurement(wl.id, hw.id, "[]", [1e-4, 1e-4])])
+    ctx.close()
+    with inserted_just_before(Engine, "datasets", RACED_DATASET) as fired:
+        code = main(["dataset", "export"])
+    err = capsys.readouterr().err
+    assert fired and code == 2, err
+    assert "Traceback" not in err and "IntegrityError" not in err
+    assert "conflicted with a concurrent one" in error_line(err) and "run it again" in error_line(err)

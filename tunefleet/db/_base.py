@@ -2,7 +2,9 @@
 
 Every method opens its own short transaction, so a caller never holds locks across TVM work.
 Storage errors are never swallowed: connection problems surface as :class:`DatabaseError`
-with one line naming the database (password masked) and the driver's reason.
+with one line naming the database (password masked) and the driver's reason, and so do
+integrity errors: a unique key a concurrent write took first is a retryable
+:class:`~tunefleet.errors.ConflictError`, any other refused change a plain :class:`DatabaseError`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ from typing import TYPE_CHECKING, Any, Self
 
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunefleet.db.engine import describe_db_error, ensure_schema, is_connection_problem, make_engine, masked_url
-from tunefleet.errors import DatabaseError, DatabaseUnavailableError
+from tunefleet.db.engine import (
+    describe_db_error,
+    ensure_schema,
+    is_connection_problem,
+    is_unique_violation,
+    make_engine,
+    masked_url,
+)
+from tunefleet.errors import ConflictError, DatabaseError, DatabaseUnavailableError
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -86,6 +95,11 @@ class DatabaseBase:
         except OperationalError as exc:
             cls = DatabaseUnavailableError if is_connection_problem(exc) else DatabaseError
             raise cls(f"database {masked_url(self.url)} failed: {describe_db_error(exc)}") from exc
+        except IntegrityError as exc:
+            if is_unique_violation(exc):
+                raise ConflictError(f"database {masked_url(self.url)}: this write conflicted with a concurrent one "
+                                    f"({describe_db_error(exc)}); run it again") from exc
+            raise DatabaseError(f"database {masked_url(self.url)} refused the change: {describe_db_error(exc)}") from exc
 
     def _insert(self, table: Any) -> Any:
         return (pg_dialect.insert if self.dialect == "postgresql" else sqlite_dialect.insert)(table)

@@ -52,6 +52,15 @@ def is_connection_problem(exc: BaseException) -> bool:
     return not any(p in text for p in _PERMANENT)
 
 
+def is_unique_violation(exc: BaseException) -> bool:
+    """Whether an integrity error is a unique key (or primary key) already taken: what a concurrent
+    write of the same key causes, unlike a foreign key, NOT NULL or CHECK violation."""
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "pgcode", None) == "23505":  # PostgreSQL unique_violation
+        return True
+    return "UNIQUE constraint failed" in str(orig)  # SQLite, primary keys included
+
+
 def make_engine(url: str, *, connect_timeout_s: float = 5.0, statement_timeout_s: float = 0.0) -> Engine:
     """Create an engine with bounded connection time on every backend."""
     parsed = make_url(url)
