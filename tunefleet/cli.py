@@ -516,7 +516,9 @@ def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
             db = Database.from_settings(settings, check_schema=False)
             released = f"{sum(len(db.release_leases(owner)) for owner in owners)} shard lease(s) given back"
         except Exception as exc:  # noqa: BLE001 - the leases then expire on their own
-            released = f"leases not given back ({str(exc).splitlines()[0]}); they expire by themselves"
+            from tunefleet.config import mask_secrets
+
+            released = f"leases not given back ({mask_secrets(str(exc).splitlines()[0])}); they expire by themselves"
         for child in children:
             child.terminate()
         _, alive = psutil.wait_procs(children, timeout=5)
@@ -1007,7 +1009,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler: Handler = args.handler
         return int(handler(args, settings) or 0)
     except TunefleetError as exc:
-        print(f"tunefleet: error: {exc}", file=sys.stderr)
+        from tunefleet.config import mask_secrets
+
+        print(f"tunefleet: error: {mask_secrets(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tunefleet: interrupted", file=sys.stderr)

@@ -12,7 +12,6 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -32,14 +31,40 @@ ENV_PREFIX = "TUNEFLEET_"
 _URL_SCHEME = re.compile(r"^(?P<backend>[A-Za-z][A-Za-z0-9_]*)(\+[A-Za-z0-9_]+)?://")
 
 
+# Query parameters and key=value words that carry a secret: password, sslpassword, secret_key, token...
+_SECRET_KEY = r"[A-Za-z0-9_.-]*(?:password|passwd|secret|token)[A-Za-z0-9_.-]*"
+_SECRET_IN_QUERY = re.compile(rf"(?i)([?&;]{_SECRET_KEY}=)[^&#]*")
+_SECRET_IN_TEXT = re.compile(rf"(?i)(?<![A-Za-z0-9_.-])({_SECRET_KEY}=)('[^']*'|\"[^\"]*\"|[^\s&;,'\"]+)")
+_URL_IN_TEXT = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_USER = re.compile(r"[^:/?#@]*:")
+MASK = "***"
+
+
 def mask_url(url: str) -> str:
-    """``url`` with the password of its user-info replaced by ``***`` (as SQLAlchemy shows it)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user_info, _, host = parts.netloc.rpartition("@")
-    user = user_info.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` with its passwords replaced by ``***``: the user-info's (``user:***@host``, as
+    SQLAlchemy shows it) and every password-like query parameter (``?password=***``,
+    ``&sslpassword=***``). A URL without a scheme (``user:pw@host:port``) is masked too.
+
+    The user-info password runs from the first ``:`` to the last ``@`` of the authority, so an
+    unencoded ``@`` or ``/`` in it (which SQLAlchemy accepts) is hidden as well."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    user = _USER.match(rest)
+    at = rest.find("@", user.end()) if user else -1
+    if user and at >= 0:
+        # the authority ends at the first / ? # after its first @; the password at its last @
+        ends = [i for i in (rest.find(c, at) for c in "/?#") if i >= 0]
+        at = rest.rfind("@", 0, min(ends) if ends else len(rest))
+        rest = f"{rest[:user.end()]}{MASK}{rest[at:]}"
+    return (scheme + sep if sep else "") + _SECRET_IN_QUERY.sub(rf"\1{MASK}", rest)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` (an error message, a log line) with every URL masked by :func:`mask_url` and every
+    ``password=...``-like word (a libpq connection string's) replaced by ``***``."""
+    text = _URL_IN_TEXT.sub(lambda m: mask_url(m.group(0)), text)
+    return _SECRET_IN_TEXT.sub(rf"\1{MASK}", text)
 
 
 def _default_home() -> Path:
@@ -151,7 +176,10 @@ class Settings(BaseSettings, TuneKnobs):
     @classmethod
     def _no_scheme(cls, value: str) -> str:
         if "://" in value:
-            raise ValueError("give host:port without a scheme; use TUNEFLEET_S3_SECURE for TLS")
+            raise ValueError(f"give host:port without a scheme ({mask_url(value)!r}); use TUNEFLEET_S3_SECURE for TLS")
+        if "@" in value:
+            raise ValueError(f"give host:port without credentials ({mask_url(value)!r}); the key pair goes in "
+                             "TUNEFLEET_S3_ACCESS_KEY and TUNEFLEET_S3_SECRET_KEY")
         return value
 
     @field_validator("database_url")
@@ -201,6 +229,9 @@ class Settings(BaseSettings, TuneKnobs):
                 value = str(value)
             out[name] = value
         out["database_url"] = mask_url(self.effective_database_url)
+        out["s3_endpoint"] = mask_url(self.s3_endpoint)
+        if self.metrics_pushgateway:
+            out["metrics_pushgateway"] = mask_url(self.metrics_pushgateway)
         out["store_path"] = str(self.effective_store_path)
         return out
 

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, push_to_gateway, start_http_server
 
+from tunefleet.config import mask_secrets, mask_url
 from tunefleet.errors import TransientError
 
 if TYPE_CHECKING:
@@ -85,6 +86,26 @@ _SOURCE_RE = re.compile(r"^(?:%s)(?:\+(?:%s))*$" % (("|".join(ENERGY_SOURCES),) 
 _WORKLOAD_RE = re.compile(r"^[0-9a-f]{16,}$")
 #: Default seconds a push may take before it fails.
 PUSH_TIMEOUT_S: Final = 5.0
+
+
+def _without_credentials(gateway: str) -> tuple[str, Callable[..., Callable[[], None]]]:
+    """The gateway address without user-info, and the push handler: HTTP basic authentication
+    with the user-info's (percent-decoded) name and password when the URL carries one."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    from prometheus_client.exposition import basic_auth_handler, default_handler
+
+    if "://" not in gateway or "@" not in gateway:
+        return gateway, default_handler
+    parts = urlsplit(gateway)
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    plain = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+    def handler(url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
+                data: bytes) -> Callable[[], None]:
+        return basic_auth_handler(url, method, timeout, headers, data, username=user, password=password)
+
+    return plain, handler
 
 
 class PushgatewayError(TransientError):
@@ -280,7 +301,8 @@ class FleetMetrics:
         Parameters
         ----------
         gateway
-            ``host:port`` or a URL (``http://host:port``).
+            ``host:port`` or a URL (``http://host:port``); a URL's user-info
+            (``https://user:password@host:9091``) is sent as HTTP basic authentication.
         job
             The ``job`` label of the group.
         grouping_key
@@ -307,14 +329,17 @@ class FleetMetrics:
         previous, self._last_push_at = self._last_push_at, time.time()
         self.last_push.set(self._last_push_at)
         try:
-            push_to_gateway(gateway, job=job, registry=self.registry, grouping_key=dict(grouping_key), timeout=timeout)
+            address, handler = _without_credentials(gateway)
+            push_to_gateway(address, job=job, registry=self.registry, grouping_key=dict(grouping_key), timeout=timeout,
+                            handler=handler)
         except OSError as exc:  # URLError, timeouts, refused connections, non-2xx answers
             self._last_push_at = previous  # a failed push is no push
             self.last_push.set(previous)
             reason = getattr(exc, "reason", None) or exc
-            detail = " ".join(str(reason).split()) or type(exc).__name__
+            detail = mask_secrets(" ".join(str(reason).split())) or type(exc).__name__
             raise PushgatewayError(
-                f"cannot push metrics to the Pushgateway at {gateway} (job {job!r}, group {dict(grouping_key)}): {detail}"
+                f"cannot push metrics to the Pushgateway at {mask_url(gateway)} (job {job!r}, group {dict(grouping_key)}): "
+                f"{detail}"
             ) from exc
 
     def _check_grouping_key(self, grouping_key: Mapping[str, str]) -> None:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
+from tunefleet.config import mask_secrets, mask_url
 from tunefleet.errors import DatabaseError, DatabaseUnavailableError, SchemaOutdatedError, SchemaTooNewError
 
 if TYPE_CHECKING:
@@ -27,14 +28,15 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 
 def masked_url(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
+    """The URL with its passwords masked (user-info and ``?password=``), never failing to parse."""
+    return mask_url(url)
 
 
 def describe_db_error(exc: BaseException) -> str:
-    """First line of the driver's message, without SQLAlchemy's boilerplate."""
+    """First line of the driver's message, without SQLAlchemy's boilerplate (passwords masked)."""
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
-    return text[0].strip() if text else type(orig).__name__
+    return mask_secrets(text[0].strip()) if text else type(orig).__name__
 
 
 _PERMANENT = ("authentication failed", "does not exist", "permission denied", "no password supplied",
@@ -63,7 +65,10 @@ def is_unique_violation(exc: BaseException) -> bool:
 
 def make_engine(url: str, *, connect_timeout_s: float = 5.0, statement_timeout_s: float = 0.0) -> Engine:
     """Create an engine with bounded connection time on every backend."""
-    parsed = make_url(url)
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:  # e.g. a port that is not a number
+        raise DatabaseError(f"invalid database URL {masked_url(url)}: {mask_secrets(str(exc))}") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         database = parsed.database

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from tunefleet.config import mask_url
 from tunefleet.errors import ArtifactStoreError, ArtifactStoreUnavailableError
 from tunefleet.store.base import CHUNK_SIZE, ArtifactStore, check_key, check_prefix
 
@@ -96,8 +97,9 @@ class S3Store(ArtifactStore):
         retries: int = 2,
         connect_timeout_s: float = 2.5,
     ) -> None:
-        if "://" in endpoint or "/" in endpoint or not endpoint:
-            raise ArtifactStoreError(f"invalid S3 endpoint {endpoint!r}: give host:port without a scheme or path")
+        if "://" in endpoint or "/" in endpoint or "@" in endpoint or not endpoint:
+            raise ArtifactStoreError(f"invalid S3 endpoint {mask_url(endpoint)!r}: give host:port without a scheme, "
+                                     "path or credentials (those are the access and secret keys)")
         if timeout_s <= 0:
             raise ArtifactStoreError(f"invalid S3 timeout {timeout_s!r}: must be positive")
         if retries < 0:
