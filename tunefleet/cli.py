@@ -736,7 +736,9 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     ctx = Context(settings)
     classes = [ctx.db.hardware_class(n) for n in args.hardware] if args.hardware else ctx.db.hardware_classes()
     res = deploy({h.name: h.node_pool for h in classes}, pool_type=args.pool_type, concurrency=args.concurrency)
-    print(f"Prefect server {res.api_url}")
+    from tunefleet.config import mask_url
+
+    print(f"Prefect server {mask_url(res.api_url)}")
     if res.pools_created:
         print(f"created work pool(s): {', '.join(res.pools_created)} ({args.pool_type})")
     if res.pools_updated:
