@@ -83,17 +83,29 @@ app.kubernetes.io/part-of: tunefleet
 {{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
 {{- end }}
 
+{{/* A user name or password percent-encoded for a URL's user-info, as SQLAlchemy's make_url (which
+     tunefleet and Prefect read the URLs with) decodes it: urlquery encodes everything but letters,
+     digits and "-_.~", a literal "+" as %2B and a space as "+", which make_url would read back as a
+     literal "+"; so every "+" left is a space and becomes %20. */}}
+{{- define "tunefleet.urlUserInfo" -}}
+{{- urlquery . | replace "+" "%20" }}
+{{- end }}
+
 {{/* The database URLs, composed for the Secret the chart creates. */}}
 {{- define "tunefleet.databaseUrl" -}}
 {{- $db := .Values.database }}
-{{- $url := printf "postgresql+psycopg2://%s:%s@%s:%d/%s" (urlquery $db.user) (urlquery .Values.secrets.databasePassword) $db.host (int $db.port) $db.name }}
+{{- $user := include "tunefleet.urlUserInfo" $db.user }}
+{{- $password := include "tunefleet.urlUserInfo" .Values.secrets.databasePassword }}
+{{- $url := printf "postgresql+psycopg2://%s:%s@%s:%d/%s" $user $password $db.host (int $db.port) $db.name }}
 {{- if $db.sslmode }}{{ $url = printf "%s?sslmode=%s" $url $db.sslmode }}{{ end }}
 {{- $url }}
 {{- end }}
 
 {{- define "tunefleet.prefectDatabaseUrl" -}}
 {{- $db := .Values.database }}
-{{- $url := printf "postgresql+asyncpg://%s:%s@%s:%d/%s" (urlquery $db.user) (urlquery .Values.secrets.databasePassword) $db.host (int $db.port) .Values.prefect.server.database.name }}
+{{- $user := include "tunefleet.urlUserInfo" $db.user }}
+{{- $password := include "tunefleet.urlUserInfo" .Values.secrets.databasePassword }}
+{{- $url := printf "postgresql+asyncpg://%s:%s@%s:%d/%s" $user $password $db.host (int $db.port) .Values.prefect.server.database.name }}
 {{- if has $db.sslmode (list "require" "verify-ca" "verify-full") }}{{ $url = printf "%s?ssl=%s" $url $db.sslmode }}{{ end }}
 {{- $url }}
 {{- end }}
