@@ -42,9 +42,8 @@ def inserted_just_before(target: Any, table: str, sql: str) -> Iterator[list[str
 
 def test_unique_key_taken_meanwhile_is_one_retryable_line(db_url: str) -> None:
     db = Database(db_url)
-    with inserted_just_before(db.engine, "datasets", RACED_DATASET) as fired:
-        with pytest.raises(ConflictError) as exc:
-            db.add_dataset(uri="", manifest={}, row_count=0)
+    with inserted_just_before(db.engine, "datasets", RACED_DATASET) as fired, pytest.raises(ConflictError) as exc:
+        db.add_dataset(uri="", manifest={}, row_count=0)
     assert fired
     msg = str(exc.value)
     assert "\n" not in msg and "Traceback" not in msg

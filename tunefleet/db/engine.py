@@ -58,7 +58,7 @@ def is_unique_violation(exc: BaseException) -> bool:
     """Whether an integrity error is a unique key (or primary key) already taken: what a concurrent
     write of the same key causes, unlike a foreign key, NOT NULL or CHECK violation."""
     orig = getattr(exc, "orig", None) or exc
-    if getattr(orig, "pgcode", None) == "23505":  # PostgreSQL unique_violation
+    if "23505" in (getattr(orig, "pgcode", None), getattr(orig, "sqlstate", None)):  # PostgreSQL unique_violation
         return True
     return "UNIQUE constraint failed" in str(orig)  # SQLite, primary keys included
 
