@@ -6,6 +6,8 @@ engine and the orchestration layer can all name these without importing each oth
 
 from __future__ import annotations
 
+import re
+
 # -- shard states (the lease state machine: tunefleet.shards) -----------------------------------
 PENDING, LEASED, DONE, FAILED, CANCELLED = "pending", "leased", "done", "failed", "cancelled"
 STATES = (PENDING, LEASED, DONE, FAILED, CANCELLED)
@@ -26,6 +28,18 @@ DEFAULT_TRACE_JSON = "[[],[]]"
 """The stored trace of a workload's default (unscheduled) program: what an untuned build runs."""
 DEFAULT_TRACE_SHA256 = "643d5437104296e21d906ecb15b2c96ad278f20cfc4af53b12bb6069bd853726"
 """sha256 of :data:`DEFAULT_TRACE_JSON` (a test checks it)."""
+
+
+# -- workload names ------------------------------------------------------------------------------
+def task_name_key(task_name: str) -> str:
+    """The fused-op sequence of a task name: ``fused_conv2d1_add1_relu1`` -> ``conv2d_add_relu``.
+
+    ``fused_`` and the numeric suffixes TVM adds to repeated ops are removed, so the workloads of
+    one operator at other shapes (in one model or in several) share the key.
+    """
+    name = task_name.removeprefix("fused_")
+    return "_".join(re.sub(r"(?<=[a-z])\d+$", "", tok) for tok in name.split("_"))
+
 
 # -- cost-model audits ------------------------------------------------------------------------------
 DEFAULT_MIN_AGREEMENT = 0.6
