@@ -2,8 +2,8 @@
 
 Public API: :class:`Database`, :class:`NewMeasurement`, the records some of its methods take or
 return (:class:`PlanRow`, :class:`TrialGrant`, :class:`EnergyTotals`, :class:`EnergyGroup`,
-:class:`OutlookInputs`, :class:`TimelinePoint`), and the schema helpers :func:`upgrade`, :func:`downgrade`,
-:func:`current_revision`, :func:`head_revision`.
+:class:`OutlookInputs`, :class:`TimelinePoint`, :class:`SimilarWorkload`), and the schema helpers
+:func:`upgrade`, :func:`downgrade`, :func:`current_revision`, :func:`head_revision`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from tunefleet.db.database import (
     NewMeasurement,
     OutlookInputs,
     PlanRow,
+    SimilarWorkload,
     TimelinePoint,
     TrialGrant,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "NewMeasurement",
     "OutlookInputs",
     "PlanRow",
+    "SimilarWorkload",
     "TimelinePoint",
     "TrialGrant",
     "current_revision",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tunefleet.db._base import sha256_text
 from tunefleet.db.learning import LearningMixin
-from tunefleet.db.measurements import MeasurementsMixin, NewMeasurement
+from tunefleet.db.measurements import MeasurementsMixin, NewMeasurement, SimilarWorkload
 from tunefleet.db.reports import EnergyGroup, EnergyTotals, OutlookInputs, ReportsMixin, TimelinePoint
 from tunefleet.db.shards import PlanRow, ShardsMixin, TrialGrant
 from tunefleet.vocab import FILTERED
@@ -34,6 +34,7 @@ __all__ = [
     "NewMeasurement",
     "OutlookInputs",
     "PlanRow",
+    "SimilarWorkload",
     "TimelinePoint",
     "TrialGrant",
     "sha256_text",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from sqlalchemy import func, select, update
 from tunefleet.db._base import sha256_text
 from tunefleet.db.catalog import CatalogMixin
 from tunefleet.db.models import Measurement, TuningState, Workload
+from tunefleet.vocab import DEFAULT_TRACE_SHA256, task_name_key
 
 # Batches at least this large go through PostgreSQL's COPY path (see _pg_copy.py).
 _COPY_MIN_ROWS = 32
@@ -73,6 +75,23 @@ class NewMeasurement:
         }
 
 
+@dataclass(frozen=True)
+class SimilarWorkload:
+    """A measured workload of the same operator as another, at another shape."""
+
+    id: int
+    structural_hash: str
+    name: str
+    flops: float
+    best_s: float
+    """Its fastest successful scheduled measurement on the class."""
+
+
+def _flops_distance(flops: float, other: float) -> float:
+    """|log(flops ratio)|: 0 for equal work; unknown FLOPs (0) rank last."""
+    return abs(math.log(other / flops)) if flops > 0 and other > 0 else math.inf
+
+
 class MeasurementsMixin(CatalogMixin):
     """Every measured candidate, and the plateau state tuning keeps per (workload, class)."""
 
@@ -120,6 +139,35 @@ class MeasurementsMixin(CatalogMixin):
         )
         with self.session() as s:
             return list(s.execute(stmt).all())
+
+    def similar_measured_workloads(self, hardware_class_id: int, op_kind: str, name_key: str, *,
+                                   exclude_id: int | None = None, flops: float = 0.0,
+                                   limit: int = 4) -> list[SimilarWorkload]:
+        """Workloads of one operator at other shapes with a scheduled measurement on the class.
+
+        Same ``op_kind`` and the same fused-op sequence (``name_key``, as
+        :func:`tunefleet.vocab.task_name_key` gives it), a successful measurement other than the
+        unscheduled default on the class; ``exclude_id`` left out. Closest in FLOPs to ``flops``
+        first (by ratio), then the fastest; at most ``limit``.
+        """
+        m, w = Measurement, Workload
+        stmt = (
+            select(w.id, w.structural_hash, w.name, w.flops, func.min(m.mean_run_s))
+            .join(m, m.workload_id == w.id)
+            .where(w.op_kind == op_kind, m.hardware_class_id == hardware_class_id, m.mean_run_s.is_not(None),
+                   m.trace_sha256 != DEFAULT_TRACE_SHA256,
+                   # a superset of the names with this key ("_" matches any one character): checked below
+                   w.name.like("%" + "%".join(name_key.split("_")) + "%"))
+            .group_by(w.id, w.structural_hash, w.name, w.flops)
+        )
+        if exclude_id is not None:
+            stmt = stmt.where(w.id != exclude_id)
+        with self.session() as s:
+            rows = s.execute(stmt).all()
+        found = [SimilarWorkload(int(i), h, n, float(f or 0.0), float(best)) for i, h, n, f, best in rows
+                 if task_name_key(n) == name_key]
+        found.sort(key=lambda x: (_flops_distance(flops, x.flops), x.best_s, x.id))
+        return found[:max(limit, 0)]
 
     def count_measurements(
         self,

@@ -552,6 +552,41 @@ class DatabaseContract(ShardCases, ReportCases):
         rest = db.measurements(after_id=first[-1].id)
         assert len(first) == 2 and len(rest) == 3 and rest[0].id > first[-1].id
 
+    def test_similar_measured_workloads_same_ops_other_shapes_closest_first(
+            self, seeded: tuple[Database, int, int, int]) -> None:
+        db, _, hw, arm = seeded
+
+        def workload(key: str, name: str, flops: float, op_kind: str = "conv2d") -> int:
+            return db.add_workload(structural_hash=key, name=name, op_kind=op_kind, flops=flops, tir_json="{}")[0].id
+
+        new = workload("c0", "fused_conv2d_add_relu", 1e6)
+        far = workload("c1", "fused_conv2d1_add1_relu1", 8e6)
+        near = workload("c2", "fused_conv2d2_add2_relu", 2e6)
+        near_slow = workload("c3", "fused_conv2d_add_relu3", 5e5)
+        other_ops = workload("c4", "fused_conv2d_add", 1e6)
+        other_kind = workload("c5", "fused_conv2d_add_relu", 1e6, op_kind="pool")
+        errors_only = workload("c6", "fused_conv2d_add_relu", 1e6)
+        default_only = workload("c7", "fused_conv2d_add_relu", 1e6)
+        only_arm = workload("c8", "fused_conv2d_add_relu", 1e6)
+        db.commit_measurements([
+            NewMeasurement(new, hw, _trace(1), [1e-3]),  # the asking workload itself: left out
+            NewMeasurement(far, hw, _trace(2), [4e-3]), NewMeasurement(far, hw, _trace(3), [3e-3]),
+            NewMeasurement(near, hw, _trace(4), [2e-3]),
+            NewMeasurement(near_slow, hw, _trace(5), [9e-3]),
+            NewMeasurement(other_ops, hw, _trace(6), [1e-3]), NewMeasurement(other_kind, hw, _trace(7), [1e-3]),
+            NewMeasurement(errors_only, hw, _trace(8), None, error_kind="build", error_msg="boom"),
+            NewMeasurement(default_only, hw, DEFAULT_TRACE_JSON, [1e-3]),
+            NewMeasurement(only_arm, arm, _trace(9), [1e-3]),
+        ])
+        found = db.similar_measured_workloads(hw, "conv2d", "conv2d_add_relu", exclude_id=new, flops=1e6)
+        # 2e6 and 5e5 are as far from 1e6 by ratio: the faster first; 8e6 is farthest
+        assert [(w.id, w.best_s) for w in found] == [(near, 2e-3), (near_slow, 9e-3), (far, 3e-3)]
+        assert found[0].name == "fused_conv2d2_add2_relu" and found[0].flops == 2e6
+        assert [w.id for w in db.similar_measured_workloads(hw, "conv2d", "conv2d_add_relu", exclude_id=new,
+                                                            flops=1e6, limit=1)] == [near]
+        assert [w.id for w in db.similar_measured_workloads(arm, "conv2d", "conv2d_add_relu")] == [only_arm]
+        assert db.similar_measured_workloads(hw, "dense", "conv2d_add_relu") == []
+
     # -- predictions, datasets, cost models -----------------------------------------------
     def test_predictions_never_returned_as_measurements(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
