@@ -97,6 +97,10 @@ class TuneKnobs(BaseModel):
     seed: int | None = Field(default=None, description="Seed of the search (None: random).")
     transfer: bool = Field(default=True, description="A workload this class never measured first measures the "
                            "best schedule of the most compatible class that builds here.")
+    warm_start_shapes: bool = Field(
+        default=True,
+        description="A workload this class never measured first measures the best schedules of the same operator at "
+        "the closest other shapes measured here, fitted to its shape (at most 4).")
     metrics_pushgateway: str | None = Field(
         default=None,
         description="Prometheus Pushgateway (host:port or URL) that tuning shards push their metrics to.")

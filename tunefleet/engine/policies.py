@@ -12,8 +12,9 @@ The points, in the order a shard meets them:
   the shard its own way here (:class:`Preemption` does), else the engine completes it.
 
 The engine knows the order; a policy knows one rule. The rules themselves live in the policy
-modules (:mod:`tunefleet.transfer`, :mod:`tunefleet.preemption`, :mod:`tunefleet.budget`,
-:mod:`tunefleet.filter_audit`, :mod:`tunefleet.accounting`); these classes only connect them.
+modules (:mod:`tunefleet.transfer`, :mod:`tunefleet.warm_shapes`, :mod:`tunefleet.preemption`,
+:mod:`tunefleet.budget`, :mod:`tunefleet.filter_audit`, :mod:`tunefleet.accounting`); these classes
+only connect them.
 """
 
 from __future__ import annotations
@@ -104,6 +105,26 @@ class Transfer(ShardPolicy):
         log.info("shard %d is seeded with the best schedule of %s (%.3g ms there)", run.shard.id,
                  borrowed.source_hardware, borrowed.source_mean_run_s * 1e3)
         return [borrowed.trace_json]
+
+
+class ShapeWarmStart(ShardPolicy):
+    """A workload this class never measured first measures the best schedules of the same
+    operator at the closest other shapes measured here, fitted to its shape
+    (:func:`tunefleet.warm_shapes.shape_seeds`); at most half of the shard's trials."""
+
+    def __init__(self) -> None:
+        self.seeded = 0
+
+    def seeds(self, run: ShardRunView) -> list[str]:
+        if run.known:
+            return []
+        from tunefleet.warm_shapes import MAX_SEEDS, shape_seeds
+
+        found = shape_seeds(run.db, run.wl, run.hw, limit=min(MAX_SEEDS, run.remaining // 2))
+        if found.tried:
+            log.info("shard %d is seeded with %s", run.shard.id, found.summary())
+        self.seeded = len(found.traces)
+        return found.traces
 
 
 class Accounting(ShardPolicy):

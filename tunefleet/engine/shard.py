@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from tunefleet import shards
 from tunefleet.engine.heartbeat import Heartbeat
 from tunefleet.engine.options import TuneOptions
-from tunefleet.engine.policies import Accounting, Filter, Preemption, ShardPolicy, Transfer, WarmStart
+from tunefleet.engine.policies import (Accounting, Filter, Preemption, ShapeWarmStart, ShardPolicy, Transfer,
+                                       WarmStart)
 from tunefleet.errors import DatabaseError, TransientError
 from tunefleet.shards import LeaseLostError
 
@@ -84,6 +85,8 @@ class ShardResult:
     """Of ``seconds``: proposing candidates (see :class:`tunefleet.tvm.commit.ShardProgress`)."""
     build_s: float = 0.0
     run_s: float = 0.0
+    shape_seeds: int = 0
+    """Schedules of the same operator at other shapes the first round measured (:class:`ShapeWarmStart`)."""
 
 
 def _build_wall(builder: Any) -> Any:
@@ -168,6 +171,8 @@ class ShardRun:
         out: list[ShardPolicy] = [Accounting(), Preemption(o.policy)]
         if o.transfer:
             out.append(Transfer())
+        if o.warm_start_shapes:
+            out.append(ShapeWarmStart())
         if trained is not None and o.warm_start:
             out.append(WarmStart(trained, o.warm_start_min_agreement))
         if trained is not None and o.filtering:
@@ -256,7 +261,8 @@ class ShardRun:
             unused_trials=self.unused() if preempted else 0,
             filter_stopped=next((x.stopped for x in policies if isinstance(x, Filter)), None),
             warm_start_dropped=next((x.dropped for x in policies if isinstance(x, WarmStart)), None),
-            search_s=p.search_s, build_s=p.build_s, run_s=p.run_s)
+            search_s=p.search_s, build_s=p.build_s, run_s=p.run_s,
+            shape_seeds=next((x.seeded for x in policies if isinstance(x, ShapeWarmStart)), 0))
 
     # -- what policies ask of the run ------------------------------------------------------------
     def unused(self) -> int:

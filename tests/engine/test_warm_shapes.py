@@ -1,0 +1,63 @@
+"""Search that starts warm across shapes, on real TVM tuning of the tiny ``mlp`` (SQLite and
+PostgreSQL): its two ``matmul_add_relu`` layers are one operator at two shapes, so the one tuned
+second first measures the best schedules of the one tuned first, fitted to its shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunefleet import shards
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.policies import ShapeWarmStart
+from tunefleet.engine.shard import ShardRun, run_shard
+from tunefleet.extraction import extract
+from tunefleet.models.ingest import ingest
+from tunefleet.warm_shapes import shape_seeds
+
+pytestmark = pytest.mark.slow
+
+
+def _shard(db, workload_id: int, trials: int):  # type: ignore[no-untyped-def]
+    """A pending x86 shard of one workload, leased by worker "w"."""
+    (created,) = db.add_shards(db.hardware_class("x86").id, [(workload_id, trials, 1.0)])
+    return shards.lease(db, "x86", "w", shard_id=created.id)
+
+
+def test_a_new_workload_first_measures_the_schedules_of_its_other_shapes(engine) -> None:  # type: ignore[no-untyped-def]
+    import tvm
+
+    from tunefleet.tvm.traces import candidate, trace_sha256_of
+
+    _, db, store = engine
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    hw = db.hardware_class("x86")
+    by_name = {wl.name: wl for wl, _ in db.workloads(model.id)}
+    first, second, other = (by_name["fused_matmul_add_relu"], by_name["fused_matmul1_add_relu"],
+                            by_name["fused_matmul2_add1"])
+    options = TuneOptions(seed=0, trials_per_iter=4)
+
+    cold = run_shard(db, _shard(db, first.id, 4), "w", options)
+    assert cold.state == "done" and cold.shape_seeds == 0  # nothing of its kind was measured yet
+
+    expected = shape_seeds(db, second, hw)
+    assert expected.traces and expected.tried >= len(expected.traces)
+    assert expected.adapted + expected.as_is == len(expected.traces) and expected.adapted >= 1  # 64 -> 128 inputs
+    assert expected.donors == [f"{first.name} {first.structural_hash[:8]}"]
+    assert shape_seeds(db, second, hw).traces == expected.traces, "deterministic"
+    assert shape_seeds(db, other, hw).tried == 0  # matmul_add: other fused ops
+
+    shard = _shard(db, second.id, 4)
+    warm = run_shard(db, shard, "w", options)
+    assert warm.state == "done" and warm.shape_seeds == len(expected.traces)
+    mod = tvm.ir.load_json(second.tir_json)
+    seeded = {trace_sha256_of(candidate(mod, t).sch) for t in expected.traces}
+    rows = sorted((m for m in db.measurements() if m.shard_id == shard.id), key=lambda m: m.id)
+    first_round = rows[:1 + len(seeded)]  # the default and the seeds come first
+    assert seeded <= {m.trace_sha256 for m in first_round}
+    assert all(m.error_kind is None for m in rows if m.trace_sha256 in seeded), "the seeds build and run"
+
+    # measured now: a later shard of it is not seeded again; the knob turns the policy off
+    assert ShapeWarmStart().seeds(ShardRun(db, _shard(db, second.id, 2), "w", options)) == []
+    off = ShardRun(db, _shard(db, other.id, 2), "w", options.replace(warm_start_shapes=False))
+    assert not any(isinstance(p, ShapeWarmStart) for p in off.policies())
