@@ -55,7 +55,8 @@ class Adaptation:
     """What became of one donor trace on the new module."""
 
     outcome: str
-    """:data:`AS_IS` (replays unchanged), :data:`ADAPTED` (decisions re-fitted), :data:`SKIPPED`."""
+    """:data:`AS_IS` (replays unchanged), :data:`ADAPTED` (decisions re-fitted, or only the
+    postprocessing redone), :data:`SKIPPED`."""
     trace_json: str | None
     """The trace JSON to measure (None when skipped)."""
     refitted: int = 0
