@@ -12,6 +12,7 @@ from tunefleet.engine.policies import ShapeWarmStart
 from tunefleet.engine.shard import ShardRun, run_shard
 from tunefleet.extraction import extract
 from tunefleet.models.ingest import ingest
+from tunefleet.vocab import task_name_key
 from tunefleet.warm_shapes import shape_seeds
 
 pytestmark = pytest.mark.slow
@@ -32,9 +33,9 @@ def test_a_new_workload_first_measures_the_schedules_of_its_other_shapes(engine)
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
     hw = db.hardware_class("x86")
-    by_name = {wl.name: wl for wl, _ in db.workloads(model.id)}
-    first, second, other = (by_name["fused_matmul_add_relu"], by_name["fused_matmul1_add_relu"],
-                            by_name["fused_matmul2_add1"])
+    by_flops = sorted((wl for wl, _ in db.workloads(model.id)), key=lambda wl: wl.flops)
+    other, first, second = by_flops  # fc3 (matmul_add), fc1 (64 -> 128), fc2 (128 -> 128)
+    assert [task_name_key(wl.name) for wl in by_flops] == ["matmul_add", "matmul_add_relu", "matmul_add_relu"]
     options = TuneOptions(seed=0, trials_per_iter=4)
 
     cold = run_shard(db, _shard(db, first.id, 4), "w", options)
