@@ -79,9 +79,11 @@ def test_transfer_returns_only_schedules_that_build(engine) -> None:  # type: ig
     assert verified.verified_mean_run_s is not None
     assert [m.trace_sha256 for m in db.best_measurements(wl.id, twin.id, 5)] == [real_best.trace_sha256]
 
-    # new shards of x86b measure the transferred schedule first (the verified workload is already measured)
+    # new shards of x86b measure the transferred schedule first (the verified workload is already measured);
+    # planning needs the model's workloads on x86b (links are per class: extraction recipes)
+    extract(db, store, model, "x86b")
     shards.plan(db, "x86b", target_trials=2, model=model.id)
     assert drain(db, "x86b", TuneOptions(seed=0, trials_per_iter=2)).shards_failed == 0
-    for other, _ in db.workloads(model.id)[1:]:
+    for other, _ in db.workloads(model.id, x86.id)[1:]:
         source = db.best_measurements(other.id, x86.id, 1)[0]
         assert source.trace_sha256 in db.measured_trace_hashes(other.id, twin.id)
