@@ -1,0 +1,138 @@
+"""The budget and its allocator, as pure functions (no TVM, no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunefleet.allocation import Budget, WorkloadHistory, allocate, build_reserve_s, format_duration
+from tunefleet.errors import ParameterError
+
+
+# -- the budget ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "trials", "seconds"), [
+    ("2000", 2000, None), (2000, 2000, None), ("15m", None, 900.0), ("90s", None, 90.0), ("1h", None, 3600.0),
+    ("1h30m", None, 5400.0), (" 1H 30M ", None, 5400.0), ("2.5s", None, 2.5), ("1m30s", None, 90.0),
+])
+def test_a_budget_is_trials_or_a_wall_time(text: str | int, trials: int | None, seconds: float | None) -> None:
+    budget = Budget.parse(text)
+    assert (budget.trials, budget.seconds) == (trials, seconds)
+    assert Budget.parse(str(budget)) == budget  # its text reads back
+    assert Budget.parse(budget) is budget
+
+
+@pytest.mark.parametrize("text", ["", "0", "-5", "15x", "m", "1.5h", "15 minutes", "2000 trials", "0m", "h30", True])
+def test_bad_budget_text_is_one_line_naming_it(text: object) -> None:
+    with pytest.raises(ParameterError) as info:
+        Budget.parse(text, name="--budget")  # type: ignore[arg-type]
+    message = str(info.value)
+    assert message.startswith(f"invalid --budget: {text!r} (") and "\n" not in message
+    assert "15m" in message and "2000" in message  # says what would do
+
+
+def test_budget_text_and_description() -> None:
+    assert [format_duration(s) for s in (900, 5400, 90, 3600, 2.5)] == ["15m", "1h30m", "1m30s", "1h", "2.5s"]
+    assert Budget(trials=20).describe() == "20 trials" and Budget(seconds=900).describe() == "15m of wall time"
+    with pytest.raises(ValueError):
+        Budget(trials=2, seconds=3)
+    with pytest.raises(ValueError):
+        Budget()
+
+
+# -- the allocator --------------------------------------------------------------------------------
+def _wl(i: int, run_s: list[float | None], *, weight: int = 1, **kw: object) -> WorkloadHistory:
+    return WorkloadHistory(i, weight, tuple(run_s), **kw)  # type: ignore[arg-type]
+
+
+def _split(plan) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    return {g.workload_id: g.trials for g in plan.grants}
+
+
+def test_first_round_gives_every_workload_its_minimum_unmeasured_defaults_first() -> None:
+    fresh = [_wl(1, [], flops=1e6), _wl(2, [], weight=4, flops=1e6), _wl(3, [1e-3] * 3)]
+    plan = allocate(fresh, 1000, min_trials=8, batch=16)
+    assert _split(plan) == {1: 8, 2: 5 + 3, 3: 5}  # the measured one tops up to 8 as well
+    order = [g.workload_id for g in sorted(plan.grants, key=lambda g: -g.priority)]
+    assert order == [2, 1, 3]  # never measured first (the heavier first), then the one below its minimum
+    assert [g.why for g in sorted(plan.grants, key=lambda g: -g.priority)] == ["default", "default", "minimum"]
+
+
+def test_trials_move_away_from_a_workload_that_stopped_improving() -> None:
+    improving = _wl(1, [8e-3, 4e-3, 3e-3, 2e-3, 1e-3, 0.9e-3, 0.8e-3, 0.7e-3, 0.6e-3, 0.5e-3])
+    slowing = _wl(2, [8e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 3.92e-3], weight=2)  # a bigger share
+    stalled = _wl(3, [8e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3, 4e-3], weight=2)
+    assert stalled.plateaued(8) and not slowing.plateaued(8)
+    plan = allocate([improving, slowing, stalled], None, min_trials=8, batch=4, window=8)
+    assert _split(plan) == {1: 8}  # both batches of the round to the one still improving
+    assert _split(allocate([improving, slowing, stalled], None, min_trials=8, batch=4, window=8, max_batches=1)) == {
+        1: 4, 2: 4}  # the slowing one gets a batch only once the improving one is capped
+    recovers = _wl(2, [8e-3] + [4e-3] * 7 + [1e-3, 0.5e-3], weight=2)
+    assert _split(allocate([improving, recovers], None, min_trials=8, batch=4, window=8))[2] >= 4  # back in play
+
+
+def test_a_plateaued_or_exhausted_workload_leaves_and_the_rounds_stop_when_all_did() -> None:
+    flat = _wl(1, [4e-3] + [1e-3] * 9)  # nothing better over its last 8 trials
+    assert flat.plateaued(8) and not flat.plateaued(16)
+    done = _wl(2, [2e-3] * 10, exhausted=True)
+    stopped = _wl(3, [2e-3, 1e-3] + [None] * 8, preempted=True)
+    plan = allocate([flat, done, stopped], None, min_trials=8, batch=4, window=8)
+    assert plan.grants == () and plan.stop is not None and plan.stop.startswith("no workload can use more trials")
+    only_exhausted = allocate([done], 100, min_trials=8, batch=4)
+    assert only_exhausted.stop == "no workload can use more trials: every search space ran out of new candidates"
+
+
+def test_never_below_the_minimum_and_the_budget_is_spent_exactly() -> None:
+    fresh = [_wl(i, [], flops=float(i)) for i in range(1, 4)]
+    assert _split(allocate(fresh, 20, min_trials=8, batch=4)) == {3: 8, 2: 8}  # no sliver for workload 1
+    short = allocate([_wl(1, [], outstanding=0)], 5, min_trials=8, batch=4)
+    assert short.grants == () and short.stop == "the 5 trial(s) left cannot give 1 more workload(s) their minimum of 8"
+    # round after round (each workload keeps improving a little): the whole budget, to the trial
+    histories = {i: [8e-3] for i in (1, 2, 3)}
+    budget, spent, rounds = 61, 0, 0
+    while True:
+        plan = allocate([_wl(i, r) for i, r in histories.items()], budget - spent, min_trials=8, batch=4)
+        if not plan.grants:
+            break
+        rounds += 1
+        assert plan.trials <= max(24, 3 * 4) and all(g.trials <= 4 * 4 for g in plan.grants)
+        for g in plan.grants:
+            histories[g.workload_id] += [histories[g.workload_id][-1] * 0.9 ** (1 / g.workload_id)] * g.trials
+        spent += plan.trials
+    assert (spent, plan.stop) == (budget, "trial budget spent")
+    assert rounds == 1 + 3 + 1  # the minimums (24), three rounds of a batch per workload (36), the last 1
+    assert all(len(r) >= 8 for r in histories.values())
+
+
+def test_a_round_is_a_batch_per_workload_in_play_and_caps_one_workload() -> None:
+    dominant = _wl(1, [1.0] + [0.01] * 7, weight=100)
+    others = [_wl(i, [1e-3] + [0.9e-3] * 7) for i in range(2, 7)]
+    plan = allocate([dominant, *others], None, min_trials=8, batch=10, max_batches=4)
+    split = _split(plan)
+    assert plan.trials == 6 * 10 and split[1] == 40  # capped at 4 batches; the other 2 go on down the list
+    waiting = [_wl(1, [1e-3] * 8, outstanding=8), _wl(2, [1e-3] * 8, outstanding=4)]
+    assert allocate(waiting, None, min_trials=8, batch=4).stop == "waiting for open shards"
+
+
+def test_energy_aware_scores_per_joule() -> None:
+    cheap = _wl(1, [8e-3] + [4e-3] * 7, joules_per_trial=1.0)
+    costly = _wl(2, [8e-3] + [2e-3] * 7, weight=2, joules_per_trial=10.0)  # gains more, at 10x the energy
+    assert _split(allocate([cheap, costly], None, min_trials=8, batch=4)) == {2: 4, 1: 4}
+    assert _split(allocate([cheap, costly], 4, min_trials=8, batch=4)) == {2: 4}
+    assert _split(allocate([cheap, costly], 4, min_trials=8, batch=4, energy_aware=True)) == {1: 4}
+
+
+def test_one_shot_plan_spends_it_all_by_flops_before_anything_is_measured() -> None:
+    fresh = [_wl(1, [], flops=1e9, weight=2), _wl(2, [], flops=1e6)]
+    plan = allocate(fresh, 100, min_trials=8, batch=16, rounds=False)
+    assert plan.trials == 100 and _split(plan)[1] > _split(plan)[2] >= 8
+    assert len(plan.grants) == 2  # one grant per workload: its minimum and its share together
+    with pytest.raises(ValueError):
+        allocate(fresh, None, rounds=False)
+
+
+def test_build_reserve_grows_with_the_model_and_its_measured_latency() -> None:
+    small = build_reserve_s([_wl(1, [1e-3], default_s=5e-3)])
+    slow = build_reserve_s([_wl(1, [1e-3], default_s=2.0)])
+    assert 10 < small < 30 and slow > small + 16 * 2
+    many = build_reserve_s([_wl(i, [], weight=1) for i in range(24)], compile_s=2.0)
+    assert many > 1.25 * (2 * 24 * 2.0)
+    assert build_reserve_s([]) == 0.0

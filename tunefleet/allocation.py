@@ -1,0 +1,369 @@
+"""Model-level tuning budgets: what a budget is, and how each round of it is split across a
+model's workloads.
+
+The allocator is the task scheduler of Ansor (OSDI'20) and of MetaSchedule's gradient task
+scheduler, on tunefleet's shards: a model's latency is Σ weight × run time over its workloads,
+so the next trials go where they are expected to take the most off that sum. Each round,
+
+1. every workload gets its **minimum** first (``min_trials`` over all its trials on the class):
+   its default schedule is single-threaded and unvectorised, so even a small workload needs one
+   real search round before it is worth comparing; those whose default schedule is not measured
+   yet come first (a shard's first trial measures it);
+2. the rest is handed out in whole search batches, proportional (D'Hondt) to each workload's
+   expected gain per trial: weight × best run time (its share of the model's latency) × its
+   relative improvement per trial over its last ``window`` trials (per joule when energy-aware).
+   A workload that stopped improving scores little and gets nothing while others still improve;
+   one whose best improved by at most ``epsilon`` over a full window has *plateaued* and leaves
+   the run, like one whose search space ran out or that plateau preemption stopped.
+
+A duration budget has no trial count: its rounds go on until the deadline, where the engine stops
+(:mod:`tunefleet.engine.rounds`). Pure Python — no TVM, no database: :mod:`tunefleet.budget`
+reads the workloads' histories from the database and creates the round's shards. A leaf module
+(it imports only :mod:`tunefleet.errors`), so the settings can validate a budget with
+:meth:`Budget.parse`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tunefleet.errors import ParameterError
+
+DEFAULT_MIN_TRIALS = 8
+"""The default schedule plus one search round of 7 candidates. At the old flat default of 8
+trials per workload every resnet18 workload came out multi-threaded and vectorised, 12-15x
+faster than untuned (docs/performance.md): the minimum buys that big first step for each."""
+
+DEFAULT_EPSILON = 0.01
+"""A workload whose best improved by at most this fraction over its last window has plateaued."""
+
+MAX_BATCHES_PER_ROUND = 4
+"""Most search batches one workload gets in one round, so that a round (the time between two
+re-plannings) stays a few batches long even when one workload's score dominates."""
+
+# Tier offsets of shard priorities (higher leases first): a round's shards lease before any flat
+# plan's (priority = call count) and the minimums before the shares.
+_TIER_DEFAULT, _TIER_MINIMUM, _TIER_SHARE = 3e12, 2e12, 1e12
+
+_DURATION = re.compile(r"(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?")
+_BUDGET_HELP = "give a trial count such as 2000, or a wall time such as 90s, 15m, 1h or 1h30m"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A tuning budget: a number of trials (over every worker) or a wall time in seconds.
+
+    Parse user text with :meth:`parse` (``"2000"``, ``"90s"``, ``"15m"``, ``"1h30m"``);
+    ``str(budget)`` gives that text back.
+    """
+
+    trials: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.trials is None) == (self.seconds is None):
+            raise ValueError("a budget is a number of trials or a duration, exactly one of them")
+        if (self.trials is not None and self.trials < 1) or (self.seconds is not None and not self.seconds > 0):
+            raise ValueError(f"a budget must be positive: {self!r}")
+
+    @classmethod
+    def parse(cls, value: str | int | Budget, *, name: str = "budget") -> Budget:
+        """The budget a text (or a trial count) says; one :class:`ParameterError` line naming
+        ``name`` if it says none."""
+        if isinstance(value, Budget):
+            return value
+        text = str(value).strip().lower().replace(" ", "") if not isinstance(value, bool) else ""
+        if text.isdigit() and int(text) >= 1:
+            return cls(trials=int(text))
+        match = _DURATION.fullmatch(text) if text else None
+        if match is not None and any(match.groupdict().values()):
+            h, m, s = (float(match[k] or 0) for k in ("h", "m", "s"))
+            if h * 3600 + m * 60 + s > 0:
+                return cls(seconds=h * 3600 + m * 60 + s)
+        raise ParameterError(f"invalid {name}: {value!r} ({_BUDGET_HELP})")
+
+    @property
+    def is_duration(self) -> bool:
+        return self.seconds is not None
+
+    def __str__(self) -> str:
+        return str(self.trials) if self.seconds is None else format_duration(self.seconds)
+
+    def describe(self) -> str:
+        """``2000 trials`` or ``15m of wall time``."""
+        return f"{self.trials} trials" if self.seconds is None else f"{self} of wall time"
+
+
+def format_duration(seconds: float) -> str:
+    """``900`` -> ``15m``, ``5400`` -> ``1h30m``, ``90`` -> ``1m30s`` (what :meth:`Budget.parse` reads)."""
+    whole = int(seconds)
+    h, rest = divmod(whole, 3600)
+    m, s = divmod(rest, 60)
+    frac = seconds - whole
+    parts = [f"{h}h" if h else "", f"{m}m" if m else "",
+             (f"{s + frac:g}s" if frac else f"{s}s") if (s or frac) else ""]
+    return "".join(parts) or "0s"
+
+
+@dataclass(frozen=True)
+class WorkloadHistory:
+    """What the allocator knows of one workload of the model on the hardware class."""
+
+    workload_id: int
+    weight: int
+    """Calls per inference in the model(s) of the run."""
+    run_s: tuple[float | None, ...] = ()
+    """Mean run time of every candidate committed on the class, in commit order (None: a build or
+    run error); candidates filtered out unmeasured are left out."""
+    committed: int | None = None
+    """Trials committed on the class, filtered ones included (None: ``len(run_s)``)."""
+    outstanding: int = 0
+    """Trials of its open (pending or leased) shards not committed yet."""
+    default_s: float | None = None
+    """Its default schedule's run time, once measured."""
+    flops: float = 0.0
+    exhausted: bool = False
+    """A shard of it ended short because its search produced no new candidate."""
+    preempted: bool = False
+    """Plateau preemption stopped it on this class (:mod:`tunefleet.preemption`)."""
+    joules_per_trial: float | None = None
+
+    @property
+    def spent(self) -> int:
+        return len(self.run_s) if self.committed is None else self.committed
+
+    @property
+    def planned(self) -> int:
+        return self.spent + self.outstanding
+
+    @property
+    def best_s(self) -> float | None:
+        measured = [x for x in self.run_s if x is not None]
+        return min(measured) if measured else None
+
+    @property
+    def unmeasured(self) -> bool:
+        """Nothing measured successfully yet, its default schedule included."""
+        return self.best_s is None
+
+    def recent_gain(self, window: int) -> tuple[float, int] | None:
+        """(relative improvement of the best, trials it took) over the last ``window`` trials.
+
+        A window reaching back before the first success starts at the first success (usually the
+        default schedule), so a young workload is judged optimistically by its first big step.
+        None before any success.
+        """
+        best: list[float | None] = []
+        cur: float | None = None
+        for x in self.run_s:
+            if x is not None and (cur is None or x < cur):
+                cur = x
+            best.append(cur)
+        if cur is None:
+            return None
+        k = min(window, len(best) - 1)
+        ref = best[len(best) - 1 - k] if k > 0 else None
+        if ref is None:
+            first = next(i for i, b in enumerate(best) if b is not None)
+            ref, k = best[first], len(best) - 1 - first
+        assert ref is not None
+        return (ref - cur) / ref, k
+
+    def plateaued(self, window: int, epsilon: float = DEFAULT_EPSILON) -> bool:
+        """Its best improved by at most ``epsilon`` over a full window of trials (or preemption said so)."""
+        if self.preempted:
+            return True
+        gain = self.recent_gain(window)
+        return gain is not None and gain[1] >= window and gain[0] <= epsilon
+
+    def score(self, window: int, epsilon: float = DEFAULT_EPSILON, *, energy_aware: bool = False) -> float | None:
+        """Expected model-latency seconds one more trial takes off (per joule when energy-aware);
+        None before any success. An improvement of less than ``epsilon`` per window counts as
+        ``epsilon``, so a workload not plateaued yet keeps a small share."""
+        best, gain = self.best_s, self.recent_gain(window)
+        if best is None or gain is None:
+            return None
+        rate = max(gain[0] / gain[1] if gain[1] else 0.0, epsilon / window)
+        value = self.weight * best * rate
+        if energy_aware and self.joules_per_trial:
+            value /= self.joules_per_trial
+        return value
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Trials for one workload in one round (one shard)."""
+
+    workload_id: int
+    trials: int
+    priority: float
+    why: str
+    """``default`` (its default schedule is not measured yet), ``minimum`` or ``share``."""
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    grants: tuple[Grant, ...]
+    stop: str | None = None
+    """Why nothing (more) can be planned, when ``grants`` is empty; else None."""
+
+    @property
+    def trials(self) -> int:
+        return sum(g.trials for g in self.grants)
+
+
+def allocate(
+    workloads: Sequence[WorkloadHistory],
+    trials: int | None,
+    *,
+    min_trials: int = DEFAULT_MIN_TRIALS,
+    batch: int = 64,
+    window: int | None = None,
+    epsilon: float = DEFAULT_EPSILON,
+    rounds: bool = True,
+    max_batches: int = MAX_BATCHES_PER_ROUND,
+    energy_aware: bool = False,
+) -> RoundPlan:
+    """Split the next round of a model's budget across its workloads (see the module docstring).
+
+    Parameters
+    ----------
+    workloads:
+        Every workload of the model(s) on the hardware class.
+    trials:
+        Trials left in the budget (None: no trial count, a duration budget).
+    min_trials:
+        Trials every workload gets in total before any gets a share of the rest.
+    batch:
+        Trials of one search batch: the unit of the shares (a shard of k batches runs k rounds of
+        MetaSchedule's search).
+    window:
+        Trials over which recent improvement is judged (default two batches).
+    rounds:
+        True: one round — each workload in play at most ``max_batches`` batches, the round at
+        most one batch per workload in play; a workload with open shards waits for their results.
+        False: the whole of ``trials`` at once (``plan --budget``), workloads never measured
+        estimated from FLOPs.
+    """
+    if min_trials < 1 or batch < 1 or (trials is None and not rounds):
+        raise ValueError("min_trials and batch must be positive; a one-shot allocation needs a trial count")
+    window = window or 2 * batch
+    left = math.inf if trials is None else max(0, trials)
+    if left <= 0:
+        return RoundPlan((), "trial budget spent")
+    in_play = [w for w in workloads if not w.exhausted and not w.preempted]
+    if not in_play:
+        return RoundPlan((), _gone(workloads))
+    grants: list[Grant] = []
+
+    # 1. minimums: untouched workloads first (their default schedule), then by latency share.
+    below = [w for w in in_play if w.planned < min_trials]
+    below.sort(key=lambda w: (not w.unmeasured, -_share_proxy(w), w.workload_id))
+    short_of_minimum = 0
+    for rank, w in enumerate(below):
+        need = min_trials - w.planned
+        if need > left:
+            short_of_minimum += 1
+            continue
+        tier = _TIER_DEFAULT if w.unmeasured else _TIER_MINIMUM
+        grants.append(Grant(w.workload_id, need, tier + len(below) - rank, "default" if w.unmeasured else "minimum"))
+        left -= need
+    granted = {g.workload_id for g in grants}
+
+    # 2. shares of the rest, by expected gain per trial, in whole batches. In rounds, a workload
+    # given its minimum now or with open shards waits for their results before it competes.
+    candidates = [w for w in in_play if not w.plateaued(window, epsilon) and (
+        not rounds or (w.planned >= min_trials and w.workload_id not in granted and not w.outstanding))]
+    scores = {w.workload_id: w.score(window, epsilon, energy_aware=energy_aware) for w in candidates}
+    if not rounds:
+        scores.update(_estimated(candidates, scores, window, epsilon, energy_aware))
+    candidates = [w for w in candidates if scores[w.workload_id] is not None]
+    size = min(left, len(candidates) * batch) if rounds else left
+    steps: dict[int, int] = {w.workload_id: 0 for w in candidates}
+    given: dict[int, int] = {w.workload_id: 0 for w in candidates}
+    while size > 0:
+        open_ = [w for w in candidates if not rounds or steps[w.workload_id] < max_batches]
+        if not open_:
+            break
+        pick = max(open_, key=lambda w: (scores[w.workload_id] / (1 + steps[w.workload_id]), -w.workload_id))
+        n = int(min(batch, size))
+        given[pick.workload_id] += n
+        steps[pick.workload_id] += 1
+        size -= n
+        left -= n
+    ranked = sorted((w for w in candidates if given[w.workload_id]), key=lambda w: -scores[w.workload_id])
+    for i, w in enumerate(ranked):
+        n, earlier = given[w.workload_id], next((g for g in grants if g.workload_id == w.workload_id), None)
+        if earlier is None:
+            grants.append(Grant(w.workload_id, n, _TIER_SHARE + len(ranked) - i, "share"))
+        else:  # one-shot: its minimum and its share in one grant
+            grants[grants.index(earlier)] = Grant(w.workload_id, earlier.trials + n, earlier.priority, earlier.why)
+    if grants:
+        return RoundPlan(tuple(grants))
+    if short_of_minimum:
+        return RoundPlan((), f"the {int(left)} trial(s) left cannot give {short_of_minimum} more workload(s) "
+                             f"their minimum of {min_trials}")
+    if rounds and any(w.outstanding for w in in_play):
+        return RoundPlan((), "waiting for open shards")
+    return RoundPlan((), _gone(workloads, window, epsilon))
+
+
+def _gone(workloads: Sequence[WorkloadHistory], window: int | None = None, epsilon: float = DEFAULT_EPSILON) -> str:
+    """Why no workload can use more trials."""
+    exhausted = sum(w.exhausted for w in workloads)
+    if exhausted == len(workloads):
+        return "no workload can use more trials: every search space ran out of new candidates"
+    how = f"best improved by <= {epsilon:.0%} over its last {window} trials" if window else "preempted"
+    return (f"no workload can use more trials: every workload plateaued ({how})"
+            + (f" or ran out of candidates ({exhausted})" if exhausted else ""))
+
+
+def _share_proxy(w: WorkloadHistory) -> float:
+    """Its share of the model's latency where measured, else weight × FLOPs (the minimums sort
+    measured and unmeasured workloads apart, so the two units are never compared)."""
+    best = w.best_s
+    return w.weight * best if best is not None else w.weight * max(w.flops, 0.0)
+
+
+def _estimated(candidates: Sequence[WorkloadHistory], scores: dict[int, float | None], window: int, epsilon: float,
+               energy_aware: bool) -> dict[int, float]:
+    """Scores of workloads never measured successfully, for a one-shot plan: run time estimated
+    from FLOPs at the measured workloads' median seconds per FLOP, and their median improvement
+    rate (weight × FLOPs when nothing is measured)."""
+    measured = [w for w in candidates if scores[w.workload_id] is not None and w.flops > 0]
+    s_per_flop = statistics.median([w.best_s / w.flops for w in measured]) if measured else 1.0  # type: ignore[operator]
+    rates = [scores[w.workload_id] / (w.weight * w.best_s) for w in measured]  # type: ignore[operator]
+    rate = statistics.median(rates) if rates else epsilon / window
+    out: dict[int, float] = {}
+    for w in candidates:
+        if scores[w.workload_id] is None:
+            value = w.weight * max(w.flops, 1.0) * s_per_flop * rate
+            out[w.workload_id] = value / w.joules_per_trial if energy_aware and w.joules_per_trial else value
+    return out
+
+
+def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | None = None) -> float:
+    """Seconds to keep for building the model after tuning (``tunefleet run``'s last step).
+
+    The build loads and re-extracts the model, compiles it twice (tuned and untuned), checks the
+    outputs and times both builds and PyTorch eager (at least 16 runs each). Measured where the
+    database knows it — the model's untuned (Σ weight × default run time) and tuned (Σ weight ×
+    best) latencies, the mean compile time of one candidate (``compile_s``) — and estimated
+    where not (a workload whose default is not measured yet counts like the measured ones on
+    average; 1 s per compile). Rounded up by a quarter, for the noise of a shared machine.
+    """
+    n = len(workloads)
+    if n == 0:
+        return 0.0
+    defaults = [w.weight * w.default_s for w in workloads if w.default_s is not None]
+    bests = [w.weight * w.best_s for w in workloads if w.best_s is not None]  # type: ignore[operator]
+    untuned = sum(defaults) * n / len(defaults) if defaults else 0.0
+    tuned = sum(bests) * n / len(bests) if bests else untuned
+    load = 5.0 + 0.5 * n  # import + extraction: resnet18's 24 workloads took ~10 s here
+    compile_ = 2 * n * (compile_s if compile_s is not None else 1.0)
+    timing = 16 * untuned + 32 * tuned  # the untuned build once, the tuned build and eager
+    return 1.25 * (load + compile_ + timing) + 10.0
