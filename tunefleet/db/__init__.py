@@ -1,14 +1,17 @@
 """The tunefleet database: SQLAlchemy models, Alembic migrations, one access class.
 
 Public API: :class:`Database`, :class:`NewMeasurement`, the records some of its methods take or
-return (:class:`PlanRow`, :class:`TrialGrant`, :class:`EnergyTotals`, :class:`EnergyGroup`,
-:class:`OutlookInputs`, :class:`TimelinePoint`, :class:`SimilarWorkload`), and the schema helpers
-:func:`upgrade`, :func:`downgrade`, :func:`current_revision`, :func:`head_revision`.
+return (:class:`PlanRow`, :class:`BudgetView`, :class:`BudgetRow`, :class:`TrialGrant`,
+:class:`EnergyTotals`, :class:`EnergyGroup`, :class:`OutlookInputs`, :class:`TimelinePoint`,
+:class:`SimilarWorkload`), and the schema helpers :func:`upgrade`, :func:`downgrade`,
+:func:`current_revision`, :func:`head_revision`.
 """
 
 from __future__ import annotations
 
 from tunefleet.db.database import (
+    BudgetRow,
+    BudgetView,
     Database,
     EnergyGroup,
     EnergyTotals,
@@ -22,6 +25,8 @@ from tunefleet.db.database import (
 from tunefleet.db.engine import current_revision, downgrade, head_revision, upgrade
 
 __all__ = [
+    "BudgetRow",
+    "BudgetView",
     "Database",
     "EnergyGroup",
     "EnergyTotals",

@@ -16,7 +16,7 @@ from tunefleet.db._base import sha256_text
 from tunefleet.db.learning import LearningMixin
 from tunefleet.db.measurements import MeasurementsMixin, NewMeasurement, SimilarWorkload
 from tunefleet.db.reports import EnergyGroup, EnergyTotals, OutlookInputs, ReportsMixin, TimelinePoint
-from tunefleet.db.shards import PlanRow, ShardsMixin, TrialGrant
+from tunefleet.db.shards import BudgetRow, BudgetView, PlanRow, ShardsMixin, TrialGrant
 from tunefleet.vocab import FILTERED
 
 
@@ -28,6 +28,8 @@ class Database(MeasurementsMixin, ShardsMixin, LearningMixin, ReportsMixin):
 
 __all__ = [
     "FILTERED",
+    "BudgetRow",
+    "BudgetView",
     "Database",
     "EnergyGroup",
     "EnergyTotals",

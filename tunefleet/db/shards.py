@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from tunefleet.db.catalog import CatalogMixin, model_links
 from tunefleet.db.models import Measurement, Shard, TuningState, Workload, utcnow
 from tunefleet.errors import NotFoundError
-from tunefleet.vocab import CANCELLED, FAILED, LEASED, PENDING
+from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_SHA256, DONE, FAILED, FILTERED, LEASED, PENDING
 
 _LEASE_RACES = 20  # a lost race retries with the next candidate, this many times at most
 
@@ -49,6 +49,46 @@ class TrialGrant:
     """The priority of a new shard (an extended shard keeps its own)."""
     event: dict[str, Any]
     """The history entry the shard gets."""
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """What the budget allocator (:mod:`tunefleet.allocation`) needs to know of one workload of a
+    model on one hardware class."""
+
+    workload_id: int
+    weight: int
+    """Calls per inference, summed over the models asked for."""
+    flops: float
+    run_s: list[float | None]
+    """``mean_run_s`` of every measurement on the class that is not a filtered candidate, in id
+    order (None for build and run errors)."""
+    committed: int
+    """Measurements on the class, filtered candidates included."""
+    committed_since: int
+    """Of those, the ones committed at or after the time asked for."""
+    outstanding: int
+    """Trials of its pending and leased shards on the class not committed yet."""
+    default_s: float | None
+    """Mean run time of its default schedule (:data:`~tunefleet.vocab.DEFAULT_TRACE_SHA256`), once measured."""
+    exhausted: bool
+    """A shard of it ended done-short because its search produced no new candidate."""
+    preempted: bool
+    joules_per_trial: float | None
+    build_s: float | None
+    """Mean build seconds of one of its candidates."""
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """A model's workloads on one class as a budget's rounds see them (:meth:`ShardsMixin.budget_view`)."""
+
+    rows: list[BudgetRow]
+    rounds: int
+    """The highest ``round`` in the ``planned`` events of the workloads' shards created since the
+    time asked for (0: none)."""
+    open_round_shards: list[int]
+    """Pending shards among those (what a budget that ends leaves unspent)."""
 
 
 def _event(shard: Shard, event: str, **info: object) -> list[object]:
@@ -95,9 +135,11 @@ class ShardsMixin(CatalogMixin):
                 for wl_id, shash, flops, w in workloads]
 
     def add_shards(
-        self, hardware_class_id: int, cuts: Sequence[tuple[int, int, float]], *, max_leases: int = 3
+        self, hardware_class_id: int, cuts: Sequence[tuple[int, int, float]], *, max_leases: int = 3,
+        info: dict[str, Any] | None = None,
     ) -> list[Shard]:
-        """Insert pending shards, one per ``(workload_id, trials, priority)``, in that order."""
+        """Insert pending shards, one per ``(workload_id, trials, priority)``, in that order; their
+        ``planned`` history entry carries ``info`` (e.g. a budget's round)."""
         created: list[Shard] = []
         with self.session() as s:
             for workload_id, trials, priority in cuts:
@@ -108,12 +150,77 @@ class ShardsMixin(CatalogMixin):
                     priority=priority,
                     state=PENDING,
                     max_leases=max_leases,
-                    history=[{"at": utcnow().isoformat(timespec="seconds"), "event": "planned"}],
+                    history=[{"at": utcnow().isoformat(timespec="seconds"), "event": "planned", **(info or {})}],
                 )
                 s.add(shard)
                 created.append(shard)
             s.flush()
         return created
+
+    def budget_view(self, hardware_class_id: int, model_ids: Sequence[int], since: dt.datetime) -> BudgetView:
+        """The workloads of the models given on a class: their measured history, what their shards
+        still hold, and the rounds a budget planned for them since ``since``, in workload id order."""
+        m = Measurement.__table__
+        with self.session() as s:
+            links = s.execute(
+                select(ModelWorkload.workload_id, func.sum(ModelWorkload.weight), Workload.flops)
+                .join(Workload, Workload.id == ModelWorkload.workload_id)
+                .where(ModelWorkload.model_id.in_(list(model_ids)))
+                .group_by(ModelWorkload.workload_id, Workload.flops).order_by(ModelWorkload.workload_id)
+            ).all()
+            ids = [int(wl) for wl, _, _ in links]
+            rows = s.execute(
+                select(m.c.workload_id, m.c.shard_id, m.c.mean_run_s, m.c.error_kind, m.c.energy_j, m.c.build_s,
+                       m.c.trace_sha256, m.c.created_at)
+                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids)).order_by(m.c.id)
+            ).all() if ids else []
+            shards = s.execute(
+                select(Shard.id, Shard.workload_id, Shard.state, Shard.trials, Shard.history, Shard.created_at)
+                .where(Shard.hardware_class_id == hardware_class_id, Shard.workload_id.in_(ids)).order_by(Shard.id)
+            ).all() if ids else []
+            preempted = set(s.scalars(select(TuningState.workload_id).where(
+                TuningState.hardware_class_id == hardware_class_id, TuningState.preempted.is_(True),
+                TuningState.workload_id.in_(ids)))) if ids else set()
+        per: dict[int, dict[str, Any]] = {wl: {"run_s": [], "n": 0, "since": 0, "default": None, "j": [], "b": []}
+                                          for wl in ids}
+        by_shard: dict[int, int] = {}
+        for wl, shard_id, mean, error_kind, energy, build_s, sha, created in rows:
+            w = per[wl]
+            w["n"] += 1
+            w["since"] += created >= since
+            if shard_id is not None:
+                by_shard[shard_id] = by_shard.get(shard_id, 0) + 1
+            if error_kind != FILTERED:
+                w["run_s"].append(mean)
+            if sha == DEFAULT_TRACE_SHA256 and mean is not None:
+                w["default"] = mean if w["default"] is None else min(w["default"], mean)
+            if energy is not None:
+                w["j"].append(float(energy))
+            if build_s is not None:
+                w["b"].append(float(build_s))
+        outstanding: dict[int, int] = {}
+        exhausted: set[int] = set()
+        rounds, open_round = 0, []
+        for shard_id, wl, state, trials, history, created in shards:
+            done_rows = by_shard.get(shard_id, 0)
+            if state in (PENDING, LEASED):
+                outstanding[wl] = outstanding.get(wl, 0) + max(0, trials - done_rows)
+            last = (history or [{}])[-1]
+            if state == DONE and last.get("event") == "done-short" and last.get("cause") == "exhausted":
+                exhausted.add(wl)
+            planned_round = (history or [{}])[0].get("round")
+            if planned_round is not None and created >= since:
+                rounds = max(rounds, int(planned_round))
+                if state == PENDING:
+                    open_round.append(int(shard_id))
+        out = []
+        for wl, weight, flops in links:
+            w = per[wl]
+            out.append(BudgetRow(
+                int(wl), int(weight or 1), float(flops or 0.0), w["run_s"], w["n"], w["since"], outstanding.get(wl, 0),
+                w["default"], wl in exhausted, wl in preempted,
+                sum(w["j"]) / len(w["j"]) if w["j"] else None, sum(w["b"]) / len(w["b"]) if w["b"] else None))
+        return BudgetView(out, rounds, open_round)
 
     # -- reading --------------------------------------------------------------------------
     def shard(self, shard_id: int) -> Shard:

@@ -76,6 +76,46 @@ class ShardCases:
         assert [r.workload_id for r in db.planning_view(hw, model.id)] == [wl]
         assert [(r.measured, r.trials_by_state, r.preempted) for r in db.planning_view(arm)] == [(0, {}, False)] * 2
 
+    def test_budget_view_sums_history_open_trials_and_rounds(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, arm = seeded
+        wl2, _ = db.add_workload(structural_hash="00cd", name="conv", op_kind="conv2d", flops=5.0, tir_json="{}")
+        wl3, _ = db.add_workload(structural_hash="00ef", name="other", op_kind="dense", flops=1.0, tir_json="{}")
+        m1, _ = db.add_model(name="m1", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
+        m2, _ = db.add_model(name="m2", source="zoo", format="x", sha256="2" * 64, artifact_uri="u")
+        db.link_model_workload(m1.id, wl, 2)
+        db.link_model_workload(m2.id, wl, 3)
+        db.link_model_workload(m1.id, wl2.id, 1)
+        db.link_model_workload(m2.id, wl3.id, 1)  # not in m1
+        old = db.add_shards(hw, [(wl, 2, 1.0)])[0]
+        db.commit_measurements([NewMeasurement(wl, hw, DEFAULT_TRACE_JSON, [0.5], shard_id=old.id, build_s=1.0,
+                                               energy_j=2.0)])
+        since = utcnow()
+        a, b = db.add_shards(hw, [(wl, 4, 9.0), (wl2.id, 6, 8.0)], info={"round": 2, "budget": "40"})
+        assert db.shard(a.id).history[0]["round"] == 2 and db.shard(a.id).history[0]["event"] == "planned"
+        db.commit_measurements([
+            NewMeasurement(wl, hw, _trace(1), [0.25], shard_id=a.id, build_s=3.0, energy_j=4.0),
+            NewMeasurement(wl, hw, _trace(2), None, error_kind="run", error_msg="x", shard_id=a.id),
+            NewMeasurement(wl, hw, _trace(3), None, error_kind=FILTERED, shard_id=a.id),
+            NewMeasurement(wl, arm, _trace(4), [0.01]),  # another class
+        ])
+        assert db.lease_shard(hw, "w", lease_s=60, shard_id=b.id) is not None
+        db.end_lease(b.id, "w", state=DONE, error=None, event="done-short", info={"cause": "exhausted"})
+        db.save_tuning_state(_state(wl2.id, hw, preempted=True))
+        view = db.budget_view(hw, [m1.id], since - dt.timedelta(seconds=1))
+        r1, r2 = view.rows
+        assert (r1.workload_id, r1.weight, r1.flops, r1.run_s, r1.committed, r1.committed_since) == (
+            wl, 2, 2e6, [0.5, 0.25, None], 4, 4)  # (second resolution on SQLite: the old row too)
+        assert (r1.outstanding, r1.default_s, r1.exhausted, r1.preempted) == (1 + 1, 0.5, False, False)
+        assert (r1.joules_per_trial, r1.build_s) == (3.0, 2.0)
+        assert (r2.workload_id, r2.outstanding, r2.exhausted, r2.preempted, r2.run_s) == (wl2.id, 0, True, True, [])
+        assert (view.rounds, view.open_round_shards) == (2, [a.id])
+        both = db.budget_view(hw, [m1.id, m2.id], since - dt.timedelta(seconds=1))
+        assert [(r.workload_id, r.weight) for r in both.rows] == [(wl, 5), (wl2.id, 1), (wl3.id, 1)]
+        later = db.budget_view(hw, [m1.id], utcnow() + dt.timedelta(minutes=1))
+        assert (later.rounds, later.open_round_shards, later.rows[0].committed_since) == (0, [], 0)
+        assert db.budget_view(arm, [m1.id], since).rows[0].run_s == [0.01]
+        assert db.budget_view(hw, [], since) == db.budget_view(hw, [m1.id + m2.id], since)
+
     def test_lease_goes_to_the_highest_priority_and_only_once(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, arm = seeded
         low, high = db.add_shards(hw, [(wl, 8, 1.0), (wl, 8, 5.0)])
