@@ -18,17 +18,32 @@ shards' priorities, so workers lease the shard with the best expected gain per j
 :func:`reallocate` hands the trials a preempted shard did not use to the workloads still
 improving, in proportion to their expected gain per joule (into their pending shards where they
 have one). No TVM and no Prefect here.
+
+A model-level budget (``tunefleet run --budget``) is spent in rounds planned by
+:func:`plan_round`: it reads the model's workloads from the database, asks the allocator
+(:func:`tunefleet.allocation.allocate`) for the round and creates its shards, whose priorities are
+the allocator's (per joule when energy-aware). Which rule is used when: shards of a budget's round
+are leased in the allocator's order (:func:`reprioritise` is for flat plans, ``--trials``), and the
+trials a preempted shard of a round did not use go back to the budget for the next round instead of
+to :func:`reallocate`'s recipients.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from tunefleet.allocation import DEFAULT_MIN_TRIALS, Budget, RoundPlan, WorkloadHistory, allocate, build_reserve_s
 from tunefleet.db import Database, TrialGrant
 from tunefleet.db.models import utcnow
+
+if TYPE_CHECKING:
+    from tunefleet.db.models import Shard
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +156,10 @@ def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: in
     db.add_freed_trials(from_workload_id, hw.id, trials)
     if trials <= 0:
         return []
+    if from_shard_id is not None and (db.shard(from_shard_id).history or [{}])[0].get("round") is not None:
+        log.info("%d trial(s) freed by workload %d on %s go back to its budget's next round", trials,
+                 from_workload_id, hardware)
+        return []
     views = [o for o in outlooks(db, hardware).values() if o.workload_id != from_workload_id and o.improving]
     if not views:
         log.info("%d trial(s) freed by workload %d on %s: no workload is still improving, none spent",
@@ -168,3 +187,73 @@ def reallocate(db: Database, hardware: str, trials: int, *, from_workload_id: in
              ", ".join(f"workload {g.workload_id} (+{g.trials}{'' if g.extended else ', new shard'})"
                        for g in granted))
     return granted
+
+
+# -- model-level budgets, in rounds -----------------------------------------------------------
+@dataclass(frozen=True)
+class RoundResult:
+    """One round of a model's budget as :func:`plan_round` planned it."""
+
+    round: int
+    """The round's number (1 for the first); the last round planned when nothing was."""
+    shards: list[Shard]
+    plan: RoundPlan
+    workloads: list[WorkloadHistory]
+    spent: int
+    """Trials committed on the model's workloads since the budget started."""
+    outstanding: int
+    """Trials planned and not committed yet (this round's included)."""
+    build_reserve_s: float
+    """Seconds to keep for building the model afterwards (:func:`tunefleet.allocation.build_reserve_s`)."""
+    open_round_shards: list[int]
+
+    @property
+    def stop(self) -> str | None:
+        return None if self.shards else self.plan.stop
+
+
+def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Budget, since: dt.datetime, *,
+               min_trials: int = DEFAULT_MIN_TRIALS, batch: int = 64, energy_aware: bool = False,
+               rounds: bool = True, max_leases: int = 3) -> RoundResult:
+    """Plan the next round of ``budget`` over the workloads of ``model_ids`` on a class: the shards.
+
+    The trials a budget has left are its trials minus those committed on the models' workloads
+    since ``since`` (errors and filtered candidates count) minus those planned and not committed
+    yet — counted in the database, so they hold across worker processes (two workers planning at
+    the same instant can both plan the same trials: see docs/orchestration.md). A duration budget
+    has no trial count; the engine stops its rounds at the deadline. ``rounds=False`` plans the
+    whole budget at once (``tunefleet plan --budget``). Each grant is one shard; its ``planned``
+    event records the round and the budget.
+    """
+    hw = db.hardware_class(hardware)
+    view = db.budget_view(hw.id, list(model_ids), since)
+    workloads = [WorkloadHistory(r.workload_id, r.weight, tuple(r.run_s), r.committed, r.outstanding, r.default_s,
+                                 r.flops, r.exhausted, r.preempted, r.joules_per_trial) for r in view.rows]
+    spent = sum(r.committed_since for r in view.rows)
+    outstanding = sum(r.outstanding for r in view.rows)
+    left = None if budget.trials is None else budget.trials - spent - outstanding
+    plan = allocate(workloads, left, min_trials=min_trials, batch=batch, rounds=rounds, energy_aware=energy_aware)
+    builds = [r.build_s for r in view.rows if r.build_s is not None]
+    reserve = build_reserve_s(workloads, compile_s=sum(builds) / len(builds) if builds else None)
+    number = view.rounds + 1
+    created: list[Shard] = []
+    if plan.grants:
+        created = db.add_shards(hw.id, [(g.workload_id, g.trials, g.priority) for g in plan.grants],
+                                max_leases=max_leases, info={"round": number, "budget": str(budget)})
+        log.info("budget %s on %s, round %d: %d trial(s) over %d workload(s) (%s)", budget, hardware, number,
+                 plan.trials, len(created), ", ".join(f"{g.workload_id}: {g.trials} {g.why}" for g in plan.grants))
+    else:
+        log.info("budget %s on %s: no round %d: %s", budget, hardware, number, plan.stop)
+    return RoundResult(number if created else view.rounds, created, plan, workloads, spent,
+                       outstanding + plan.trials, reserve, view.open_round_shards + [s.id for s in created])
+
+
+def end_rounds(db: Database, hardware: str, model_ids: Sequence[int], since: dt.datetime) -> list[int]:
+    """Cancel the pending shards a budget's rounds planned since ``since`` (the budget ended: at
+    its deadline a round may be left half done); their ids."""
+    hw = db.hardware_class(hardware)
+    pending = db.budget_view(hw.id, list(model_ids), since).open_round_shards
+    cancelled = db.cancel_shards(pending) if pending else []
+    if cancelled:
+        log.info("budget over: %d pending shard(s) of its last round cancelled", len(cancelled))
+    return cancelled

@@ -4,10 +4,12 @@
 extension points — tunefleet's database bridge (:class:`~tunefleet.tvm.bridge.FleetDatabase`),
 the resuming search (:class:`~tunefleet.tvm.search.ResumingSearch`), the one commit path
 (:class:`~tunefleet.tvm.commit.CommitCallback`) — and follows the rules in
-:mod:`tunefleet.engine.policies`. A shard leased again after its worker died resumes: its budget
-is reduced by what it already committed, and no committed candidate is measured again. It ends
-done, failed (a crashed attempt, with what was committed kept), or raises a transient error
-(a lost lease or database connection: not the shard's fault; the caller retries).
+:mod:`tunefleet.engine.policies` (and a budget's deadline, :mod:`tunefleet.engine.rounds`). A
+shard leased again after its worker died resumes: its budget is reduced by what it already
+committed, and no committed candidate is measured again. It ends done, done-short (its search
+stopped before its trials were spent — a deadline, or no new candidate left — with the reason in
+its history), failed (a crashed attempt, with what was committed kept), or raises a transient
+error (a lost lease or database connection: not the shard's fault; the caller retries).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tunefleet.engine.heartbeat import Heartbeat
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.policies import (Accounting, Filter, Preemption, ShapeWarmStart, ShardPolicy, Transfer,
                                        WarmStart)
+from tunefleet.engine.rounds import Deadline, DeadlinePolicy
 from tunefleet.errors import DatabaseError, TransientError
 from tunefleet.shards import LeaseLostError
 
@@ -56,6 +59,8 @@ class ShardKit:
     num_threads: int | None = None
     on_batch: CandidateHook | None = None
     work_dir: str | None = None
+    deadline: Deadline | None = None
+    """A budget's deadline (None: none): no batch starts that would end after it."""
 
 
 @dataclass
@@ -148,6 +153,7 @@ class ShardRun:
         policies = self.policies()
         reason = next((r for p in policies if (r := p.start(self))), None)
         if reason:
+            self.progress.stop_reason = reason
             return self.finish(policies)
         own_builder = self.resolve(policies)
         try:
@@ -177,6 +183,8 @@ class ShardRun:
             out.append(WarmStart(trained, o.warm_start_min_agreement))
         if trained is not None and o.filtering:
             out.append(Filter(trained, o.filter_fraction, o.filter_min_agreement))
+        if self.kit.deadline is not None:
+            out.append(DeadlinePolicy(self.kit.deadline))
         return out
 
     def resolve(self, policies: list[ShardPolicy]) -> bool:
@@ -252,7 +260,16 @@ class ShardRun:
             state = shards.fail(self.db, self.shard.id, self.owner, f"{type(self.failure).__name__}: {self.failure}")
             log.error("shard %d failed: %s", self.shard.id, self.failure)
         elif not self.ended:
-            shards.complete(self.db, self.shard.id, self.owner)
+            short = self.unused() if self.remaining > 0 else 0
+            if short:  # its search stopped early: a deadline, or no new candidate left
+                reason = self.progress.stop_reason
+                shards.complete(self.db, self.shard.id, self.owner, event="done-short", unused_trials=short,
+                                cause="stopped" if reason else "exhausted",
+                                reason=reason or "search space exhausted: no new candidate")
+                log.info("shard %d done with %d trial(s) unused: %s", self.shard.id, short,
+                         reason or "no new candidate")
+            else:
+                shards.complete(self.db, self.shard.id, self.owner)
         p = self.progress
         preempted = next((x.ended for x in policies if isinstance(x, Preemption)), None)
         return ShardResult(

@@ -2,8 +2,10 @@
 
 A :class:`Tuner` keeps a class's builder, runner, online cost model and trained cost model alive
 from shard to shard (each takes seconds to start); :func:`drain` leases and tunes until no shard
-is left; :func:`tune_with_workers` runs ``drain`` in N local processes that share only the
-database. The knobs of every shard come from one :class:`~tunefleet.engine.options.TuneOptions`.
+is left — or, with a model-level budget (:class:`~tunefleet.engine.rounds.Rounds`), asks for the
+next round's shards and goes on with the same tuner until the budget is spent; :func:`tune_with_workers`
+runs ``drain`` in N local processes that share only the database. The knobs of every shard come
+from one :class:`~tunefleet.engine.options.TuneOptions`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet import shards
 from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.rounds import Deadline, Rounds
 from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
 from tunefleet.errors import TunefleetError
 
@@ -51,6 +54,10 @@ class TuneSummary:
     warm_start_dropped: int = 0
     """Shards whose search the class's trained model stopped guiding because it misranked their
     measurements."""
+    stopped: str | None = None
+    """Why draining stopped before the queue was empty (a deadline, a spent budget), or None."""
+    budget: dict[str, Any] | None = None
+    """With a model-level budget: :meth:`~tunefleet.engine.rounds.Rounds.summary`."""
 
     def add(self, result: ShardResult) -> None:
         self.shards_done += result.state == shards.DONE
@@ -87,6 +94,15 @@ class Tuner:
         self._model: TrainedModel | None = None
         self._unreadable: int | None = None
         self._warned_no_filter = False
+        self._deadline: Deadline | None = None
+
+    def deadline(self, at: float) -> Deadline:
+        """A :class:`Deadline` at ``at`` that keeps this tuner's batch-time estimate from shard to
+        shard (for callers that lease one shard at a time, like the Prefect ``tune_shard`` task)."""
+        if self._deadline is None:
+            self._deadline = Deadline(at)
+        self._deadline.at = at
+        return self._deadline
 
     @property
     def online_model(self) -> Any:
@@ -140,13 +156,19 @@ class Tuner:
         return self._runner
 
     def tune_next(self, db: Database, owner: str, options: TuneOptions | None = None, *,
-                  shard_id: int | None = None, on_batch: CandidateHook | None = None) -> ShardResult | None:
-        """Lease the next shard (the owner's own first) and tune it; None if none is left.
+                  shard_id: int | None = None, on_batch: CandidateHook | None = None,
+                  deadline: Deadline | None = None, reprioritise: bool = True) -> ShardResult | None:
+        """Lease the next shard (the owner's own first) and tune it; None if none is left (or the
+        ``deadline`` passed: then nothing is leased).
 
-        ``options`` overrides the tuner's for this shard (the runner is the tuner's either way)."""
+        ``options`` overrides the tuner's for this shard (the runner is the tuner's either way).
+        ``reprioritise=False`` leaves the pending shards' priorities as planned (a budget's
+        rounds: the allocator set them), else energy-aware leasing re-ranks them first."""
         options = options or self.options
+        if deadline is not None and deadline.reason():
+            return None
         t0 = time.perf_counter()
-        if options.energy_aware and shard_id is None:
+        if options.energy_aware and shard_id is None and reprioritise:
             from tunefleet.budget import reprioritise
 
             reprioritise(db, self.hardware)
@@ -161,7 +183,7 @@ class Tuner:
                         "(retrain one with `tunefleet costmodel retrain`)", self.hardware,
                         "" if self.store is not None else " (no artifact store given)")
         kit = ShardKit(builder=self.builder, runner=self.runner, online_model=self.online_model, trained_model=trained,
-                       num_threads=self.threads, on_batch=on_batch)
+                       num_threads=self.threads, on_batch=on_batch, deadline=deadline)
         result = run_shard(db, shard, owner, options, kit)
         result.lease_s = leased_s
         return result
@@ -175,33 +197,54 @@ class Tuner:
 
 
 def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, max_shards: int | None = None,
-          store: ArtifactStore | None = None, tuner: Tuner | None = None,
-          on_batch: CandidateHook | None = None) -> TuneSummary:
+          store: ArtifactStore | None = None, tuner: Tuner | None = None, on_batch: CandidateHook | None = None,
+          refill: Rounds | None = None, deadline: Deadline | None = None) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left.
 
     With ``store``, shards warm-start from the class's current cost model (see :class:`Tuner`);
     ``tuner`` (e.g. one with a given builder) is used and left open, else one is made and closed.
+
+    With ``refill`` (a model-level budget), an empty queue asks it for the next round's shards and
+    draining goes on with the same tuner (its builder, runner and cost models stay up) until the
+    budget is spent, its deadline passes or no workload can use more trials; a round the deadline
+    cut is cancelled. ``deadline`` (or the refill's) stops leasing at that time, and a shard in
+    flight stops before a batch that would end after it (done-short, not failed).
     """
     owner = worker_owner()
     started = time.monotonic()
     own = tuner is None
     tuner = tuner or Tuner(db, hardware, options, store=store)
     summary = TuneSummary(tuner.hardware)
+    deadline = deadline or (refill.deadline if refill is not None else None)
     try:
         while max_shards is None or summary.shards_done + summary.shards_failed < max_shards:
-            result = tuner.tune_next(db, owner, options, on_batch=on_batch)
-            if result is None:
+            if deadline is not None and (why := deadline.reason()):
+                summary.stopped = why
                 break
+            result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=deadline,
+                                     reprioritise=refill is None)
+            if result is None:
+                if refill is None or not refill.refill(db):
+                    break
+                continue
             summary.add(result)
     finally:
+        if refill is not None:
+            summary.stopped = summary.stopped or refill.stopped
+            if refill.stopped is None and summary.stopped:
+                refill.stopped = summary.stopped
+            refill.close(db)
         if own:
             tuner.close()
     summary.seconds = time.monotonic() - started
+    if refill is not None:
+        summary.budget = refill.summary(db)
     return summary
 
 
 def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dict[str, Any],
-                 max_shards: int | None) -> None:
+                 max_shards: int | None, rounds: dict[str, Any] | None = None,
+                 deadline_at: float | None = None) -> None:
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.store import open_store
@@ -210,20 +253,27 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dic
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
     db = Database.from_settings(settings)
-    drain(db, hardware, TuneOptions(**options_data), max_shards=max_shards, store=open_store(settings))
+    drain(db, hardware, TuneOptions(**options_data), max_shards=max_shards, store=open_store(settings),
+          refill=Rounds.from_spec(rounds) if rounds is not None else None,
+          deadline=Deadline(deadline_at) if deadline_at is not None else None)
 
 
 def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *, workers: int = 1,
-                      max_shards: int | None = None) -> list[int]:
+                      max_shards: int | None = None, refill: Rounds | None = None,
+                      deadline: Deadline | None = None) -> list[int]:
     """Drain the queue with ``workers`` local worker processes; return their exit codes.
 
     Workers only share the database: a worker that dies leaves its shard leased until the lease
-    expires, and another worker (or a later run) resumes it.
+    expires, and another worker (or a later run) resumes it. With ``refill``, each worker plans
+    the budget's next round when it finds the queue empty (the trials are counted in the
+    database, so the budget holds over all of them; two workers refilling at the same instant may
+    both plan a round — a known race, see docs/orchestration.md); ``deadline`` stops every worker.
     """
     if workers < 1:
         raise TunefleetError("workers must be >= 1")
     ctx = multiprocessing.get_context("spawn")
-    args = (settings.model_dump(), hardware, options.model_dump(), max_shards)
+    args = (settings.model_dump(), hardware, options.model_dump(), max_shards,
+            refill.spec() if refill is not None else None, deadline.at if deadline is not None else None)
     procs = [ctx.Process(target=_worker_main, args=args, name=f"tunefleet-worker-{i}") for i in range(workers)]
     for p in procs:
         p.start()

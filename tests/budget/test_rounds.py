@@ -1,0 +1,159 @@
+"""A model's budget spent in rounds by a worker, on SQLite with a stand-in tuner (no TVM): the
+rounds refill the queue as it empties, stop at a trial budget exactly and at a deadline."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tunefleet import budget, shards
+from tunefleet.allocation import Budget
+from tunefleet.db import Database, NewMeasurement
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.rounds import Deadline, Rounds
+from tunefleet.engine.shard import ShardResult
+from tunefleet.engine.worker import drain
+from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_JSON, DONE, LEASED, PENDING
+
+# workload name -> (weight, best run time it tends to, trials it takes to get there)
+CURVES = {"big": (4, 1e-3, 40.0), "small": (1, 1e-4, 10.0), "flat": (1, 2e-3, 0.5)}
+
+
+class Clock:
+    def __init__(self, t: float = 1_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeTuner:
+    """Leases shards like :class:`tunefleet.engine.worker.Tuner` and commits made-up candidates:
+    each workload's best run time falls from 10 ms towards its floor; a trial takes a second."""
+
+    hardware = "x86"
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.leased: list[int] = []
+
+    def tune_next(self, db: Database, owner: str, options: TuneOptions | None = None, *, shard_id: int | None = None,
+                  on_batch: object = None, deadline: Deadline | None = None, reprioritise: bool = True,
+                  ) -> ShardResult | None:
+        if deadline is not None and deadline.reason():
+            return None
+        shard = shards.lease(db, "x86", owner, shard_id=shard_id)
+        if shard is None:
+            return None
+        self.leased.append(shard.id)
+        wl = db.workload(shard.workload_id)
+        _, floor, tau = CURVES[wl.name]
+        done = db.count_measurements(wl.id, shard.hardware_class_id)
+        rows = []
+        for i in range(done, done + shard.trials):
+            trace = DEFAULT_TRACE_JSON if i == 0 else f"{wl.name}-{i}"
+            rows.append(NewMeasurement(wl.id, shard.hardware_class_id, trace, [floor + (1e-2 - floor) * math.exp(-i / tau)],
+                                       shard_id=shard.id, build_s=0.5))
+            self.clock.t += 1.0
+        db.commit_measurements(rows)
+        shards.complete(db, shard.id, owner)
+        return ShardResult(shard.id, DONE, len(rows), 0, 0, None, float(len(rows)))
+
+
+@pytest.fixture
+def db(tmp_path) -> Iterator[tuple[Database, int]]:  # type: ignore[no-untyped-def]
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    database.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")
+    model, _ = database.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
+    for name, (weight, _, _) in CURVES.items():
+        wl, _ = database.add_workload(structural_hash=name, name=name, op_kind="dense", flops=1e6, tir_json="{}")
+        database.link_model_workload(model.id, wl.id, weight)
+    yield database, model.id
+    database.close()
+
+
+def _per_workload(database: Database) -> dict[str, int]:
+    hw = database.hardware_class("x86").id
+    return {wl.name: database.count_measurements(wl.id, hw) for wl, _ in database.workloads()}
+
+
+def test_rounds_refill_the_queue_and_stop_at_the_trial_budget_exactly(db: tuple[Database, int]) -> None:
+    database, model = db
+    clock = Clock()
+    rounds = Rounds("x86", [model], Budget(trials=100), started_at=clock(), min_trials=8, batch=8, clock=clock)
+    tuner = FakeTuner(clock)
+    summary = drain(database, "x86", TuneOptions(), tuner=tuner, refill=rounds)  # type: ignore[arg-type]
+    spent = _per_workload(database)
+    assert sum(spent.values()) == 100 and summary.measured == 100
+    assert min(spent.values()) >= 8  # every workload got its minimum
+    assert spent["big"] > spent["flat"]  # the heavy workload still improving got most of the rest
+    assert summary.budget is not None and summary.stopped == "trial budget spent"
+    assert (summary.budget["trials"], summary.budget["rounds"], summary.budget["stopped"]) == (
+        100, rounds.rounds, "trial budget spent")
+    assert rounds.rounds >= 4
+    planned = shards.list_shards(database)
+    assert {s.state for s in planned} == {DONE} and sum(s.trials for s in planned) == 100
+    assert [s.history[0]["round"] for s in planned][:3] == [1, 1, 1]  # the minimums, in one round
+    assert all(s.history[0]["budget"] == "100" for s in planned)
+    first = sorted(planned[:3], key=lambda s: -s.priority)
+    assert [database.workload(s.workload_id).name for s in first] == ["big", "small", "flat"]  # weight × FLOPs, then id
+    again = Rounds("x86", [model], Budget(trials=100), started_at=time.time() + 2, min_trials=8, batch=8)
+    assert again.refill(database) > 0  # a new budget (counted from its own start) spends again
+
+
+def test_rounds_stop_at_the_deadline_and_cancel_the_rest_of_the_round(db: tuple[Database, int]) -> None:
+    database, model = db
+    clock = Clock()
+    rounds = Rounds("x86", [model], Budget(seconds=60), started_at=clock(), min_trials=8, batch=8, clock=clock)
+    assert rounds.deadline is not None and rounds.deadline.at == clock() + 60
+    summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(clock), refill=rounds)  # type: ignore[arg-type]
+    assert summary.stopped == rounds.stopped == "deadline: reached"
+    assert 60 <= sum(_per_workload(database).values()) < 60 + 8 * 4  # at most the shard in flight goes over
+    states = {s.state for s in shards.list_shards(database)}
+    assert PENDING not in states and LEASED not in states
+    assert summary.budget is not None and summary.budget["kind"] == "duration" and summary.budget["seconds"] >= 60
+    cut = [s for s in shards.list_shards(database) if s.state == CANCELLED]
+    assert all(s.history[-1]["event"] == "cancel" for s in cut)
+
+
+def test_a_deadline_keeps_time_for_the_build_and_a_batch(db: tuple[Database, int]) -> None:
+    database, model = db
+    clock = Clock()
+    rounds = Rounds("x86", [model], Budget(seconds=600), started_at=clock(), build_reserve=True, clock=clock)
+    assert rounds.refill(database) == 3
+    assert rounds.deadline is not None and 0 < rounds.reserve_s < 100
+    assert rounds.deadline.at == pytest.approx(clock() + 600 - rounds.reserve_s)
+    deadline = Deadline(clock() + 100, clock=clock)
+    deadline.observe(30.0)
+    deadline.observe(50.0)
+    assert deadline.batch_s == 40.0 and deadline.reason() is None
+    clock.t += 61
+    assert deadline.reason() == "deadline: 39s left, less than a search batch here (40s)"
+    assert deadline.reason(next_batch=False) is None
+    clock.t += 40
+    assert deadline.reason(next_batch=False) == "deadline: reached"
+
+
+def test_rounds_cross_processes_as_plain_data(db: tuple[Database, int]) -> None:
+    _, model = db
+    rounds = Rounds("x86", [model], Budget(seconds=90), started_at=5.0, build_reserve=True, min_trials=4, batch=16)
+    assert rounds.deadline is not None
+    rounds.deadline.at = 80.0
+    again = Rounds.from_spec(rounds.spec())
+    assert again.spec() == rounds.spec() and again.budget == Budget(seconds=90)
+
+
+def test_a_preempted_round_shard_gives_its_trials_back_to_the_budget(db: tuple[Database, int]) -> None:
+    database, model = db
+    hw = database.hardware_class("x86")
+    res = budget.plan_round(database, "x86", [model], Budget(trials=24), Rounds("x86", [model], Budget(trials=1)).since,
+                            min_trials=8)
+    assert (res.round, res.plan.trials, res.outstanding, res.spent) == (1, 24, 24, 0)
+    first = res.shards[0]
+    assert budget.reallocate(database, "x86", 5, from_workload_id=first.workload_id, from_shard_id=first.id) == []
+    assert sum(s.trials for s in shards.list_shards(database)) == 24  # nothing handed on: the next round has them
+    flat = database.add_shards(hw.id, [(first.workload_id, 8, 1.0)])[0]  # a flat plan's shard hands them on
+    assert budget.reallocate(database, "x86", 5, from_workload_id=first.workload_id, from_shard_id=flat.id) != []

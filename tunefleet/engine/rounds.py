@@ -1,0 +1,187 @@
+"""A model-level budget inside a worker: rounds that keep the tuner alive, and a deadline.
+
+:class:`Rounds` is what :func:`tunefleet.engine.worker.drain` asks for the next round's shards
+when no shard is pending (:meth:`Rounds.refill`): the worker goes on with the same builder,
+runner and online cost model, so re-planning costs a database round trip, not a tuner start.
+The rounds end when the trial budget is spent, at the deadline, or when no workload can use more
+trials (:func:`tunefleet.allocation.allocate`). Every worker process may refill; the trial count
+is read from the database each time, so it holds across workers (see :func:`tunefleet.budget.plan_round`
+for the one race left).
+
+:class:`Deadline` is when tuning must stop — a duration budget's end, less the time the build
+after it needs — and how long a search batch takes here; :class:`DeadlinePolicy` stops a shard's
+search before a batch that would not end in time, and the shard ends done-short with the reason
+in its history (not failed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tunefleet.allocation import DEFAULT_MIN_TRIALS, Budget, format_duration
+from tunefleet.engine.policies import ShardPolicy
+
+if TYPE_CHECKING:
+    from tunefleet.db import Database, NewMeasurement
+    from tunefleet.engine.policies import ShardRunView
+
+log = logging.getLogger(__name__)
+
+DEADLINE = "deadline"
+
+
+class Deadline:
+    """When tuning must stop (``at``, seconds since the epoch: it holds across processes), and
+    the running estimate of how long one search batch takes on this worker."""
+
+    def __init__(self, at: float, *, clock: Callable[[], float] = time.time) -> None:
+        self.at = at
+        self.clock = clock
+        self.batch_s: float | None = None
+
+    def left_s(self) -> float:
+        return self.at - self.clock()
+
+    def reason(self, *, next_batch: bool = True) -> str | None:
+        """Why tuning must stop now (with ``next_batch``: also when the next batch, as long as
+        the last ones, would end after the deadline), or None."""
+        left = self.left_s()
+        ahead = (self.batch_s or 0.0) if next_batch else 0.0
+        if left > ahead:
+            return None
+        if left > 0:
+            return (f"{DEADLINE}: {left:.0f}s left, less than a search batch here "
+                    f"({self.batch_s:.0f}s)")
+        return f"{DEADLINE}: reached"
+
+    def observe(self, seconds: float) -> None:
+        """One more batch took ``seconds``; the estimate follows the recent ones."""
+        self.batch_s = seconds if self.batch_s is None else 0.5 * (self.batch_s + seconds)
+
+
+class DeadlinePolicy(ShardPolicy):
+    """Stops a shard's search before a batch that would end after the deadline; the shard then
+    ends done-short (:class:`~tunefleet.engine.shard.ShardRun` records the reason)."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self._mark: float | None = None
+
+    def start(self, run: ShardRunView) -> str | None:
+        return self.deadline.reason()
+
+    def attach(self, run: ShardRunView) -> None:
+        self._mark = time.monotonic()
+
+    def before_round(self) -> str | None:
+        return self.deadline.reason()
+
+    def after_round(self, rows: list[NewMeasurement], note: Any) -> None:
+        now = time.monotonic()
+        if self._mark is not None:
+            self.deadline.observe(now - self._mark)
+        self._mark = now
+
+
+@dataclass
+class Rounds:
+    """A model-level budget spent in rounds by a worker (:func:`~tunefleet.engine.worker.drain`'s
+    refill): which models on which class, the budget, when it started, and the allocator's knobs.
+
+    ``started_at`` (seconds since the epoch) starts the budget's clock: a duration budget ends
+    ``seconds`` later, less ``build_reserve`` (the time :func:`tunefleet.allocation.build_reserve_s`
+    says the build after tuning needs, refreshed every round; False for a ``tune`` that builds
+    nothing). Trials are counted from ``started_at`` on.
+    """
+
+    hardware: str
+    model_ids: list[int]
+    budget: Budget
+    started_at: float = field(default_factory=time.time)
+    build_reserve: bool = False
+    min_trials: int = DEFAULT_MIN_TRIALS
+    batch: int = 64
+    energy_aware: bool = False
+    clock: Callable[[], float] = time.time
+    rounds: int = 0
+    stopped: str | None = None
+    reserve_s: float = 0.0
+    deadline: Deadline | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget.seconds is not None and self.deadline is None:
+            self.deadline = Deadline(self.started_at + self.budget.seconds, clock=self.clock)
+
+    @property
+    def since(self) -> dt.datetime:
+        """``started_at`` as the database's naive UTC, a second early (SQLite keeps whole seconds)."""
+        return dt.datetime.fromtimestamp(self.started_at - 1, dt.timezone.utc).replace(tzinfo=None)
+
+    def refill(self, db: Database) -> int:
+        """Plan the next round; the number of shards it created (0: the rounds are over, and
+        :attr:`stopped` says why)."""
+        from tunefleet.budget import plan_round
+
+        if self.stopped is not None:
+            return 0
+        if self.deadline is not None and (why := self.deadline.reason()):
+            self.stopped = why
+            return 0
+        res = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
+                         batch=self.batch, energy_aware=self.energy_aware)
+        self.rounds = res.round
+        self._reserve(res.build_reserve_s)
+        if not res.shards:
+            self.stopped = res.stop or "nothing left to plan"
+        return len(res.shards)
+
+    def _reserve(self, seconds: float) -> None:
+        if self.build_reserve and self.budget.seconds is not None and self.deadline is not None:
+            self.reserve_s = seconds
+            self.deadline.at = self.started_at + self.budget.seconds - seconds
+
+    def close(self, db: Database) -> list[int]:
+        """The rounds are over: cancel the pending shards of a round the deadline cut (the trials
+        a trial budget planned are always tuned); their ids."""
+        from tunefleet.budget import end_rounds
+
+        if self.stopped is None or not self.stopped.startswith(DEADLINE):
+            return []
+        return end_rounds(db, self.hardware, self.model_ids, self.since)
+
+    def summary(self, db: Database) -> dict[str, Any]:
+        """The budget, what was spent (trials committed by every worker since the start, seconds),
+        the rounds and why they stopped."""
+        hw = db.hardware_class(self.hardware)
+        view = db.budget_view(hw.id, self.model_ids, self.since)
+        return {"budget": str(self.budget), "kind": "duration" if self.budget.is_duration else "trials",
+                "trials": sum(r.committed_since for r in view.rows), "seconds": round(self.clock() - self.started_at, 1),
+                "rounds": max(self.rounds, view.rounds), "stopped": self.stopped,
+                "build_reserve_s": round(self.reserve_s, 1) if self.build_reserve else None,
+                "min_trials": self.min_trials, "batch": self.batch}
+
+    # -- across processes --------------------------------------------------------------------
+    def spec(self) -> dict[str, Any]:
+        """Plain data to rebuild these rounds in another process (:meth:`from_spec`)."""
+        return {"hardware": self.hardware, "model_ids": list(self.model_ids), "budget": str(self.budget),
+                "started_at": self.started_at, "build_reserve": self.build_reserve, "min_trials": self.min_trials,
+                "batch": self.batch, "energy_aware": self.energy_aware,
+                "deadline_at": self.deadline.at if self.deadline is not None else None}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> Rounds:
+        data = dict(spec)
+        deadline_at = data.pop("deadline_at", None)
+        rounds = cls(**{**data, "budget": Budget.parse(data["budget"])})
+        if deadline_at is not None and rounds.deadline is not None:
+            rounds.deadline.at = deadline_at
+        return rounds
+
+    def describe(self) -> str:
+        left = f", {format_duration(max(0.0, self.deadline.left_s()))} left" if self.deadline is not None else ""
+        return f"budget {self.budget.describe()}, round {self.rounds}{left}"
