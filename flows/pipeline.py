@@ -5,12 +5,18 @@ deployment, or from the UI. Tuning happens either here (``tune_on="here"``: this
 each class, so only classes this machine can measure) or through the ``tune-<class>``
 deployments (``tune_on="deployments"``: the runs land in each class's work pool, i.e. its node
 pool, and this flow waits for them). Every step is idempotent: running the pipeline twice
-ingests, extracts and tunes nothing twice. ``account`` follows ``tune``; the ``export`` and
+ingests, extracts and tunes nothing twice with a flat ``trials`` target; a ``budget`` is spent
+again each run (it is spending, not a target). ``account`` follows ``tune``; the ``export`` and
 ``retrain`` steps slot in after it as further subflows.
+
+With a ``budget`` (the default, ``TUNEFLEET_BUDGET``), there is no plan step of its own: the
+tune step plans the models' budget in rounds as it tunes (:func:`tunefleet.budget.plan_round`),
+and a duration is the wall time of the whole flow, from ``started_at`` to the end of the build.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
@@ -18,7 +24,7 @@ from prefect.artifacts import create_table_artifact
 
 from tunefleet.errors import NotSupportedError, ParameterError, TunefleetError
 from tunefleet.flows import steps as step_flows
-from tunefleet.flows.steps import artifact_key, check_hardware, check_positive, tune_options
+from tunefleet.flows.steps import artifact_key, check_budget, check_hardware, check_positive, tune_options
 
 
 def tune_through_deployments(hardware: list[str], parameters: dict[str, Any],
@@ -49,7 +55,7 @@ def tune_through_deployments(hardware: list[str], parameters: dict[str, Any],
 def pipeline(
     models: list[str] = ["resnet18"],  # noqa: B006 - Prefect parameters are copied per run
     hardware: list[str] = ["x86"],  # noqa: B006
-    trials: int = 8,
+    trials: int | None = None,
     shard_trials: int = 64,
     batch_size: int = 1,
     image_size: int | None = None,
@@ -60,19 +66,34 @@ def pipeline(
     seed: int | None = None,
     build: bool = True,
     output_dir: str | None = None,
+    budget: str | None = None,
+    started_at: float | None = None,
 ) -> dict[str, Any]:
-    """Tune every workload of ``models`` to ``trials`` trials on each of ``hardware``, then build.
+    """Tune the workloads of ``models`` on each of ``hardware``, then build.
 
-    ``lease_s``, ``trials_per_iter`` and ``seed`` override the settings of the same names
-    (``TUNEFLEET_LEASE_S``, ...). Returns ``{"models", "extracted", "planned", "tuned", "energy",
-    "builds"}`` (plain dicts).
+    ``budget``: trials over each model's workloads (``"2000"``) or the wall time of this whole flow
+    (``"15m"``, ``"90s"``, ``"1h30m"``), spent in rounds by the allocator; default
+    ``TUNEFLEET_BUDGET`` unless ``trials`` (a flat target per workload, as before) is given — one or
+    the other. The wall-time clock starts at ``started_at`` (seconds since the epoch; ``tunefleet
+    run`` passes its own start) or when the flow starts; tuning stops early enough to leave the
+    build its estimated time. With several classes tuned here, each gets an equal share of the time
+    left when its turn comes. ``lease_s``, ``trials_per_iter`` and ``seed`` override the settings
+    of the same names (``TUNEFLEET_LEASE_S``, ...). Returns ``{"models", "extracted", "planned",
+    "tuned", "energy", "builds", "budget"}`` (plain dicts; ``budget`` None with ``trials``).
     """
+    started = started_at if started_at is not None else time.time()
     logger = get_run_logger()
     if not models:
         raise ParameterError("invalid parameter models: give at least one model")
     check_hardware(hardware)
     check_positive(trials=trials, shard_trials=shard_trials, batch_size=batch_size, image_size=image_size,
                    seq_len=seq_len)
+    parsed = check_budget(budget, trials)
+    if parsed is None and trials is None:
+        from tunefleet.allocation import Budget
+        from tunefleet.context import shared_context
+
+        parsed = Budget.parse(shared_context().settings.budget)  # TUNEFLEET_BUDGET
     tune_params = tune_options(lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
     if tune_on == "here":  # fail before any work, not after ingesting and planning
         from tunefleet.context import shared_context
@@ -88,13 +109,34 @@ def pipeline(
     ingested = step_flows.ingest(models, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
     model_ids = [m["model_id"] for m in ingested]
     extracted = step_flows.extract(model_ids, hardware)
-    planned = step_flows.plan(hardware, trials=trials, model_ids=model_ids, shard_trials=shard_trials)
-    if tune_on == "deployments":
-        tuned = tune_through_deployments(hardware, tune_params)
+    if parsed is None:
+        planned = step_flows.plan(hardware, trials=trials, model_ids=model_ids, shard_trials=shard_trials)
+        if tune_on == "deployments":
+            tuned = tune_through_deployments(hardware, tune_params)
+        else:
+            tuned = {hw: step_flows.tune(hardware=hw, **tune_params) for hw in hardware}
     else:
-        tuned = {hw: step_flows.tune(hardware=hw, **tune_params) for hw in hardware}
+        builds_after = len(hardware) if build else 0
+        if tune_on == "deployments":  # the classes tune at once, and every build follows them
+            tuned = tune_through_deployments(hardware, {**tune_params, "budget": str(parsed), "model_ids": model_ids,
+                                                        "started_at": started, "reserve_builds": builds_after})
+        else:
+            tuned = {}
+            for i, hw in enumerate(hardware):
+                share = parsed
+                if parsed.seconds is not None and len(hardware) > 1:  # one after another: an equal share each
+                    from tunefleet.allocation import Budget
+
+                    left = started + parsed.seconds - time.time()
+                    share = Budget(seconds=max(1.0, left / (len(hardware) - i)))
+                tuned[hw] = step_flows.tune(hardware=hw, budget=str(share), model_ids=model_ids,
+                                            started_at=started if share is parsed else time.time(),
+                                            reserve_builds=1 if build else 0, **tune_params)
+        planned = [_rounds_planned(hw, tuned[hw], extracted) for hw in hardware]
     energy = step_flows.account(model_ids, hardware)
+    build_started = time.time()
     builds = step_flows.build(model_ids, hardware, output_dir=output_dir) if build else []
+    build_s = time.time() - build_started
 
     rows = []
     for m in ingested:
@@ -113,11 +155,30 @@ def pipeline(
                         t["shards_failed"], t["measured"])
         else:
             logger.info("tune %s: run %s %s", hw, t["flow_run"], t["state"])
+    spend = f"{trials} trials per workload" if parsed is None else f"a budget of {parsed.describe()}"
     create_table_artifact(key=artifact_key("pipeline", "summary"), table=rows,
                           description=f"tunefleet pipeline: {len(models)} model(s) x {len(hardware)} hardware "
-                                      f"class(es), {trials} trials per workload")
+                                      f"class(es), {spend}")
+    spent = None
+    if parsed is not None:
+        per_class = {hw: t.get("budget") for hw, t in tuned.items()}
+        spent = {"budget": str(parsed), "kind": "duration" if parsed.is_duration else "trials",
+                 "seconds": round(time.time() - started, 1), "build_s": round(build_s, 1) if build else None,
+                 "trials": sum((b or {}).get("trials", 0) for b in per_class.values()),
+                 "rounds": sum((b or {}).get("rounds", 0) for b in per_class.values()),
+                 "stopped": {hw: (b or {}).get("stopped") for hw, b in per_class.items()},
+                 "build_reserve_s": {hw: (b or {}).get("build_reserve_s") for hw, b in per_class.items()}}
     return {"models": ingested, "extracted": extracted, "planned": planned, "tuned": tuned, "energy": energy,
-            "builds": builds}
+            "builds": builds, "budget": spent}
+
+
+def _rounds_planned(hardware: str, tuned: dict[str, Any], extracted: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plan step's record for a budget: the rounds the tune step planned."""
+    shards = tuned.get("shards") or []
+    spent = tuned.get("budget") or {}
+    return {"hardware": hardware, "budget": spent.get("budget"), "rounds": spent.get("rounds", 0),
+            "new_shards": len(shards), "new_trials": spent.get("trials", 0),
+            "workloads": sum(e["workloads"] for e in extracted if e["hardware"] == hardware)}
 
 
 def _round(value: float | None) -> float | None:

@@ -9,11 +9,13 @@ error before any work starts.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, tags
 from prefect.artifacts import create_table_artifact
 
+from tunefleet.allocation import Budget
 from tunefleet.context import shared_context
 from tunefleet.errors import ParameterError
 from tunefleet.tasks import steps
@@ -42,6 +44,16 @@ def tune_options(**parameters: Any) -> dict[str, Any]:
     given = {name: value for name, value in parameters.items() if value is not None}
     shared_context().options(**given)  # raises ParameterError naming the first bad parameter
     return given
+
+
+def check_budget(budget: str | None, trials: int | None = None) -> Budget | None:
+    """The ``budget`` parameter parsed (None if not given); one error line if it is bad or comes
+    with ``trials`` (a flat target per workload: one or the other)."""
+    if budget is None:
+        return None
+    if trials is not None:
+        raise ParameterError("invalid parameters: give trials (a target per workload) or budget, not both")
+    return Budget.parse(budget, name="parameter budget")
 
 
 def check_verify(verify: int) -> None:
@@ -74,34 +86,83 @@ def extract(model_ids: list[int], hardware: list[str]) -> list[dict[str, Any]]:
 
 
 @flow(name="plan")
-def plan(hardware: list[str], trials: int = 8, model_ids: list[int] | None = None,
-         shard_trials: int = 64) -> list[dict[str, Any]]:
-    """Cut the untuned shortfall into shards (trials = target trials per workload)."""
+def plan(hardware: list[str], trials: int | None = 8, model_ids: list[int] | None = None,
+         shard_trials: int = 64, budget: str | None = None) -> list[dict[str, Any]]:
+    """Cut the untuned shortfall into shards (trials = target trials per workload), or split a
+    trial ``budget`` (e.g. ``"2000"``) over the models' workloads at once (then ``trials`` is None)."""
     check_hardware(hardware)
+    parsed = check_budget(budget, trials)
+    if parsed is None and trials is None:
+        raise ParameterError("invalid parameters: give trials (a target per workload) or budget")
+    if parsed is not None and parsed.seconds is not None:
+        raise ParameterError(f"invalid parameter budget: {budget!r} is a duration; a plan takes a number of trials "
+                             "(a duration is spent by the tune or pipeline flow)")
     check_positive(trials=trials, shard_trials=shard_trials)
-    return [steps.plan(hw, trials, model_ids=model_ids, shard_trials=shard_trials) for hw in hardware]
+    return [steps.plan(hw, trials, model_ids=model_ids, shard_trials=shard_trials,
+                       budget=None if parsed is None else str(parsed)) for hw in hardware]
 
 
 @flow(name="tune")
 def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | None = None,
-         trials_per_iter: int | None = None, seed: int | None = None) -> dict[str, Any]:
+         trials_per_iter: int | None = None, seed: int | None = None, budget: str | None = None,
+         model_ids: list[int] | None = None, started_at: float | None = None,
+         reserve_builds: int = 0) -> dict[str, Any]:
     """Lease and tune pending shards of one hardware class on this node until none is left.
 
     ``lease_s``, ``trials_per_iter`` and ``seed`` override the settings of the same names.
 
+    With ``budget`` and ``model_ids``, the models' budget (``"2000"`` trials or a wall time such
+    as ``"15m"``) is spent in rounds: when no shard is pending, the next round is planned
+    (:func:`tunefleet.budget.plan_round`), until the budget is spent, its deadline passes or no
+    workload can use more trials. With a duration ``budget`` alone, tuning stops at its deadline.
+    The clock starts at ``started_at`` (seconds since the epoch; default now), and the deadline
+    keeps time for ``reserve_builds`` builds of the models after tuning (the pipeline's build step).
+
     A shard whose worker died is taken over once its lease (``lease_s``) expires and resumes from
     what was committed; a shard leased by another live worker is left alone.
     """
+    from tunefleet.engine.rounds import Rounds
+
     check_hardware([hardware])
     check_positive(max_shards=max_shards)
     options = tune_options(lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
+    parsed = check_budget(budget)
+    if parsed is not None and parsed.trials is not None and not model_ids:
+        raise ParameterError(f"invalid parameter budget: {budget!r} is a number of trials; give model_ids to spend "
+                             "it on, or a duration to stop tuning at")
+    started = started_at if started_at is not None else time.time()
+    rounds = None
+    if parsed is not None and model_ids:
+        opts = shared_context().options(**options)
+        rounds = Rounds(hardware, list(model_ids), parsed, started_at=started, reserve_builds=reserve_builds,
+                        batch=opts.trials_per_iter, energy_aware=opts.energy_aware)
+    deadline_at = started + parsed.seconds if parsed is not None and parsed.seconds is not None else None
+    stopped: str | None = None
     results: list[dict[str, Any]] = []
     with tags(hardware_tag(hardware)):
         while max_shards is None or len(results) < max_shards:
-            result = steps.tune_shard(hardware, options)
-            if result is None:
+            if rounds is not None and rounds.deadline is not None:
+                deadline_at = rounds.deadline.at
+            if deadline_at is not None and time.time() >= deadline_at:
+                stopped = "deadline: reached"
                 break
+            result = steps.tune_shard(hardware, options, deadline_at=deadline_at, allocated=rounds is not None)
+            if result is not None and "stopped" in result:
+                stopped = result["stopped"]
+                break
+            if result is None:
+                if rounds is None:
+                    break
+                planned = steps.plan_round(rounds.spec())
+                rounds.rounds, rounds.reserve_s, stopped = planned["round"], planned["reserve_s"], planned["stopped"]
+                if rounds.deadline is not None and planned["deadline_at"] is not None:
+                    rounds.deadline.at = planned["deadline_at"]
+                if not planned["new_shards"]:
+                    break
+                continue
             results.append(result)
+    if deadline_at is not None and stopped is None and time.time() >= deadline_at - 1:
+        stopped = "deadline: reached"
     summary = {
         "hardware": hardware,
         "shards_done": sum(r["state"] == "done" for r in results),
@@ -111,6 +172,8 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
         "skipped_known": sum(r["skipped_known"] for r in results),
         "seconds": round(sum(r["seconds"] for r in results), 3),
         "shards": results,
+        "stopped": stopped,
+        "budget": steps.end_rounds(rounds.spec(), stopped) if rounds is not None else None,
     }
     if results:
         create_table_artifact(

@@ -68,13 +68,22 @@ def extract(model_id: int, hardware: str) -> dict[str, Any]:
 
 
 @task(name="plan", **_RETRY)
-def plan(hardware: str, trials: int, model_ids: list[int] | None = None, shard_trials: int = 64) -> dict[str, Any]:
-    """Cut the untuned shortfall of the models' workloads (all workloads if none given) into shards."""
+def plan(hardware: str, trials: int | None, model_ids: list[int] | None = None, shard_trials: int = 64,
+         budget: str | None = None) -> dict[str, Any]:
+    """Cut the untuned shortfall of the models' workloads (all workloads if none given) into shards
+    (``trials`` per workload), or split a trial ``budget`` over them at once (:func:`tunefleet.budget.plan_round`)."""
     from tunefleet import shards
 
     ctx = shared_context()
     created: list[Any] = []
     workloads: set[int] = set()
+    if budget is not None:
+        from tunefleet.budget import plan_once
+
+        res = plan_once(ctx.db, hardware, budget, model_ids, shard_trials=shard_trials,
+                        batch=ctx.options().trials_per_iter)
+        return {"hardware": hardware, "new_shards": len(res.shards), "new_trials": sum(s.trials for s in res.shards),
+                "workloads": len(res.workloads), "budget": budget, "stop": res.stop}
     for model_id in model_ids or [None]:
         new, view = shards.plan(ctx.db, hardware, target_trials=trials, shard_trials=shard_trials, model=model_id)
         created += new
@@ -84,14 +93,19 @@ def plan(hardware: str, trials: int, model_ids: list[int] | None = None, shard_t
 
 
 @task(name="tune_shard", **_RETRY)
-def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: int | None = None) -> dict[str, Any] | None:
+def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: int | None = None,
+               deadline_at: float | None = None, allocated: bool = False) -> dict[str, Any] | None:
     """Lease the next shard of a hardware class, tune it (heartbeating, committing every batch).
 
     ``options`` override the settings' tuning knobs by name (see
     :class:`tunefleet.engine.options.TuneOptions`). Returns the shard's result, or None when no
-    shard is pending. The lease owner includes the task run id: a retry after a lost connection
-    reclaims its own shard at once, while a run whose worker died leaves the shard to whoever
-    leases it after the lease expires.
+    shard is pending, or ``{"stopped": why}`` when ``deadline_at`` (seconds since the epoch) is too
+    close to start a batch (a shard in flight stops before a batch that would end after it, and
+    ends done-short). ``allocated``: the queue holds a
+    budget's round, whose priorities the allocator set (energy-aware leasing leaves them). The
+    lease owner includes the task run id: a retry after a lost connection reclaims its own shard
+    at once, while a run whose worker died leaves the shard to whoever leases it after the lease
+    expires.
     """
     from dataclasses import asdict
 
@@ -101,8 +115,42 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
 
     ctx = shared_context()
     owner = f"{worker_owner()}:{task_run.id}"
-    result = ctx.tuner(hardware).tune_next(ctx.db, owner, ctx.options(**(options or {})), shard_id=shard_id)
+    tuner = ctx.tuner(hardware)
+    deadline = tuner.deadline(deadline_at) if deadline_at is not None else None
+    if deadline is not None and (why := deadline.reason()):
+        return {"stopped": why}
+    result = tuner.tune_next(ctx.db, owner, ctx.options(**(options or {})), shard_id=shard_id, deadline=deadline,
+                             reprioritise=not allocated)
     return None if result is None else asdict(result)
+
+
+@task(name="plan_round", **_RETRY)
+def plan_round(rounds: dict[str, Any]) -> dict[str, Any]:
+    """Plan the next round of a model-level budget (``rounds``: :meth:`tunefleet.engine.rounds.Rounds.spec`).
+
+    Returns ``{"new_shards", "round", "stopped", "deadline_at", "reserve_s"}``: no new shard means
+    the rounds are over (``stopped`` says why); ``deadline_at`` is when tuning must stop now that
+    the build's reserve was measured again.
+    """
+    from tunefleet.engine.rounds import Rounds
+
+    state = Rounds.from_spec(rounds)
+    created = state.refill(shared_context().db)
+    return {"new_shards": created, "round": state.rounds, "stopped": state.stopped,
+            "deadline_at": state.deadline.at if state.deadline is not None else None, "reserve_s": state.reserve_s}
+
+
+@task(name="end_rounds", **_RETRY)
+def end_rounds(rounds: dict[str, Any], stopped: str | None) -> dict[str, Any]:
+    """The rounds of a budget are over (``stopped``: why): cancel what a deadline left pending and
+    return :meth:`tunefleet.engine.rounds.Rounds.summary`."""
+    from tunefleet.engine.rounds import Rounds
+
+    state = Rounds.from_spec(rounds)
+    state.stopped = stopped
+    db = shared_context().db
+    state.close(db)
+    return state.summary(db)
 
 
 @task(name="account", **_RETRY)

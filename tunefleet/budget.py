@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from tunefleet.allocation import DEFAULT_MIN_TRIALS, Budget, RoundPlan, WorkloadHistory, allocate, build_reserve_s
 from tunefleet.db import Database, TrialGrant
 from tunefleet.db.models import utcnow
+from tunefleet.errors import ParameterError
 
 if TYPE_CHECKING:
     from tunefleet.db.models import Shard
@@ -214,7 +215,7 @@ class RoundResult:
 
 def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Budget, since: dt.datetime, *,
                min_trials: int = DEFAULT_MIN_TRIALS, batch: int = 64, energy_aware: bool = False,
-               rounds: bool = True, max_leases: int = 3) -> RoundResult:
+               rounds: bool = True, shard_trials: int | None = None, max_leases: int = 3) -> RoundResult:
     """Plan the next round of ``budget`` over the workloads of ``model_ids`` on a class: the shards.
 
     The trials a budget has left are its trials minus those committed on the models' workloads
@@ -222,8 +223,8 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
     yet — counted in the database, so they hold across worker processes (two workers planning at
     the same instant can both plan the same trials: see docs/orchestration.md). A duration budget
     has no trial count; the engine stops its rounds at the deadline. ``rounds=False`` plans the
-    whole budget at once (``tunefleet plan --budget``). Each grant is one shard; its ``planned``
-    event records the round and the budget.
+    whole budget at once (``tunefleet plan --budget``). Each grant is one shard (cut in pieces of
+    at most ``shard_trials``); its ``planned`` event records the round and the budget.
     """
     hw = db.hardware_class(hardware)
     view = db.budget_view(hw.id, list(model_ids), since)
@@ -238,14 +239,32 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
     number = view.rounds + 1
     created: list[Shard] = []
     if plan.grants:
-        created = db.add_shards(hw.id, [(g.workload_id, g.trials, g.priority) for g in plan.grants],
-                                max_leases=max_leases, info={"round": number, "budget": str(budget)})
+        piece = shard_trials or max(g.trials for g in plan.grants)
+        cuts = [(g.workload_id, min(piece, g.trials - start), g.priority) for g in plan.grants
+                for start in range(0, g.trials, piece)]
+        created = db.add_shards(hw.id, cuts, max_leases=max_leases, info={"round": number, "budget": str(budget)})
         log.info("budget %s on %s, round %d: %d trial(s) over %d workload(s) (%s)", budget, hardware, number,
                  plan.trials, len(created), ", ".join(f"{g.workload_id}: {g.trials} {g.why}" for g in plan.grants))
     else:
         log.info("budget %s on %s: no round %d: %s", budget, hardware, number, plan.stop)
     return RoundResult(number if created else view.rounds, created, plan, workloads, spent,
                        outstanding + plan.trials, reserve, view.open_round_shards + [s.id for s in created])
+
+
+def plan_once(db: Database, hardware: str, budget: str | int | Budget, model_ids: Sequence[int] | None = None, *,
+              shard_trials: int = 64, batch: int = 64, min_trials: int = DEFAULT_MIN_TRIALS,
+              energy_aware: bool = False, max_leases: int = 3) -> RoundResult:
+    """Split a trial budget over the workloads of ``model_ids`` (default: every model) at once,
+    before anything is tuned (``tunefleet plan --budget``): every workload its minimum, the rest by
+    the allocator's score, estimated from FLOPs for workloads never measured. Trials already
+    planned and not tuned count against it, so planning twice in a row plans nothing new."""
+    parsed = Budget.parse(budget, name="budget")
+    if parsed.trials is None:
+        raise ParameterError(f"invalid budget: {str(parsed)!r} is a duration; a plan takes a number of trials "
+                             "(e.g. 2000) — a duration is spent by `tunefleet run --budget` or `tunefleet tune --budget`")
+    ids = list(model_ids) if model_ids else [m.id for m in db.models()]
+    return plan_round(db, hardware, ids, parsed, utcnow(), min_trials=min_trials, batch=batch,
+                      energy_aware=energy_aware, rounds=False, shard_trials=shard_trials, max_leases=max_leases)
 
 
 def end_rounds(db: Database, hardware: str, model_ids: Sequence[int], since: dt.datetime) -> list[int]:

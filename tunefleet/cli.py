@@ -170,9 +170,23 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet import shards
 
     ctx = Context(settings)
+    if args.budget is not None:
+        from tunefleet.allocation import Budget
+
+        Budget.parse(args.budget, name="--budget")  # a bad text is refused before anything changes
     if args.reset_plateaus:
         n = ctx.db.reset_plateaus(ctx.db.hardware_class(args.hardware).id)
         print(f"reset the plateau state of {n} workload(s) on {args.hardware}")
+    if args.budget is not None:
+        from tunefleet.budget import plan_once
+
+        model_ids = [ctx.db.model(args.model).id] if args.model else None
+        res = plan_once(ctx.db, args.hardware, args.budget, model_ids, shard_trials=args.shard_trials,
+                        batch=tune_options(args, settings).trials_per_iter, energy_aware=settings.energy_aware)
+        print(f"planned {len(res.shards)} new shard(s), {sum(s.trials for s in res.shards)} trials of a budget of "
+              f"{args.budget} ({res.outstanding} planned and not tuned in all), over {len(res.workloads)} workload(s) "
+              f"on {args.hardware}" + (f"; {res.stop}" if res.stop else ""))
+        return 0
     created, view = shards.plan(ctx.db, args.hardware, target_trials=args.trials, shard_trials=args.shard_trials,
                                 model=args.model)
     preempted = sum(v.preempted for v in view)
@@ -195,6 +209,29 @@ def tune_options(args: argparse.Namespace, settings: Settings) -> TuneOptions:
     return options.efficient() if getattr(args, "efficient", False) else options
 
 
+def _tune_budget(args: argparse.Namespace, ctx: Context, options: TuneOptions) -> tuple[Any, Any]:
+    """``tune --budget``: (the rounds of a model's budget, or None; the deadline, or None)."""
+    import time
+
+    from tunefleet.allocation import Budget
+    from tunefleet.engine.rounds import Deadline, Rounds
+    from tunefleet.errors import ParameterError
+
+    if args.budget is None:
+        if args.model:
+            raise ParameterError("--model needs --budget (tune drains the whole queue of the class otherwise)")
+        return None, None
+    budget = Budget.parse(args.budget, name="--budget")
+    if args.model:
+        rounds = Rounds(args.hardware, [ctx.db.model(args.model).id], budget, started_at=time.time(),
+                        batch=options.trials_per_iter, energy_aware=options.energy_aware)
+        return rounds, rounds.deadline
+    if budget.seconds is None:
+        raise ParameterError(f"invalid --budget: {args.budget!r} is a number of trials; give --model to spend it on, "
+                             "or a duration (e.g. 15m) to stop tuning at")
+    return None, Deadline(time.time() + budget.seconds)
+
+
 def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.engine.worker import drain, tune_with_workers
 
@@ -205,21 +242,26 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     options = tune_options(args, settings)
     ctx = Context(settings)
     ctx.db.hardware_class(args.hardware)
+    rounds, deadline = _tune_budget(args, ctx, options)
     # With --json, stdout carries the result alone: the log path and the live line go to stderr.
     console = Console(stderr=args.json, width=None if (sys.stderr if args.json else sys.stdout).isatty() else 160)
     console.print(f"logs: {log_to_file(settings, 'tune', verbose=args.verbose)}", highlight=False, soft_wrap=True)
     stop_on_ctrl_c(settings, f"tunefleet tune --hardware {args.hardware}")
-    with RunProgress(settings, None, args.hardware, console):  # every worker commits to the database
+    model = ctx.db.model(args.model).name if rounds is not None else None
+    ends_at = deadline.at if deadline is not None else None
+    with RunProgress(settings, model, args.hardware, console, ends_at=ends_at):  # read from the database
         if args.workers > 1:
             codes = tune_with_workers(settings, args.hardware, options, workers=args.workers,
-                                      max_shards=args.max_shards)
+                                      max_shards=args.max_shards, refill=rounds, deadline=deadline)
         else:
-            summary = drain(ctx.db, args.hardware, options, max_shards=args.max_shards, store=ctx.store)
+            summary = drain(ctx.db, args.hardware, options, max_shards=args.max_shards, store=ctx.store,
+                            refill=rounds, deadline=deadline)
     if args.workers > 1:
+        spent = rounds.summary(ctx.db) if rounds is not None else None  # counted in the database: every worker's
         if args.json:
-            _print_json({"hardware": args.hardware, "worker_exit_codes": codes})
+            _print_json({"hardware": args.hardware, "worker_exit_codes": codes, "budget": spent})
         else:
-            print(f"workers exited with {codes}")
+            print(f"workers exited with {codes}" + (f"; {_budget_line(spent)}" if spent else ""))
         return 0 if not any(codes) else 1
     if args.json:
         from dataclasses import asdict
@@ -234,8 +276,18 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
              "rank" if summary.filter_stopped else "")
           + (f", the warm start dropped in {summary.warm_start_dropped} shard(s) whose measurements it misranked"
              if summary.warm_start_dropped else "")
-          + f") in {summary.seconds:.0f}s")
+          + f") in {summary.seconds:.0f}s"
+          + (f"; {_budget_line(summary.budget)}" if summary.budget else
+             f"; stopped: {summary.stopped}" if summary.stopped else ""))
     return 0 if not summary.shards_failed else 1
+
+
+def _budget_line(spent: dict[str, Any]) -> str:
+    """``budget 15m: spent 1234 trials and 14:12 in 9 round(s); stopped: deadline: reached``."""
+    from tunefleet.allocation import format_duration
+
+    return (f"budget {spent['budget']}: spent {spent['trials']} trials and {format_duration(round(spent['seconds']))} "
+            f"in {spent['rounds']} round(s); stopped: {spent['stopped']}")
 
 
 def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
@@ -421,8 +473,9 @@ def preflight_run(args: argparse.Namespace, settings: Settings) -> Database:
 
     check_source(args.model)
     for name in ("trials", "shard_trials"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ParameterError(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} (must be >= 1)")
+    _run_budget(args, settings)
     TuneOptions.from_settings(settings, seed=args.seed)
     db = _open_db(settings)
     known = {h.name: h.target for h in db.hardware_classes()}
@@ -458,11 +511,25 @@ def log_to_file(settings: Settings, command: str, *, verbose: bool) -> Path:
     return path
 
 
+def _run_budget(args: argparse.Namespace, settings: Settings) -> Any:
+    """``run``'s budget: ``--budget``, else ``TUNEFLEET_BUDGET`` unless ``--trials`` is given (None then)."""
+    from tunefleet.allocation import Budget
+
+    if args.trials is not None:
+        return None
+    return Budget.parse(args.budget if args.budget is not None else settings.budget,
+                        name="--budget" if args.budget is not None else "TUNEFLEET_BUDGET")
+
+
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """The ``pipeline`` flow on one model, in Prefect's ephemeral mode unless PREFECT_API_URL is set."""
+    import time
+
     from rich.console import Console
 
+    started = time.time()  # a duration budget is the wall time of this whole command
     db = preflight_run(args, settings)
+    budget = _run_budget(args, settings)
     prefect_environment(settings, quiet=not args.verbose)
     from tunefleet.flows.pipeline import pipeline  # Prefect configures logging at import: after it
     from tunefleet.progress import RunProgress
@@ -470,11 +537,14 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     log_path = log_to_file(settings, "run", verbose=args.verbose)
     # With --json, stdout carries the result alone: everything else goes to stderr.
     console = Console(stderr=args.json, width=None if (sys.stderr if args.json else sys.stdout).isatty() else 160)
-    console.rule(f"[bold]tunefleet run[/]: {args.model} on {args.hardware}, {args.trials} trials per workload")
+    spend = f"{args.trials} trials per workload" if budget is None else f"budget {budget.describe()}"
+    console.rule(f"[bold]tunefleet run[/]: {args.model} on {args.hardware}, {spend}")
     console.print(f"logs: {log_path}", highlight=False, soft_wrap=True)
     stop_on_ctrl_c(settings, _resume_command(args))
-    with RunProgress(settings, _model_name(args.model), args.hardware, console):
+    ends_at = started + budget.seconds if budget is not None and budget.seconds is not None else None
+    with RunProgress(settings, _model_name(args.model), args.hardware, console, ends_at=ends_at):
         result = pipeline(models=[args.model], hardware=[args.hardware], trials=args.trials,
+                          budget=None if budget is None else str(budget), started_at=started,
                           shard_trials=args.shard_trials, batch_size=args.batch_size, image_size=args.image_size,
                           seq_len=args.seq_len, seed=args.seed, output_dir=args.output_dir)
     return _run_summary(console, db, args, result, log_path)
@@ -488,7 +558,9 @@ def _model_name(source: str) -> str:
 
 
 def _resume_command(args: argparse.Namespace) -> str:
-    return f"tunefleet run --model {args.model} --hardware {args.hardware} --trials {args.trials}"
+    spend = f"--trials {args.trials}" if getattr(args, "trials", None) is not None else \
+        f"--budget {args.budget}" if getattr(args, "budget", None) is not None else ""
+    return f"tunefleet run --model {args.model} --hardware {args.hardware}" + (f" {spend}" if spend else "")
 
 
 def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
@@ -544,9 +616,17 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
     console.print(f"1/5 ingest: model {model['model_id']} ({'new' if model['created'] else 'already stored'}, "
                   f"sha256 {model['sha256'][:12]})")
     console.print(f"2/5 extract: {ex['workloads']} workloads ({ex['new_workloads']} new)")
-    console.print(f"3/5 plan: {pl['new_shards']} new shard(s), {pl['new_trials']} trials over {pl['workloads']} workload(s)")
+    spent = tuned.get("budget")
+    if spent:
+        console.print(f"3/5 plan: budget {spent['budget']} in {spent['rounds']} round(s): {pl['new_shards']} shard(s) "
+                      f"over {pl['workloads']} workload(s), at least {spent['min_trials']} trials each first",
+                      highlight=False)
+    else:
+        console.print(f"3/5 plan: {pl['new_shards']} new shard(s), {pl['new_trials']} trials over {pl['workloads']} "
+                      "workload(s)")
     console.print(f"4/5 tune: {tuned['shards_done']} shard(s) done, {tuned['shards_failed']} failed, "
-                  f"{tuned['measured']} candidates measured ({tuned['errors']} errors) in {tuned['seconds']:.0f}s")
+                  f"{tuned['measured']} candidates measured ({tuned['errors']} errors) in {tuned['seconds']:.0f}s"
+                  + (f"; stopped: {spent['stopped']}" if spent else ""), highlight=False)
     build = SimpleNamespace(**result["builds"][0])
     if not build.tuned_workloads:
         raise TunefleetError(_no_success(db, args, model["model_id"], log))
@@ -559,6 +639,15 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
     untuned = _untuned_workloads(db, model["model_id"], args.hardware)
     if untuned:
         console.print(f"not tuned (no successful measurement; default schedule): {', '.join(untuned)}", highlight=False)
+    total = result.get("budget")
+    if total:
+        from tunefleet.allocation import format_duration
+
+        reserve = total["build_reserve_s"].get(args.hardware)
+        console.print(f"budget {total['budget']}: spent {total['trials']} trials and {format_duration(round(total['seconds']))} "
+                      f"of wall time in {total['rounds']} round(s); stopped: {total['stopped'].get(args.hardware)}"
+                      + (f"; build {total['build_s']:.0f}s (reserved {reserve:.0f}s)" if reserve and total["build_s"]
+                         else ""), highlight=False)
     return 0 if not tuned["shards_failed"] else 1
 
 
@@ -812,7 +901,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="the whole pipeline on one model: ingest, extract, plan, tune, build")
     run.add_argument("--model", default="resnet18", help="zoo name, ONNX or .pt2 file (default resnet18)")
     run.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
-    run.add_argument("--trials", type=int, default=8, help="target trials per workload (default 8)")
+    spend = run.add_mutually_exclusive_group()
+    spend.add_argument("--budget", default=None,
+                       help="what to spend on the model: trials over all its workloads (2000) or the wall time of this "
+                       "whole command (90s, 15m, 1h30m), split in rounds by latency share and recent improvement "
+                       "(default TUNEFLEET_BUDGET, 15m)")
+    spend.add_argument("--trials", type=int, default=None,
+                       help="instead of a budget: a flat target of trials per workload (run again: nothing tuned twice)")
     run.add_argument("--shard-trials", type=int, default=64, help="at most this many trials per shard (default 64)")
     run.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
     run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
@@ -895,7 +990,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="cut untuned work into shards")
     pl.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
-    pl.add_argument("--trials", type=int, required=True, help="target trials per workload")
+    pl_spend = pl.add_mutually_exclusive_group(required=True)
+    pl_spend.add_argument("--trials", type=int, help="target trials per workload")
+    pl_spend.add_argument("--budget", default=None,
+                          help="a number of trials to split over the workloads at once (every workload a minimum, the "
+                          "rest by expected gain); trials planned and not tuned count against it")
     pl.add_argument("--shard-trials", type=int, default=64, help="at most this many trials per shard (default 64)")
     pl.add_argument("--model", default=None, help="only this model's workloads")
     pl.add_argument("--reset-plateaus", action="store_true",
@@ -908,6 +1007,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="local worker processes (default 1: tune in this process)")
     tu.add_argument("--max-shards", type=int, default=None,
                     help="stop after this many shards (default: until no shard is pending)")
+    tu.add_argument("--budget", default=None,
+                    help="a wall time (90s, 15m, 1h30m) to stop draining at (a shard in flight stops before a batch "
+                    "that would end later); with --model, that model's budget (trials or a wall time) in rounds")
+    tu.add_argument("--model", default=None,
+                    help="with --budget: plan that model's budget in rounds as the queue empties (name, id or sha256 "
+                    "prefix)")
     tu.add_argument("--seed", type=int, default=None, help="seed of the search (default TUNEFLEET_SEED, else random)")
     tu.add_argument("--lease-s", type=float, default=None,
                     help="lease length in seconds; heartbeats renew it every third (default TUNEFLEET_LEASE_S, 120)")

@@ -21,7 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from tunefleet.errors import ConfigError
+from tunefleet.allocation import Budget
+from tunefleet.errors import ConfigError, ParameterError
 from tunefleet.vocab import DEFAULT_LEASE_S, DEFAULT_MIN_AGREEMENT, MIN_LEASE_S
 
 ENV_PREFIX = "TUNEFLEET_"
@@ -137,6 +138,11 @@ class Settings(BaseSettings, TuneKnobs):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
+    # A run's budget is not a knob of the tuning engine (TuneKnobs): it is spent by the command
+    # or flow that plans rounds and builds (run, the pipeline flow), so it is a setting of its own.
+    budget: str = Field(default="15m", description="Default budget of `tunefleet run` and the pipeline flow: trials "
+                        "over the model's workloads (2000) or the wall time of the whole run (90s, 15m, 1h30m).")
+
     home: Path = Field(default_factory=_default_home, description="Root of the embedded defaults.")
     database_url: str | None = Field(
         default=None,
@@ -170,6 +176,14 @@ class Settings(BaseSettings, TuneKnobs):
     )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> Any:
+        try:
+            return str(Budget.parse(value))
+        except ParameterError as exc:
+            raise ValueError(str(exc).split(": ", 1)[1]) from None
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -46,12 +46,15 @@ class Snapshot:
         return cls(len(rows), done, sum(r.measured_since for r in rows), sum(r.errors_since for r in rows),
                    sum(max(0, r.trials - r.spent) for r in rows), ratio)
 
-    def line(self, elapsed_s: float, tuning_s: float | None) -> str:
-        """``tuning 2/3 workloads | 41 candidates, 0 errors | 1:05, ~0:30 left | 3.10x untuned speed``."""
+    def line(self, elapsed_s: float, tuning_s: float | None, budget_left_s: float | None = None) -> str:
+        """``tuning 2/3 workloads | 41 candidates, 0 errors | 1:05, ~0:30 left | 3.10x untuned speed``
+        (with a wall-time budget, the time left is the budget's: ``1:05, budget 13:55 left``)."""
         parts = [f"tuning {self.workloads_done}/{self.workloads} workloads",
                  f"{self.measured} candidates, {self.errors} errors"]
         clock = _clock(elapsed_s)
-        if tuning_s and self.measured and self.trials_left:
+        if budget_left_s is not None:
+            clock += f", budget {_clock(max(0.0, budget_left_s))} left"
+        elif tuning_s and self.measured and self.trials_left:
             clock += f", ~{_clock(self.trials_left * tuning_s / self.measured)} left"
         parts.append(clock)
         if self.latency_ratio:
@@ -78,12 +81,16 @@ class RunProgress:
         Where to print; live updates only when it is a terminal.
     interval_s:
         Seconds between readings.
+    ends_at:
+        When a wall-time budget ends (seconds since the epoch): the line shows the time left of it
+        instead of an estimate from the trials planned (a budget plans them round by round).
     """
 
     def __init__(self, settings: Settings, model: str | None, hardware: str, console: Console, *,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, ends_at: float | None = None) -> None:
         self.settings, self.model, self.hardware, self.console = settings, model, hardware, console
         self.interval_s = interval_s
+        self.ends_at = ends_at
         self.started = time.monotonic()
         self.since = _utcnow()
         self.last: Snapshot | None = None
@@ -151,7 +158,8 @@ class RunProgress:
         tuning_s = now - self._first_row_at if self._first_row_at is not None else None
         if snap is None:
             return
-        text = snap.line(now - self.started, tuning_s)
+        text = snap.line(now - self.started, tuning_s,
+                         self.ends_at - time.time() if self.ends_at is not None else None)
         if self._live is not None:
             from rich.text import Text
 

@@ -122,24 +122,24 @@ def test_rounds_stop_at_the_deadline_and_cancel_the_rest_of_the_round(db: tuple[
 def test_a_deadline_keeps_time_for_the_build_and_a_batch(db: tuple[Database, int]) -> None:
     database, model = db
     clock = Clock()
-    rounds = Rounds("x86", [model], Budget(seconds=600), started_at=clock(), build_reserve=True, clock=clock)
+    rounds = Rounds("x86", [model], Budget(seconds=600), started_at=clock(), reserve_builds=1, clock=clock)
     assert rounds.refill(database) == 3
     assert rounds.deadline is not None and 0 < rounds.reserve_s < 100
     assert rounds.deadline.at == pytest.approx(clock() + 600 - rounds.reserve_s)
     deadline = Deadline(clock() + 100, clock=clock)
-    deadline.observe(30.0)
-    deadline.observe(50.0)
-    assert deadline.batch_s == 40.0 and deadline.reason() is None
+    deadline.observe(30.0, 8)
+    deadline.observe(50.0, 8)
+    assert deadline.s_per_trial == 5.0 and deadline.reason() is None
     clock.t += 61
-    assert deadline.reason() == "deadline: 39s left, less than a search batch here (40s)"
-    assert deadline.reason(next_batch=False) is None
+    assert deadline.reason() == "deadline: 39s left, less than the next search batch here (~40s)"
+    assert deadline.reason(4) is None and deadline.reason(0) is None  # a smaller batch still fits
     clock.t += 40
-    assert deadline.reason(next_batch=False) == "deadline: reached"
+    assert deadline.reason(0) == "deadline: reached"
 
 
 def test_rounds_cross_processes_as_plain_data(db: tuple[Database, int]) -> None:
     _, model = db
-    rounds = Rounds("x86", [model], Budget(seconds=90), started_at=5.0, build_reserve=True, min_trials=4, batch=16)
+    rounds = Rounds("x86", [model], Budget(seconds=90), started_at=5.0, reserve_builds=1, min_trials=4, batch=16)
     assert rounds.deadline is not None
     rounds.deadline.at = 80.0
     again = Rounds.from_spec(rounds.spec())

@@ -37,6 +37,11 @@ def test_tasks_are_plain_functions_over_the_core(flow_env) -> None:  # type: ign
     planned = steps.plan.fn("x86", 4, model_ids=[model["model_id"]])
     assert planned == {"hardware": "x86", "new_shards": 3, "new_trials": 12, "workloads": 3}
     assert steps.plan.fn("x86", 4, model_ids=[model["model_id"]])["new_shards"] == 0
+    # a trial budget: the 12 trials planned above count against it; every workload first tops up to
+    # its minimum of 8, and the rest goes to one of them (a shard each)
+    by_budget = steps.plan.fn("x86", None, model_ids=[model["model_id"]], budget="40")
+    assert (by_budget["new_trials"], by_budget["new_shards"], by_budget["stop"]) == (40 - 12, 3, None)
+    assert steps.plan.fn("x86", None, model_ids=[model["model_id"]], budget="40")["stop"] == "trial budget spent"
 
 
 def test_transient_failure_is_retried_deterministic_one_is_not(flow_env, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -94,6 +99,14 @@ def test_flow_parameters_are_checked_before_any_work(flow_env) -> None:  # type:
         tune(hardware="arm")
     with pytest.raises(NotSupportedError, match="tune_on='deployments'"):
         pipeline(models=["mlp"], hardware=["x86", "arm"])
+    with pytest.raises(ParameterError, match="^invalid parameters: give trials .* or budget, not both$"):
+        pipeline(models=["mlp"], trials=4, budget="100")
+    with pytest.raises(ParameterError, match=r"^invalid parameter budget: '15x' \(give a trial count"):
+        pipeline(models=["mlp"], budget="15x")
+    with pytest.raises(ParameterError, match="'100' is a number of trials; give model_ids"):
+        tune(hardware="x86", budget="100")
+    with pytest.raises(ParameterError, match="'15m' is a duration; a plan takes a number of trials"):
+        plan(hardware=["x86"], trials=None, budget="15m")
     assert _count_measurements() == 0
 
 

@@ -37,31 +37,35 @@ DEADLINE = "deadline"
 
 class Deadline:
     """When tuning must stop (``at``, seconds since the epoch: it holds across processes), and
-    the running estimate of how long one search batch takes on this worker."""
+    the running estimate of how long a trial of a search batch takes on this worker."""
 
     def __init__(self, at: float, *, clock: Callable[[], float] = time.time) -> None:
         self.at = at
         self.clock = clock
-        self.batch_s: float | None = None
+        self.s_per_trial: float | None = None
+        self.last_batch = 0
+        """Trials of the last batch observed (the size assumed when none is given)."""
 
     def left_s(self) -> float:
         return self.at - self.clock()
 
-    def reason(self, *, next_batch: bool = True) -> str | None:
-        """Why tuning must stop now (with ``next_batch``: also when the next batch, as long as
-        the last ones, would end after the deadline), or None."""
+    def reason(self, batch: int | None = None) -> str | None:
+        """Why tuning must stop now — the deadline passed, or the next batch (``batch`` trials,
+        default as many as the last one; 0: none) would end after it at the recent pace — or None."""
         left = self.left_s()
-        ahead = (self.batch_s or 0.0) if next_batch else 0.0
+        ahead = (self.s_per_trial or 0.0) * (self.last_batch if batch is None else batch)
         if left > ahead:
             return None
         if left > 0:
-            return (f"{DEADLINE}: {left:.0f}s left, less than a search batch here "
-                    f"({self.batch_s:.0f}s)")
+            return f"{DEADLINE}: {left:.0f}s left, less than the next search batch here (~{ahead:.0f}s)"
         return f"{DEADLINE}: reached"
 
-    def observe(self, seconds: float) -> None:
-        """One more batch took ``seconds``; the estimate follows the recent ones."""
-        self.batch_s = seconds if self.batch_s is None else 0.5 * (self.batch_s + seconds)
+    def observe(self, seconds: float, trials: int) -> None:
+        """A batch of ``trials`` took ``seconds``; the pace follows the recent batches. (Per trial,
+        because a round's minimum shards run small batches and its share shards large ones.)"""
+        rate = seconds / max(1, trials)
+        self.s_per_trial = rate if self.s_per_trial is None else 0.5 * (self.s_per_trial + rate)
+        self.last_batch = trials
 
 
 class DeadlinePolicy(ShardPolicy):
@@ -70,21 +74,23 @@ class DeadlinePolicy(ShardPolicy):
 
     def __init__(self, deadline: Deadline) -> None:
         self.deadline = deadline
+        self.batch: int | None = None
         self._mark: float | None = None
 
     def start(self, run: ShardRunView) -> str | None:
-        return self.deadline.reason()
+        self.batch = min(run.options.trials_per_iter, run.remaining)
+        return self.deadline.reason(self.batch)
 
     def attach(self, run: ShardRunView) -> None:
         self._mark = time.monotonic()
 
     def before_round(self) -> str | None:
-        return self.deadline.reason()
+        return self.deadline.reason(self.batch)
 
     def after_round(self, rows: list[NewMeasurement], note: Any) -> None:
         now = time.monotonic()
-        if self._mark is not None:
-            self.deadline.observe(now - self._mark)
+        if self._mark is not None and rows:
+            self.deadline.observe(now - self._mark, len(rows))
         self._mark = now
 
 
@@ -93,17 +99,17 @@ class Rounds:
     """A model-level budget spent in rounds by a worker (:func:`~tunefleet.engine.worker.drain`'s
     refill): which models on which class, the budget, when it started, and the allocator's knobs.
 
-    ``started_at`` (seconds since the epoch) starts the budget's clock: a duration budget ends
-    ``seconds`` later, less ``build_reserve`` (the time :func:`tunefleet.allocation.build_reserve_s`
-    says the build after tuning needs, refreshed every round; False for a ``tune`` that builds
-    nothing). Trials are counted from ``started_at`` on.
+    ``started_at`` (seconds since the epoch) starts the budget's clock: a duration budget's
+    tuning ends ``seconds`` later, less the time ``reserve_builds`` builds of the model after it
+    need (:func:`tunefleet.allocation.build_reserve_s`, refreshed every round; 0 for a ``tune``
+    that builds nothing). Trials are counted from ``started_at`` on.
     """
 
     hardware: str
     model_ids: list[int]
     budget: Budget
     started_at: float = field(default_factory=time.time)
-    build_reserve: bool = False
+    reserve_builds: int = 0
     min_trials: int = DEFAULT_MIN_TRIALS
     batch: int = 64
     energy_aware: bool = False
@@ -140,10 +146,10 @@ class Rounds:
             self.stopped = res.stop or "nothing left to plan"
         return len(res.shards)
 
-    def _reserve(self, seconds: float) -> None:
-        if self.build_reserve and self.budget.seconds is not None and self.deadline is not None:
-            self.reserve_s = seconds
-            self.deadline.at = self.started_at + self.budget.seconds - seconds
+    def _reserve(self, build_s: float) -> None:
+        if self.reserve_builds and self.budget.seconds is not None and self.deadline is not None:
+            self.reserve_s = build_s * self.reserve_builds
+            self.deadline.at = self.started_at + self.budget.seconds - self.reserve_s
 
     def close(self, db: Database) -> list[int]:
         """The rounds are over: cancel the pending shards of a round the deadline cut (the trials
@@ -162,16 +168,16 @@ class Rounds:
         return {"budget": str(self.budget), "kind": "duration" if self.budget.is_duration else "trials",
                 "trials": sum(r.committed_since for r in view.rows), "seconds": round(self.clock() - self.started_at, 1),
                 "rounds": max(self.rounds, view.rounds), "stopped": self.stopped,
-                "build_reserve_s": round(self.reserve_s, 1) if self.build_reserve else None,
+                "build_reserve_s": round(self.reserve_s, 1) if self.reserve_builds else None,
                 "min_trials": self.min_trials, "batch": self.batch}
 
     # -- across processes --------------------------------------------------------------------
     def spec(self) -> dict[str, Any]:
         """Plain data to rebuild these rounds in another process (:meth:`from_spec`)."""
         return {"hardware": self.hardware, "model_ids": list(self.model_ids), "budget": str(self.budget),
-                "started_at": self.started_at, "build_reserve": self.build_reserve, "min_trials": self.min_trials,
-                "batch": self.batch, "energy_aware": self.energy_aware,
-                "deadline_at": self.deadline.at if self.deadline is not None else None}
+                "started_at": self.started_at, "reserve_builds": self.reserve_builds, "min_trials": self.min_trials,
+                "batch": self.batch, "energy_aware": self.energy_aware, "rounds": self.rounds, "stopped": self.stopped,
+                "reserve_s": self.reserve_s, "deadline_at": self.deadline.at if self.deadline is not None else None}
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> Rounds:
