@@ -257,7 +257,10 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
             summary = drain(ctx.db, args.hardware, options, max_shards=args.max_shards, store=ctx.store,
                             refill=rounds, deadline=deadline)
     if args.workers > 1:
-        spent = rounds.summary(ctx.db) if rounds is not None else None  # counted in the database: every worker's
+        spent = None
+        if rounds is not None:  # counted in the database: every worker's trials
+            rounds.stopped = rounds.why_over(ctx.db) or "the workers ended"
+            spent = rounds.summary(ctx.db)
         if args.json:
             _print_json({"hardware": args.hardware, "worker_exit_codes": codes, "budget": spent})
         else:

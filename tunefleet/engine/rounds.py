@@ -129,8 +129,8 @@ class Rounds:
         return dt.datetime.fromtimestamp(self.started_at - 1, dt.timezone.utc).replace(tzinfo=None)
 
     def refill(self, db: Database) -> int:
-        """Plan the next round; the number of shards it created (0: the rounds are over, and
-        :attr:`stopped` says why)."""
+        """Plan the next round; the number of the budget's shards now pending (0: the rounds are
+        over, and :attr:`stopped` says why). Another worker's round counts: it is there to lease."""
         from tunefleet.budget import plan_round
 
         if self.stopped is not None:
@@ -142,9 +142,21 @@ class Rounds:
                          batch=self.batch, energy_aware=self.energy_aware)
         self.rounds = res.round
         self._reserve(res.build_reserve_s)
-        if not res.shards:
+        if not res.open_round_shards:
             self.stopped = res.stop or "nothing left to plan"
-        return len(res.shards)
+        return len(res.open_round_shards)
+
+    def why_over(self, db: Database) -> str | None:
+        """Why the rounds are over (or None if another round could be planned), planning nothing:
+        for a process that did not refill itself (the parent of worker processes)."""
+        from tunefleet.budget import plan_round
+
+        if self.stopped is not None:
+            return self.stopped
+        if self.deadline is not None and (why := self.deadline.reason(0)):
+            return why
+        return plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
+                          batch=self.batch, energy_aware=self.energy_aware, dry=True).plan.stop
 
     def _reserve(self, build_s: float) -> None:
         if self.reserve_builds and self.budget.seconds is not None and self.deadline is not None:

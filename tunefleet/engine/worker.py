@@ -264,13 +264,22 @@ def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *
     """Drain the queue with ``workers`` local worker processes; return their exit codes.
 
     Workers only share the database: a worker that dies leaves its shard leased until the lease
-    expires, and another worker (or a later run) resumes it. With ``refill``, each worker plans
-    the budget's next round when it finds the queue empty (the trials are counted in the
-    database, so the budget holds over all of them; two workers refilling at the same instant may
-    both plan a round — a known race, see docs/orchestration.md); ``deadline`` stops every worker.
+    expires, and another worker (or a later run) resumes it. With ``refill``, the first round is
+    planned here, before the workers start (they would all find the queue empty at once), and each
+    worker plans the next round when it finds the queue empty (the trials are counted in the
+    database, so the budget holds over all of them; see :func:`tunefleet.budget.plan_round` for two
+    workers refilling at the same instant); ``deadline`` stops every worker.
     """
     if workers < 1:
         raise TunefleetError("workers must be >= 1")
+    if refill is not None:
+        from tunefleet.db import Database
+
+        db = Database.from_settings(settings)
+        try:
+            refill.refill(db)
+        finally:
+            db.close()
     ctx = multiprocessing.get_context("spawn")
     args = (settings.model_dump(), hardware, options.model_dump(), max_shards,
             refill.spec() if refill is not None else None, deadline.at if deadline is not None else None)
