@@ -229,15 +229,13 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
                 continue
             summary.add(result)
     finally:
-        if refill is not None:
-            summary.stopped = summary.stopped or refill.stopped
-            if refill.stopped is None and summary.stopped:
-                refill.stopped = summary.stopped
-            refill.close(db)
         if own:
             tuner.close()
     summary.seconds = time.monotonic() - started
     if refill is not None:
+        summary.stopped = summary.stopped or refill.stopped
+        refill.stopped = refill.stopped or summary.stopped
+        refill.close(db)
         summary.budget = refill.summary(db)
     return summary
 
