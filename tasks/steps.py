@@ -99,9 +99,9 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
 
     ``options`` override the settings' tuning knobs by name (see
     :class:`tunefleet.engine.options.TuneOptions`). Returns the shard's result, or None when no
-    shard is pending, or ``{"stopped": why}`` when ``deadline_at`` (seconds since the epoch) is too
-    close to start a batch (a shard in flight stops before a batch that would end after it, and
-    ends done-short). ``allocated``: the queue holds a
+    shard is pending, or ``{"stopped": why}`` once ``deadline_at`` (seconds since the epoch) passed
+    (a shard stops before a batch that would end after it, and ends done-short). ``allocated``:
+    the queue holds a
     budget's round, whose priorities the allocator set (energy-aware leasing leaves them). The
     lease owner includes the task run id: a retry after a lost connection reclaims its own shard
     at once, while a run whose worker died leaves the shard to whoever leases it after the lease
@@ -117,7 +117,7 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
     owner = f"{worker_owner()}:{task_run.id}"
     tuner = ctx.tuner(hardware)
     deadline = tuner.deadline(deadline_at) if deadline_at is not None else None
-    if deadline is not None and (why := deadline.reason()):
+    if deadline is not None and (why := deadline.reason(0)):
         return {"stopped": why}
     result = tuner.tune_next(ctx.db, owner, ctx.options(**(options or {})), shard_id=shard_id, deadline=deadline,
                              reprioritise=not allocated)

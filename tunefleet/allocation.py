@@ -352,9 +352,11 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     The build loads and re-extracts the model, compiles it twice (tuned and untuned), checks the
     outputs and times both builds and PyTorch eager (at least 16 runs each). Measured where the
     database knows it — the model's untuned (Σ weight × default run time) and tuned (Σ weight ×
-    best) latencies, the mean compile time of one candidate (``compile_s``) — and estimated
-    where not (a workload whose default is not measured yet counts like the measured ones on
-    average; 1 s per compile). Rounded up by a quarter, for the noise of a shared machine.
+    best) latencies, the mean build time of one candidate (``compile_s``; the model's two compiles
+    took about that per workload for resnet18 here) — and estimated where not (a workload whose
+    default is not measured yet counts like the measured ones on average; 0.5 s per compile).
+    With a fifth more and 5 s for the noise of a shared machine: resnet18 on the 2-core VM, 24
+    workloads, 66 s for a build that took 42 s (docs/performance.md).
     """
     n = len(workloads)
     if n == 0:
@@ -363,7 +365,7 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     bests = [w.weight * w.best_s for w in workloads if w.best_s is not None]  # type: ignore[operator]
     untuned = sum(defaults) * n / len(defaults) if defaults else 0.0
     tuned = sum(bests) * n / len(bests) if bests else untuned
-    load = 5.0 + 0.5 * n  # import + extraction: resnet18's 24 workloads took ~10 s here
-    compile_ = 2 * n * (compile_s if compile_s is not None else 1.0)
+    load = 5.0 + 0.25 * n  # import + extraction: resnet18's 24 workloads took ~10 s here
+    compile_ = n * (compile_s if compile_s is not None else 0.5)
     timing = 16 * untuned + 32 * tuned  # the untuned build once, the tuned build and eager
-    return 1.25 * (load + compile_ + timing) + 10.0
+    return 1.2 * (load + compile_ + timing) + 5.0

@@ -218,7 +218,7 @@ class RoundResult:
 def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Budget, since: dt.datetime, *,
                min_trials: int = DEFAULT_MIN_TRIALS, batch: int = 64, energy_aware: bool = False,
                rounds: bool = True, shard_trials: int | None = None, max_leases: int = 3,
-               dry: bool = False) -> RoundResult:
+               dry: bool = False, time_left_s: float | None = None) -> RoundResult:
     """Plan the next round of ``budget`` over the workloads of ``model_ids`` on a class: the shards.
 
     The trials a budget has left are its trials minus those committed on the models' workloads
@@ -230,7 +230,10 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
     rounds at the deadline. ``rounds=False`` plans the whole budget at once (``tunefleet plan
     --budget``). Each grant is one shard (cut in pieces of at most ``shard_trials``); its
     ``planned`` event records the round and the budget. ``dry``: plan nothing, only say what the
-    round would be (or why there is none).
+    round would be (or why there is none). ``time_left_s`` (a wall-time budget's time to its
+    deadline) caps the round at the trials that fit at the pace so far (wall seconds per trial
+    committed since the first one, shard starts included), so that the time left is split by the
+    allocator rather than taken by whichever shards lease first.
     """
     hw = db.hardware_class(hardware)
     for attempt in range(3):
@@ -240,7 +243,13 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
         spent = sum(r.committed_since for r in view.rows)
         outstanding = sum(r.outstanding for r in view.rows)
         left = None if budget.trials is None else budget.trials - spent - outstanding
-        plan = allocate(workloads, left, min_trials=min_trials, batch=batch, rounds=rounds, energy_aware=energy_aware)
+        fit = _trials_that_fit(view.first_since, spent, time_left_s)
+        cap = left if fit is None else fit if left is None else min(left, fit)
+        plan = allocate(workloads, cap, min_trials=min_trials, batch=batch, rounds=rounds, energy_aware=energy_aware)
+        if fit is not None and not plan.grants and allocate(workloads, left, min_trials=min_trials, batch=batch,
+                                                            rounds=rounds).grants:
+            plan = RoundPlan((), f"deadline: about {fit} trial(s) fit in the {time_left_s:.0f}s left, "
+                                 "not enough for another round")
         builds = [r.build_s for r in view.rows if r.build_s is not None]
         reserve = build_reserve_s(workloads, compile_s=sum(builds) / len(builds) if builds else None)
         number = view.rounds + 1
@@ -262,6 +271,16 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
     return RoundResult(number if created else view.rounds, created, plan, workloads, spent,
                        outstanding + sum(s.trials for s in created), reserve,
                        view.open_round_shards + [s.id for s in created])
+
+
+def _trials_that_fit(first: dt.datetime | None, spent: int, time_left_s: float | None) -> int | None:
+    """Trials that fit in ``time_left_s`` at the pace since ``first`` (None: no deadline or no pace yet)."""
+    if time_left_s is None or first is None or spent < 1:
+        return None
+    elapsed = (utcnow() - first).total_seconds()
+    if elapsed <= 0:
+        return None
+    return max(0, int(time_left_s * spent / elapsed))
 
 
 def _give_back_overspent(db: Database, hardware_class_id: int, model_ids: Sequence[int], budget: Budget,

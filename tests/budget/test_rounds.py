@@ -3,6 +3,7 @@ rounds refill the queue as it empties, stop at a trial budget exactly and at a d
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 from collections.abc import Iterator
@@ -177,3 +178,29 @@ def test_two_workers_planning_at_once_never_overspend_a_trial_budget(db: tuple[D
     assert sum(s.trials for s in planned) <= 30  # its own round, planned from the stale count, was given back
     assert mine.shards == [] and mine.open_round_shards == [s.id for s in other.shards]
     assert [s.history[-1]["event"] for s in shards.list_shards(database) if s.state == CANCELLED] == ["cancel"] * 3
+
+
+def test_a_wall_time_round_is_cut_to_the_trials_that_fit_before_the_deadline(db: tuple[Database, int]) -> None:
+    database, model = db
+    since = Rounds("x86", [model], Budget(trials=1), started_at=time.time() - 3600).since
+    first = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
+                              time_left_s=500)  # no pace yet: the minimums, whatever the time
+    assert first.plan.trials == 24
+    tuner = FakeTuner(Clock())
+    while tuner.tune_next(database, "w") is not None:
+        pass
+    hw = database.hardware_class("x86").id
+    with database.session() as s:  # the 24 trials took 120 s of wall time
+        from sqlalchemy import update
+
+        from tunefleet.db.models import Measurement, utcnow
+
+        s.execute(update(Measurement).values(created_at=utcnow() - dt.timedelta(seconds=120)))
+    roomy = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8, dry=True)
+    tight = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
+                              time_left_s=60, dry=True)  # 5 s a trial: 12 fit
+    assert roomy.plan.trials == 3 * 8 and 10 <= tight.plan.trials <= 12
+    over = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
+                             time_left_s=2, dry=True)
+    assert over.plan.grants == () and over.stop == "deadline: about 0 trial(s) fit in the 2s left, not enough for another round"
+    assert hw and shards.list_shards(database, state="pending") == []  # dry: nothing planned

@@ -30,6 +30,7 @@ def _tunefleet(*args: str, home: Path, cwd: Path, **popen: object) -> subprocess
 @pytest.mark.parametrize(("args", "says"), [
     (["--model", "nosuch"], "nosuch: no such file, and not a zoo model"),
     (["--model", "mlp", "--trials", "0"], "invalid --trials: 0 (must be >= 1)"),
+    (["--model", "mlp", "--budget", "15x"], "invalid --budget: '15x' (give a trial count such as 2000, or a wall time"),
     (["--model", "mlp", "--hardware", "tpu"], "unknown hardware class 'tpu'; known: arm, gpu, x86"),
     (["--model", "ftp://host/m.onnx"], "not supported: model URI scheme"),
 ])
@@ -40,6 +41,16 @@ def test_a_bad_run_is_refused_before_any_server_starts(tmp_path: Path, args: lis
     assert out.returncode == 2 and says in error_line(out.stderr)
     assert time.monotonic() - started < 30  # a Prefect server alone takes longer to start
     assert not (home / "prefect").exists() and not (home / "logs").exists(), "nothing was started"
+
+
+def test_a_bad_budget_setting_or_a_duration_to_plan_is_one_line(tmp_path: Path) -> None:
+    env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
+    out = run_cli("run", "--model", "mlp", env={**env, "TUNEFLEET_BUDGET": "soon"})
+    assert out.returncode == 2 and error_line(out.stderr).startswith("tunefleet: error: invalid setting TUNEFLEET_BUDGET")
+    out = run_cli("plan", "--budget", "15m", env=env)
+    assert out.returncode == 2 and "'15m' is a duration; a plan takes a number of trials" in error_line(out.stderr)
+    out = run_cli("tune", "--budget", "200", env=env)
+    assert out.returncode == 2 and "'200' is a number of trials; give --model" in error_line(out.stderr)
 
 
 def test_a_missing_extra_is_named_before_anything_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

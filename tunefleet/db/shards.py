@@ -89,6 +89,8 @@ class BudgetView:
     time asked for (0: none)."""
     open_round_shards: list[int]
     """Pending shards among those (what a budget that ends leaves unspent)."""
+    first_since: dt.datetime | None = None
+    """When the first measurement of the workloads on the class since the time asked for was committed."""
 
 
 def _event(shard: Shard, event: str, **info: object) -> list[object]:
@@ -184,10 +186,13 @@ class ShardsMixin(CatalogMixin):
         per: dict[int, dict[str, Any]] = {wl: {"run_s": [], "n": 0, "since": 0, "default": None, "j": [], "b": []}
                                           for wl in ids}
         by_shard: dict[int, int] = {}
+        first_since: dt.datetime | None = None
         for wl, shard_id, mean, error_kind, energy, build_s, sha, created in rows:
             w = per[wl]
             w["n"] += 1
-            w["since"] += created >= since
+            if created >= since:
+                w["since"] += 1
+                first_since = created if first_since is None else min(first_since, created)
             if shard_id is not None:
                 by_shard[shard_id] = by_shard.get(shard_id, 0) + 1
             if error_kind != FILTERED:
@@ -220,7 +225,7 @@ class ShardsMixin(CatalogMixin):
                 int(wl), int(weight or 1), float(flops or 0.0), w["run_s"], w["n"], w["since"], outstanding.get(wl, 0),
                 w["default"], wl in exhausted, wl in preempted,
                 sum(w["j"]) / len(w["j"]) if w["j"] else None, sum(w["b"]) / len(w["b"]) if w["b"] else None))
-        return BudgetView(out, rounds, open_round)
+        return BudgetView(out, rounds, open_round, first_since)
 
     # -- reading --------------------------------------------------------------------------
     def shard(self, shard_id: int) -> Shard:

@@ -135,11 +135,12 @@ class Rounds:
 
         if self.stopped is not None:
             return 0
-        if self.deadline is not None and (why := self.deadline.reason()):
+        if self.deadline is not None and (why := self.deadline.reason(0)):
             self.stopped = why
             return 0
         res = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
-                         batch=self.batch, energy_aware=self.energy_aware)
+                         batch=self.batch, energy_aware=self.energy_aware,
+                         time_left_s=self.deadline.left_s() if self.deadline is not None else None)
         self.rounds = res.round
         self._reserve(res.build_reserve_s)
         if not res.open_round_shards:

@@ -159,13 +159,14 @@ class Tuner:
                   shard_id: int | None = None, on_batch: CandidateHook | None = None,
                   deadline: Deadline | None = None, reprioritise: bool = True) -> ShardResult | None:
         """Lease the next shard (the owner's own first) and tune it; None if none is left (or the
-        ``deadline`` passed: then nothing is leased).
+        ``deadline`` passed: then nothing is leased; a shard whose next batch would end after it
+        ends done-short at once, and its trials go back to the budget).
 
         ``options`` overrides the tuner's for this shard (the runner is the tuner's either way).
         ``reprioritise=False`` leaves the pending shards' priorities as planned (a budget's
         rounds: the allocator set them), else energy-aware leasing re-ranks them first."""
         options = options or self.options
-        if deadline is not None and deadline.reason():
+        if deadline is not None and deadline.reason(0):
             return None
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:
@@ -207,8 +208,9 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     With ``refill`` (a model-level budget), an empty queue asks it for the next round's shards and
     draining goes on with the same tuner (its builder, runner and cost models stay up) until the
     budget is spent, its deadline passes or no workload can use more trials; a round the deadline
-    cut is cancelled. ``deadline`` (or the refill's) stops leasing at that time, and a shard in
-    flight stops before a batch that would end after it (done-short, not failed).
+    cut is cancelled. ``deadline`` (or the refill's) stops leasing at that time, and a shard stops
+    before a batch that would end after it (done-short, not failed) — so near the deadline the
+    shards of a round planned for more time end at once, and the refill plans what still fits.
     """
     owner = worker_owner()
     started = time.monotonic()
@@ -218,7 +220,7 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     deadline = deadline or (refill.deadline if refill is not None else None)
     try:
         while max_shards is None or summary.shards_done + summary.shards_failed < max_shards:
-            if deadline is not None and (why := deadline.reason()):
+            if deadline is not None and (why := deadline.reason(0)):
                 summary.stopped = why
                 break
             result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=deadline,
