@@ -154,10 +154,9 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
                 if rounds is None:
                     break
                 planned = steps.plan_round(rounds.spec())
-                rounds.rounds, rounds.reserve_s, stopped = planned["round"], planned["reserve_s"], planned["stopped"]
-                if rounds.deadline is not None and planned["deadline_at"] is not None:
-                    rounds.deadline.at = planned["deadline_at"]
-                if not planned["new_shards"]:
+                rounds = Rounds.from_spec(planned["rounds"])
+                stopped = rounds.stopped
+                if not planned["pending"]:
                     break
                 continue
             results.append(result)

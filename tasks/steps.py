@@ -117,7 +117,7 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
     owner = f"{worker_owner()}:{task_run.id}"
     tuner = ctx.tuner(hardware)
     deadline = tuner.deadline(deadline_at) if deadline_at is not None else None
-    if deadline is not None and (why := deadline.reason(0)):
+    if deadline is not None and (why := deadline.reason()):
         return {"stopped": why}
     result = tuner.tune_next(ctx.db, owner, ctx.options(**(options or {})), shard_id=shard_id, deadline=deadline,
                              reprioritise=not allocated)
@@ -128,16 +128,15 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
 def plan_round(rounds: dict[str, Any]) -> dict[str, Any]:
     """Plan the next round of a model-level budget (``rounds``: :meth:`tunefleet.engine.rounds.Rounds.spec`).
 
-    Returns ``{"new_shards", "round", "stopped", "deadline_at", "reserve_s"}``: no new shard means
-    the rounds are over (``stopped`` says why); ``deadline_at`` is when tuning must stop now that
-    the build's reserve was measured again.
+    Returns ``{"pending", "rounds"}``: the budget's shards now pending (0: the rounds are over,
+    and the new spec's ``stopped`` says why) and the rounds' new spec (round number, the deadline
+    moved by the build's reserve measured again, the trials spent so far).
     """
     from tunefleet.engine.rounds import Rounds
 
     state = Rounds.from_spec(rounds)
-    created = state.refill(shared_context().db)
-    return {"new_shards": created, "round": state.rounds, "stopped": state.stopped,
-            "deadline_at": state.deadline.at if state.deadline is not None else None, "reserve_s": state.reserve_s}
+    pending = state.refill(shared_context().db)
+    return {"pending": pending, "rounds": state.spec()}
 
 
 @task(name="end_rounds", **_RETRY)

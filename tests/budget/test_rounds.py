@@ -128,14 +128,25 @@ def test_a_deadline_keeps_time_for_the_build_and_a_batch(db: tuple[Database, int
     assert rounds.deadline is not None and 0 < rounds.reserve_s < 100
     assert rounds.deadline.at == pytest.approx(clock() + 600 - rounds.reserve_s)
     deadline = Deadline(clock() + 100, clock=clock)
-    deadline.observe(30.0, 8)
-    deadline.observe(50.0, 8)
-    assert deadline.s_per_trial == 5.0 and deadline.reason() is None
+    assert deadline.reason() is None and deadline.reason(99) is None
     clock.t += 61
-    assert deadline.reason() == "deadline: 39s left, less than the next search batch here (~40s)"
-    assert deadline.reason(4) is None and deadline.reason(0) is None  # a smaller batch still fits
+    assert deadline.reason(40.0) == "deadline: 39s left, less than the last search batch took (40s)"
+    assert deadline.reason(30.0) is None  # a shorter batch still fits
     clock.t += 40
-    assert deadline.reason(0) == "deadline: reached"
+    assert deadline.reason() == "deadline: reached"
+
+
+def test_a_round_that_measured_nothing_ends_the_rounds(db: tuple[Database, int]) -> None:
+    database, model = db
+    clock = Clock()
+    rounds = Rounds("x86", [model], Budget(seconds=600), started_at=time.time() - 10, min_trials=8, batch=8)
+    assert rounds.refill(database) == 3
+    for shard in shards.list_shards(database):  # every shard of the round ends before its first batch
+        shards.lease(database, "x86", "w", shard_id=shard.id)
+        shards.complete(database, shard.id, "w", event="done-short")
+    assert rounds.refill(database) == 0
+    assert rounds.stopped == "round 1 measured nothing: its shards ended before their first batch"
+    assert len(shards.list_shards(database)) == 3 and clock() == 1_000.0  # nothing planned again
 
 
 def test_rounds_cross_processes_as_plain_data(db: tuple[Database, int]) -> None:

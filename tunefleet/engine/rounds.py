@@ -36,61 +36,50 @@ DEADLINE = "deadline"
 
 
 class Deadline:
-    """When tuning must stop (``at``, seconds since the epoch: it holds across processes), and
-    the running estimate of how long a trial of a search batch takes on this worker."""
+    """When tuning must stop: ``at``, seconds since the epoch (so it holds across processes)."""
 
     def __init__(self, at: float, *, clock: Callable[[], float] = time.time) -> None:
         self.at = at
         self.clock = clock
-        self.s_per_trial: float | None = None
-        self.last_batch = 0
-        """Trials of the last batch observed (the size assumed when none is given)."""
 
     def left_s(self) -> float:
         return self.at - self.clock()
 
-    def reason(self, batch: int | None = None) -> str | None:
-        """Why tuning must stop now — the deadline passed, or the next batch (``batch`` trials,
-        default as many as the last one; 0: none) would end after it at the recent pace — or None."""
+    def reason(self, ahead_s: float = 0.0) -> str | None:
+        """Why tuning must stop now — the deadline passed, or less than ``ahead_s`` (what the next
+        batch is expected to take) is left — or None."""
         left = self.left_s()
-        ahead = (self.s_per_trial or 0.0) * (self.last_batch if batch is None else batch)
-        if left > ahead:
+        if left > ahead_s:
             return None
         if left > 0:
-            return f"{DEADLINE}: {left:.0f}s left, less than the next search batch here (~{ahead:.0f}s)"
+            return f"{DEADLINE}: {left:.0f}s left, less than the last search batch took ({ahead_s:.0f}s)"
         return f"{DEADLINE}: reached"
-
-    def observe(self, seconds: float, trials: int) -> None:
-        """A batch of ``trials`` took ``seconds``; the pace follows the recent batches. (Per trial,
-        because a round's minimum shards run small batches and its share shards large ones.)"""
-        rate = seconds / max(1, trials)
-        self.s_per_trial = rate if self.s_per_trial is None else 0.5 * (self.s_per_trial + rate)
-        self.last_batch = trials
 
 
 class DeadlinePolicy(ShardPolicy):
-    """Stops a shard's search before a batch that would end after the deadline; the shard then
-    ends done-short (:class:`~tunefleet.engine.shard.ShardRun` records the reason)."""
+    """Stops a shard's search before a batch that would end after the deadline — expected to take
+    as long as the shard's previous batch (batches of one shard are alike; a shard's first batch
+    always runs, and the rounds near the deadline are planned small for that) — and the shard
+    then ends done-short (:class:`~tunefleet.engine.shard.ShardRun` records the reason)."""
 
     def __init__(self, deadline: Deadline) -> None:
         self.deadline = deadline
-        self.batch: int | None = None
+        self.last_batch_s = 0.0
         self._mark: float | None = None
 
     def start(self, run: ShardRunView) -> str | None:
-        self.batch = min(run.options.trials_per_iter, run.remaining)
-        return self.deadline.reason(self.batch)
+        return self.deadline.reason()
 
     def attach(self, run: ShardRunView) -> None:
         self._mark = time.monotonic()
 
     def before_round(self) -> str | None:
-        return self.deadline.reason(self.batch)
+        return self.deadline.reason(self.last_batch_s)
 
     def after_round(self, rows: list[NewMeasurement], note: Any) -> None:
         now = time.monotonic()
-        if self._mark is not None and rows:
-            self.deadline.observe(now - self._mark, len(rows))
+        if self._mark is not None:
+            self.last_batch_s = now - self._mark
         self._mark = now
 
 
@@ -117,6 +106,8 @@ class Rounds:
     rounds: int = 0
     stopped: str | None = None
     reserve_s: float = 0.0
+    spent: int | None = None
+    """Trials spent when the last round was planned (a round that spent none ends the rounds)."""
     deadline: Deadline | None = None
 
     def __post_init__(self) -> None:
@@ -135,29 +126,29 @@ class Rounds:
 
         if self.stopped is not None:
             return 0
-        if self.deadline is not None and (why := self.deadline.reason(0)):
+        if self.deadline is not None and (why := self.deadline.reason()):
             self.stopped = why
+            return 0
+        if self.spent is not None and self._stalled(db):
             return 0
         res = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
                          batch=self.batch, energy_aware=self.energy_aware,
                          time_left_s=self.deadline.left_s() if self.deadline is not None else None)
-        self.rounds = res.round
+        self.rounds, self.spent = res.round, res.spent
         self._reserve(res.build_reserve_s)
         if not res.open_round_shards:
             self.stopped = res.stop or "nothing left to plan"
         return len(res.open_round_shards)
 
-    def why_over(self, db: Database) -> str | None:
-        """Why the rounds are over (or None if another round could be planned), planning nothing:
-        for a process that did not refill itself (the parent of worker processes)."""
-        from tunefleet.budget import plan_round
-
-        if self.stopped is not None:
-            return self.stopped
-        if self.deadline is not None and (why := self.deadline.reason(0)):
-            return why
-        return plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
-                          batch=self.batch, energy_aware=self.energy_aware, dry=True).plan.stop
+    def _stalled(self, db: Database) -> bool:
+        """Whether the last round spent no trial at all (every shard of it ended before its first
+        batch): planning again would only repeat it, so the rounds end."""
+        hw = db.hardware_class(self.hardware)
+        view = db.budget_view(hw.id, self.model_ids, self.since)
+        if sum(r.committed_since for r in view.rows) > (self.spent or 0) or view.open_round_shards:
+            return False
+        self.stopped = f"round {self.rounds} measured nothing: its shards ended before their first batch"
+        return True
 
     def _reserve(self, build_s: float) -> None:
         if self.reserve_builds and self.budget.seconds is not None and self.deadline is not None:
@@ -190,7 +181,8 @@ class Rounds:
         return {"hardware": self.hardware, "model_ids": list(self.model_ids), "budget": str(self.budget),
                 "started_at": self.started_at, "reserve_builds": self.reserve_builds, "min_trials": self.min_trials,
                 "batch": self.batch, "energy_aware": self.energy_aware, "rounds": self.rounds, "stopped": self.stopped,
-                "reserve_s": self.reserve_s, "deadline_at": self.deadline.at if self.deadline is not None else None}
+                "reserve_s": self.reserve_s, "spent": self.spent,
+                "deadline_at": self.deadline.at if self.deadline is not None else None}
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> Rounds:

@@ -166,7 +166,7 @@ class Tuner:
         ``reprioritise=False`` leaves the pending shards' priorities as planned (a budget's
         rounds: the allocator set them), else energy-aware leasing re-ranks them first."""
         options = options or self.options
-        if deadline is not None and deadline.reason(0):
+        if deadline is not None and deadline.reason():
             return None
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:
@@ -220,7 +220,7 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     deadline = deadline or (refill.deadline if refill is not None else None)
     try:
         while max_shards is None or summary.shards_done + summary.shards_failed < max_shards:
-            if deadline is not None and (why := deadline.reason(0)):
+            if deadline is not None and (why := deadline.reason()):
                 summary.stopped = why
                 break
             result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=deadline,
