@@ -163,12 +163,13 @@ class ShardsMixin(CatalogMixin):
         """The workloads of the models given on a class: their measured history, what their shards
         still hold, and the rounds a budget planned for them since ``since``, in workload id order."""
         m = Measurement.__table__
+        linked = model_links(hardware_class_id)  # the workloads the models call on this class
         with self.session() as s:
             links = s.execute(
-                select(ModelWorkload.workload_id, func.sum(ModelWorkload.weight), Workload.flops)
-                .join(Workload, Workload.id == ModelWorkload.workload_id)
-                .where(ModelWorkload.model_id.in_(list(model_ids)))
-                .group_by(ModelWorkload.workload_id, Workload.flops).order_by(ModelWorkload.workload_id)
+                select(linked.c.workload_id, func.sum(linked.c.weight), Workload.flops)
+                .join(Workload, Workload.id == linked.c.workload_id)
+                .where(linked.c.model_id.in_(list(model_ids)))
+                .group_by(linked.c.workload_id, Workload.flops).order_by(linked.c.workload_id)
             ).all()
             ids = [int(wl) for wl, _, _ in links]
             rows = s.execute(
