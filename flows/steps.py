@@ -173,6 +173,7 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
         "shards": results,
         "stopped": stopped,
         "budget": steps.end_rounds(rounds.spec(), stopped) if rounds is not None else None,
+        "seconds_per_candidate": _seconds_per_candidate(hardware, results),
     }
     if results:
         create_table_artifact(
@@ -184,6 +185,16 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
                         f"{summary['shards_failed']} failed, {summary['measured']} candidates measured",
         )
     return summary
+
+
+def _seconds_per_candidate(hardware: str, results: list[dict[str, Any]]) -> dict[str, float] | None:
+    from tunefleet.engine.shard import ShardResult
+    from tunefleet.engine.worker import TuneSummary
+
+    total = TuneSummary(hardware)
+    for r in results:
+        total.add(ShardResult(**r))
+    return total.per_candidate()
 
 
 @flow(name="account")

@@ -269,7 +269,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         from dataclasses import asdict
 
-        _print_json(asdict(summary))
+        _print_json({**asdict(summary), "seconds_per_candidate": summary.per_candidate()})
         return 0 if not summary.shards_failed else 1
     print(f"{summary.shards_done} shard(s) done, {summary.shards_failed} failed; {summary.measured} candidates "
           f"measured ({summary.errors} errors, {summary.skipped_known} already known"
@@ -282,7 +282,15 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
           + f") in {summary.seconds:.0f}s"
           + (f"; {_budget_line(summary.budget)}" if summary.budget else
              f"; stopped: {summary.stopped}" if summary.stopped else ""))
+    if (split := summary.per_candidate()) is not None:
+        print(_split_line(split))
     return 0 if not summary.shards_failed else 1
+
+
+def _split_line(split: dict[str, float]) -> str:
+    """Seconds per measured candidate and where they went (search, build, run, the rest)."""
+    return (f"{split['total']:.2f} s per measured candidate: search {split['search']:.2f}, build {split['build']:.2f}, "
+            f"run {split['run']:.2f}, other {split['other']:.2f} (shard starts, commits)")
 
 
 def _budget_line(spent: dict[str, Any]) -> str:
@@ -630,6 +638,8 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
     console.print(f"4/5 tune: {tuned['shards_done']} shard(s) done, {tuned['shards_failed']} failed, "
                   f"{tuned['measured']} candidates measured ({tuned['errors']} errors) in {tuned['seconds']:.0f}s"
                   + (f"; stopped: {spent['stopped']}" if spent else ""), highlight=False)
+    if tuned.get("seconds_per_candidate"):
+        console.print(f"   {_split_line(tuned['seconds_per_candidate'])}", highlight=False)
     build = SimpleNamespace(**result["builds"][0])
     if not build.tuned_workloads:
         raise TunefleetError(_no_success(db, args, model["model_id"], log))
@@ -1026,6 +1036,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "of its measured candidates right; 0: never (default TUNEFLEET_WARM_START_MIN_AGREEMENT, 0.6)")
     tu.add_argument("--no-transfer", dest="transfer", action="store_false", default=None,
                     help="do not seed a workload this class never measured with a compatible class's best schedule")
+    tu.add_argument("--no-warm-start-shapes", dest="warm_start_shapes", action="store_false", default=None,
+                    help="do not seed a workload this class never measured with schedules of its other shapes")
     tu.add_argument("--cold", action="store_true",
                     help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
     tu.add_argument("--json", action="store_true",

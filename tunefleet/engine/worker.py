@@ -58,8 +58,19 @@ class TuneSummary:
     """Why draining stopped before the queue was empty (a deadline, a spent budget), or None."""
     budget: dict[str, Any] | None = None
     """With a model-level budget: :meth:`~tunefleet.engine.rounds.Rounds.summary`."""
+    shard_seconds: float = 0.0
+    """Wall time inside shards; of it, proposing candidates, building and measuring them
+    (:class:`tunefleet.tvm.commit.ShardProgress`); the rest is each shard's start (tuning
+    context, design space), its commits and its end."""
+    search_s: float = 0.0
+    build_s: float = 0.0
+    run_s: float = 0.0
 
     def add(self, result: ShardResult) -> None:
+        self.shard_seconds += result.seconds
+        self.search_s += result.search_s
+        self.build_s += result.build_s
+        self.run_s += result.run_s
         self.shards_done += result.state == shards.DONE
         self.shards_failed += result.state != shards.DONE
         self.measured += result.measured
@@ -69,6 +80,16 @@ class TuneSummary:
         self.preempted += result.preempted is not None
         self.filter_stopped += result.filter_stopped is not None
         self.warm_start_dropped += result.warm_start_dropped is not None
+
+
+    def per_candidate(self) -> dict[str, float] | None:
+        """Seconds per measured candidate: search, build, run and the rest of the shards' time."""
+        if not self.measured:
+            return None
+        other = max(0.0, self.shard_seconds - self.search_s - self.build_s - self.run_s)
+        return {k: round(v / self.measured, 3) for k, v in (
+            ("total", self.shard_seconds), ("search", self.search_s), ("build", self.build_s), ("run", self.run_s),
+            ("other", other))}
 
 
 class Tuner:
