@@ -174,6 +174,7 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
         from tunefleet.allocation import Budget
 
         Budget.parse(args.budget, name="--budget")  # a bad text is refused before anything changes
+    _warn_recipes(ctx.db, args.hardware, args.model)
     if args.reset_plateaus:
         n = ctx.db.reset_plateaus(ctx.db.hardware_class(args.hardware).id)
         print(f"reset the plateau state of {n} workload(s) on {args.hardware}")
@@ -194,6 +195,17 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
           f"over {len(view)} workload(s) on {args.hardware}"
           + (f"; {preempted} preempted workload(s) skipped (--reset-plateaus to tune them again)" if preempted else ""))
     return 0
+
+
+def _warn_recipes(db: Database, hardware: str, model: str | None) -> None:
+    """Say (on stderr) when a model's workloads on the class are missing or of another recipe."""
+    from tunefleet.extraction import recipe_warning
+
+    hw = db.hardware_class(hardware)
+    ids = [db.model(model).id] if model else [m.id for m in db.models() if db.model_recipes(m.id, hw.id)]
+    for model_id in ids:
+        if (line := recipe_warning(db, model_id, hardware)) is not None:
+            print(f"tunefleet: warning: {line}", file=sys.stderr)
 
 
 def tune_options(args: argparse.Namespace, settings: Settings) -> TuneOptions:

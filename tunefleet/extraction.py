@@ -69,9 +69,12 @@ def recipe_warning(db: Database, model_id: int, hardware: str) -> str | None:
     hw = db.hardware_class(hardware)
     have = db.model_recipes(model_id, hw.id)
     want = class_recipe(hw).name
-    if not have or have == [want]:
-        return None
     model = db.model(model_id)
+    if not have:
+        return (f"model {model.name} has no workloads on {hardware} yet: extract it first "
+                f"(`tunefleet extract {model.name} --hardware {hardware}`)")
+    if have == [want]:
+        return None
     return (f"model {model.name} was extracted for {hardware} under recipe {', '.join(have)}, but the class now "
             f"uses {want}: its earlier tuning no longer applies to the build; re-extract it "
             f"(`tunefleet extract {model.name} --hardware {hardware}`, or `tunefleet run`)")
