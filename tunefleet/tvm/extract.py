@@ -85,6 +85,7 @@ from tvm.target import Target
 from tunefleet.errors import TunefleetError
 from tunefleet.recipes import Recipe, recipe_for
 from tunefleet.tvm.targets import make_target
+from tunefleet.vocab import task_name_key
 
 logger = logging.getLogger(__name__)
 
@@ -396,11 +397,6 @@ def prepare_for_tuning(
         return tvm.transform.Sequential(passes)(mod)
 
 
-def _normalized_name(task_name: str) -> str:
-    name = task_name[len("fused_") :] if task_name.startswith("fused_") else task_name
-    return "_".join(re.sub(r"(?<=[a-z])\d+$", "", tok) for tok in name.split("_"))
-
-
 def classify_op_kind(task_name: str, mod: IRModule | None = None) -> str:
     """A coarse operator kind for a task, from its name, else from TVM's op pattern.
 
@@ -417,7 +413,7 @@ def classify_op_kind(task_name: str, mod: IRModule | None = None) -> str:
     str
         The kind; ``"unknown"`` when neither gives an answer.
     """
-    name = _normalized_name(task_name)
+    name = task_name_key(task_name)
     for pattern, kind in _NAME_RULES:
         if re.search(pattern, name):
             return kind
