@@ -55,7 +55,9 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     built = run_cli("build", "small-cnn", "--zero-shot", "--json", env=env, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     report = json.loads(built.stdout)
-    assert (report["predicted_workloads"], report["tuned_workloads"], report["default_workloads"]) == (6, 0, 0)
+    # every workload of the NHWC recipe (7: its layout transposes at the boundary included) predicted
+    assert (report["predicted_workloads"], report["tuned_workloads"], report["default_workloads"]) == (7, 0, 0)
+    assert report["workloads"] == 7 and report["database_hits"] == 7
     cnn = json.loads(run_cli("workloads", "list", "--json", "--model", "small-cnn", env=env).stdout)
     predicted = run_cli("best", cnn[0]["hash"], "--zero-shot", "--top", "2", "--json", env=env, timeout=300)
     assert [p["source"] for p in json.loads(predicted.stdout)] == ["predicted", "predicted"]
