@@ -153,7 +153,7 @@ def test_retrain_flow_ends_with_zero_shot_builds(flow_env) -> None:  # type: ign
     second = retrain(hardware=["x86"], zero_shot_model_ids=[cnn])[0]
     assert second["version"] == 2
     (build,) = second["zero_shot_builds"]
-    assert (build["predicted_workloads"], build["tuned_workloads"], build["default_workloads"]) == (6, 0, 0)
+    assert (build["predicted_workloads"], build["tuned_workloads"], build["default_workloads"]) == (7, 0, 0)  # NHWC recipe
     assert build["tuned_ms"] is not None
 
 
