@@ -408,7 +408,7 @@ def _report_table(report: Any) -> None:
         speed = f"{report.untuned_ms / report.torch_ms:.2f}x" if report.untuned_ms else "-"
         rows.append((f"PyTorch eager ({report.threads} threads)", ms(report.torch_ms), speed))
     _table(f"{report.model} on {report.hardware}: latency (median)", ["build", "latency (ms)", "speed-up vs untuned"], rows)
-    if getattr(report, "recipe", ""):
+    if report.recipe:
         print(f"recipe {report.recipe}: {report.database_hits} of {report.workloads} functions built from the database"
               + (f", {report.prepacked_weights} weight(s) prepacked at build time" if report.prepacked_weights else ""))
     if report.default_workloads:

@@ -77,9 +77,8 @@ def _prim_funcs(mod: IRModule) -> list[str]:
 
 def _preproc_calls(mod: IRModule) -> int:
     """call_tir's in Relax functions whose callee is a layout-rewrite preprocessing PrimFunc."""
-    preproc = {gv for gv, f in mod.functions.items()
-               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "weight_layout_rewrite" in str(f.attrs)}
-    preproc |= {gv for gv in mod.get_global_vars() if gv.name_hint.endswith("_weight_prepack")}
+    # SplitLayoutRewritePreproc names each split-out repacking "<kernel>_weight_prepack".
+    preproc = {gv for gv in mod.get_global_vars() if gv.name_hint.endswith("_weight_prepack")}
     count = 0
 
     def visit(expr: Any) -> None:
