@@ -33,8 +33,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-import random
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -223,10 +221,9 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
 
     The trials a budget has left are its trials minus those committed on the models' workloads
     since ``since`` (errors and filtered candidates count) minus those planned and not committed
-    yet — counted in the database, so they hold across worker processes. Two workers that plan at
-    the same instant each check the count again after inserting, and one that finds the two
-    rounds together over the budget gives back its own shards (the lowest priority first; all of
-    them at worst, and plans again). A duration budget has no trial count; the engine stops its
+    yet — counted in the database, so they hold across worker processes: planners of a class take
+    turns (:meth:`~tunefleet.db.shards.ShardsMixin.planning`), so two workers that refill at the
+    same instant never plan the same trials twice. A duration budget has no trial count; the engine stops its
     rounds at the deadline. ``rounds=False`` plans the whole budget at once (``tunefleet plan
     --budget``). Each grant is one shard (cut in pieces of at most ``shard_trials``); its
     ``planned`` event records the round and the budget. ``dry``: plan nothing, only say what the
@@ -236,7 +233,7 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
     allocator rather than taken by whichever shards lease first.
     """
     hw = db.hardware_class(hardware)
-    for attempt in range(3):
+    with db.planning(hw.id):  # a concurrent planner of the class waits, then counts these shards
         view = db.budget_view(hw.id, list(model_ids), since)
         workloads = [WorkloadHistory(r.workload_id, r.weight, tuple(r.run_s), r.committed, r.outstanding, r.default_s,
                                      r.flops, r.exhausted, r.preempted, r.joules_per_trial) for r in view.rows]
@@ -259,15 +256,11 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
             cuts = [(g.workload_id, min(piece, g.trials - start), g.priority) for g in plan.grants
                     for start in range(0, g.trials, piece)]
             created = db.add_shards(hw.id, cuts, max_leases=max_leases, info={"round": number, "budget": str(budget)})
-            created = _give_back_overspent(db, hw.id, model_ids, budget, since, created)
-            if not created:  # another worker planned the same trials at the same instant: read again
-                time.sleep(random.uniform(0.05, 0.5))
-                continue
-            log.info("budget %s on %s, round %d: %d trial(s) over %d workload(s) (%s)", budget, hardware, number,
-                     plan.trials, len(created), ", ".join(f"{g.workload_id}: {g.trials} {g.why}" for g in plan.grants))
-        elif not dry:
-            log.info("budget %s on %s: no round %d: %s", budget, hardware, number, plan.stop)
-        break
+    if created:
+        log.info("budget %s on %s, round %d: %d trial(s) over %d workload(s) (%s)", budget, hardware, number,
+                 plan.trials, len(created), ", ".join(f"{g.workload_id}: {g.trials} {g.why}" for g in plan.grants))
+    elif not dry:
+        log.info("budget %s on %s: no round %d: %s", budget, hardware, number, plan.stop)
     return RoundResult(number if created else view.rounds, created, plan, workloads, spent,
                        outstanding + sum(s.trials for s in created), reserve,
                        view.open_round_shards + [s.id for s in created])
@@ -281,25 +274,6 @@ def _trials_that_fit(first: dt.datetime | None, spent: int, time_left_s: float |
     if elapsed <= 0:
         return None
     return max(0, int(time_left_s * spent / elapsed))
-
-
-def _give_back_overspent(db: Database, hardware_class_id: int, model_ids: Sequence[int], budget: Budget,
-                         since: dt.datetime, created: list[Shard]) -> list[Shard]:
-    """The shards just created that are kept once the count is read again (see :func:`plan_round`)."""
-    if budget.trials is None:
-        return created
-    after = db.budget_view(hardware_class_id, list(model_ids), since).rows
-    over = sum(r.committed_since + r.outstanding for r in after) - budget.trials
-    drop: list[int] = []
-    for shard in sorted(created, key=lambda s: (s.priority, -s.id)):
-        if over <= 0:
-            break
-        drop.append(shard.id)
-        over -= shard.trials
-    if drop:
-        db.cancel_shards(drop)
-        log.info("another worker planned at the same time: %d shard(s) of this round given back", len(drop))
-    return [s for s in created if s.id not in drop]
 
 
 def plan_once(db: Database, hardware: str, budget: str | int | Budget, model_ids: Sequence[int] | None = None, *,

@@ -64,7 +64,8 @@ def plan(
     The shortfall of a (workload, hardware class) is ``target_trials`` minus the trials already
     spent (measurements committed, or the budget of shards already done, whichever is more — a
     search space can run out of new candidates) minus the budget of shards pending or leased.
-    So planning twice plans nothing new, and raising the target tops up. Larger weights (call
+    So planning twice plans nothing new — also at the same time: planners of a class take turns
+    (:meth:`~tunefleet.db.shards.ShardsMixin.planning`) — and raising the target tops up. Larger weights (call
     counts) get higher priority; ties go to the workload with more FLOPs. A workload preempted
     on this class (its tuning plateaued, :mod:`tunefleet.preemption`) gets nothing until its
     plateau is reset (``Database.reset_plateaus``).
@@ -79,19 +80,20 @@ def plan(
     model_id = db.model(model).id if model is not None else None
     cuts: list[tuple[int, int, float]] = []
     view: list[PlannedWork] = []
-    for row in db.planning_view(hw.id, model_id):
-        budgets = row.trials_by_state
-        spent = max(row.measured, budgets.get(DONE, 0))
-        outstanding = budgets.get(PENDING, 0) + budgets.get(LEASED, 0)
-        shortfall = 0 if row.preempted else max(0, target_trials - spent - outstanding)
-        view.append(PlannedWork(row.workload_id, row.structural_hash, row.weight, spent, outstanding, shortfall,
-                                row.preempted))
-        priority = float(row.weight) + min(float(row.flops or 0.0), 1e15) * 1e-16
-        while shortfall > 0:
-            trials = min(shard_trials, shortfall)
-            cuts.append((row.workload_id, trials, priority))
-            shortfall -= trials
-    created = db.add_shards(hw.id, cuts, max_leases=max_leases) if cuts else []
+    with db.planning(hw.id):  # a concurrent plan of the class waits, then sees these shards
+        for row in db.planning_view(hw.id, model_id):
+            budgets = row.trials_by_state
+            spent = max(row.measured, budgets.get(DONE, 0))
+            outstanding = budgets.get(PENDING, 0) + budgets.get(LEASED, 0)
+            shortfall = 0 if row.preempted else max(0, target_trials - spent - outstanding)
+            view.append(PlannedWork(row.workload_id, row.structural_hash, row.weight, spent, outstanding, shortfall,
+                                    row.preempted))
+            priority = float(row.weight) + min(float(row.flops or 0.0), 1e15) * 1e-16
+            while shortfall > 0:
+                trials = min(shard_trials, shortfall)
+                cuts.append((row.workload_id, trials, priority))
+                shortfall -= trials
+        created = db.add_shards(hw.id, cuts, max_leases=max_leases) if cuts else []
     log.info("planned %d new shard(s) for %s over %d workload(s)", len(created), hardware, len(view))
     return created, view
 

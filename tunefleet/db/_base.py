@@ -10,6 +10,7 @@ integrity errors: a unique key a concurrent write took first is a retryable
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Self
@@ -63,6 +64,7 @@ class DatabaseBase:
         self.engine = make_engine(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._hw_ids: dict[str, int] = {}
+        self._tx = threading.local()  # this thread's open :meth:`transaction`, if any
         if check_schema:
             ensure_schema(self.engine, auto_migrate=auto_migrate)
 
@@ -88,7 +90,12 @@ class DatabaseBase:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """A transaction: committed on success, rolled back on error."""
+        """A transaction: committed on success, rolled back on error (inside :meth:`transaction`,
+        the enclosing one)."""
+        outer = getattr(self._tx, "session", None)
+        if outer is not None:
+            yield outer
+            return
         try:
             with self._sessions.begin() as sess:
                 yield sess
@@ -100,6 +107,20 @@ class DatabaseBase:
                 raise ConflictError(f"database {masked_url(self.url)}: this write conflicted with a concurrent one "
                                     f"({describe_db_error(exc)}); run it again") from exc
             raise DatabaseError(f"database {masked_url(self.url)} refused the change: {describe_db_error(exc)}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction for every call this thread makes on this database inside the block:
+        committed at its end, rolled back if the block raises (e.g. read, decide and write under
+        a lock, :meth:`~tunefleet.db.shards.ShardsMixin.planning`)."""
+        if getattr(self._tx, "session", None) is not None:
+            raise RuntimeError("transactions do not nest")
+        with self.session() as sess:
+            self._tx.session = sess
+            try:
+                yield sess
+            finally:
+                self._tx.session = None
 
     def _insert(self, table: Any) -> Any:
         return (pg_dialect.insert if self.dialect == "postgresql" else sqlite_dialect.insert)(table)

@@ -9,11 +9,12 @@ callers in :mod:`tunefleet.shards` and :mod:`tunefleet.budget`.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from tunefleet.db.catalog import CatalogMixin, model_links
 from tunefleet.db.models import Measurement, Shard, TuningState, Workload, utcnow
@@ -102,6 +103,17 @@ class ShardsMixin(CatalogMixin):
     """Shards and their leases."""
 
     # -- planning -------------------------------------------------------------------------
+    @contextmanager
+    def planning(self, hardware_class_id: int) -> Iterator[None]:
+        """One transaction holding the class's planning lock: the planner reads what is spent and
+        outstanding, decides and inserts its shards inside it, so two planners of a class (two
+        ``plan`` runs, two workers refilling a budget's round) take turns and the second sees the
+        first's shards. The lock is a write to the class's row, first in the transaction: a row
+        lock on PostgreSQL, the write lock on SQLite (a wait bounded by its busy timeout)."""
+        with self.transaction() as s:
+            s.execute(text("UPDATE hardware_classes SET name = name WHERE id = :id"), {"id": hardware_class_id})
+            yield
+
     def planning_view(self, hardware_class_id: int, model_id: int | None = None) -> list[PlanRow]:
         """Every workload (of one model, or all) with what is spent and outstanding on a class, by id."""
         links = model_links(hardware_class_id)

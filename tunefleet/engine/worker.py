@@ -288,8 +288,8 @@ def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *
     expires, and another worker (or a later run) resumes it. With ``refill``, the first round is
     planned here, before the workers start (they would all find the queue empty at once), and each
     worker plans the next round when it finds the queue empty (the trials are counted in the
-    database, so the budget holds over all of them; see :func:`tunefleet.budget.plan_round` for two
-    workers refilling at the same instant); ``deadline`` stops every worker.
+    database, so the budget holds over all of them, and planners take turns:
+    :func:`tunefleet.budget.plan_round`); ``deadline`` stops every worker.
     """
     if workers < 1:
         raise TunefleetError("workers must be >= 1")
