@@ -1,0 +1,244 @@
+"""The fault-injection suite: two CLI workers tune small shards on PostgreSQL while faults land.
+
+A seeded schedule (printed, so a failure can be replayed with ``TUNEFLEET_FAULT_SEED``) injects,
+while the workers run: kill -9 of a worker (its replacement starts at once), connection drops
+of the database through a TCP proxy, and an S3 outage in the middle of a dataset export and of a
+cost-model retrain (both started by the loop, both cut off after their first write). The loop
+runs until every shard ended. Then: every shard is done (done-short only where its search space
+ran out, recorded as such); nothing was measured twice (no commit refused a row as a duplicate,
+no (workload, trace) stored twice); no measurement the test saw committed is missing; and every
+measured candidate is in a dataset version.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunefleet import shards
+from tunefleet.db import Database
+from tunefleet.errors import TransientError
+from tunefleet.testing.postgres import PostgresServer
+from tunefleet.testing.seaweedfs import SeaweedFSServer, unique_bucket_name
+from tunefleet.testing.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 2
+LEASE_S = 3
+RUN_LIMIT_S = 180  # the whole loop; the suite must stay under 4 minutes in CI
+
+
+@pytest.fixture(scope="module")
+def seaweedfs() -> Iterator[SeaweedFSServer]:
+    with SeaweedFSServer() as server:
+        yield server
+
+
+@dataclass
+class Faults:
+    """What the loop injected and what it saw survive."""
+
+    seed: int
+    kills: int = 0
+    drops: int = 0
+    connections_cut: int = 0
+    export_outages: int = 0
+    retrain_outages: int = 0
+    transient_seen: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"fault seed {self.seed}: {self.kills} kill -9, {self.drops} database connection drops "
+                f"({self.connections_cut} connections cut), S3 outages during {self.export_outages} export(s) "
+                f"and {self.retrain_outages} retrain(s)")
+
+
+class Fleet:
+    """Worker processes running ``tunefleet tune`` against the proxied database."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path, seed: int) -> None:
+        self.env, self.log_dir, self.seed = env, log_dir, seed
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started = 0
+        self.last_start = 0.0
+
+    def start(self) -> None:
+        self.started += 1
+        self.last_start = time.monotonic()
+        log = open(self.log_dir / f"worker-{self.started}.log", "wb")  # noqa: SIM115 - kept open by the child
+        self.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tunefleet.cli", "tune", "--hardware", "x86", "--lease-s", str(LEASE_S),
+             "--trials-per-iter", "4", "--seed", str(self.seed + self.started)],
+            env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT))
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def kill_one(self, rng: random.Random) -> bool:
+        alive = self.alive()
+        if not alive:
+            return False
+        victim = rng.choice(alive)
+        os.killpg(victim.pid, signal.SIGKILL)  # the worker and its builder/runner processes
+        victim.wait(30)
+        return True
+
+    def stop(self) -> None:
+        for p in self.alive():
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.log_dir.glob("worker-*.log")))
+
+
+class _CutOnWrite:
+    """The store, with S3 cut off (through its proxy) just before the first object written through
+    ``put_bytes``: an export has written its Parquet parts by then and a retrain its training."""
+
+    def __init__(self, store: Any, proxy: TcpProxy) -> None:
+        self.store, self.proxy = store, proxy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def put_bytes(self, *args: Any, **kwargs: Any) -> Any:
+        self.proxy.pause()
+        return self.store.put_bytes(*args, **kwargs)
+
+
+def _outage_during(store: Any, proxy: TcpProxy, work: Any) -> str:
+    """Run ``work(store)`` with S3 cut off mid-way; the transient error it ended with ("" if none)."""
+    try:
+        work(_CutOnWrite(store, proxy))
+        return ""
+    except TransientError as exc:
+        return str(exc).splitlines()[0]
+    finally:
+        proxy.resume()
+
+
+def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: SeaweedFSServer, tmp_path: Path) -> None:
+    from tunefleet import costmodel, dataset
+    from tunefleet.config import load_settings
+    from tunefleet.extraction import extract
+    from tunefleet.hardware import seed_hardware_classes
+    from tunefleet.models.ingest import ingest
+    from tunefleet.store import open_store
+
+    seed = int(os.environ.get("TUNEFLEET_FAULT_SEED", "0")) or random.SystemRandom().randrange(1, 10**6)
+    rng = random.Random(seed)
+    faults = Faults(seed)
+    print(f"\nfault schedule seed {seed} (replay with TUNEFLEET_FAULT_SEED={seed})")
+
+    name = pg_server.create_database()
+    direct_url = pg_server.url(name)
+    with TcpProxy("127.0.0.1", pg_server.port) as pg_proxy, TcpProxy(
+            "127.0.0.1", int(seaweedfs.endpoint.rsplit(":", 1)[1])) as s3_proxy:
+        env = {
+            **os.environ,
+            "TUNEFLEET_HOME": str(tmp_path / "home"),
+            "TUNEFLEET_DATABASE_URL": direct_url.replace(f":{pg_server.port}/", f":{pg_proxy.port}/"),
+            "TUNEFLEET_DB_CONNECT_TIMEOUT_S": "2",
+            "TUNEFLEET_STORE": "s3",
+            "TUNEFLEET_S3_ENDPOINT": f"127.0.0.1:{s3_proxy.port}",
+            "TUNEFLEET_S3_ACCESS_KEY": seaweedfs.access_key,
+            "TUNEFLEET_S3_SECRET_KEY": seaweedfs.secret_key,
+            "TUNEFLEET_S3_BUCKET": unique_bucket_name("faults"),
+            "TUNEFLEET_S3_TIMEOUT_S": "2",
+            "TUNEFLEET_S3_RETRIES": "0",
+            "TUNEFLEET_LOG_LEVEL": "INFO",
+        }
+        settings = load_settings(home=tmp_path / "home", database_url=direct_url, store="s3",
+                                 s3_endpoint=env["TUNEFLEET_S3_ENDPOINT"], s3_access_key=seaweedfs.access_key,
+                                 s3_secret_key=seaweedfs.secret_key, s3_bucket=env["TUNEFLEET_S3_BUCKET"],
+                                 s3_timeout_s=2.0, s3_retries=0)
+        db = Database.from_settings(settings)  # the test's own connection, not through the proxy
+        seed_hardware_classes(db, settings)
+        store = open_store(settings)
+        model = ingest(db, store, "mlp").model
+        extract(db, store, model, "x86")
+        planned, _ = shards.plan(db, "x86", target_trials=24, shard_trials=8, model=model.id)
+        assert len(planned) >= 6
+
+        fleet = Fleet(env, tmp_path, seed)
+        seen: dict[int, str] = {}  # every measurement the test saw committed
+        schedule = ["kill", "kill", "kill", "drop", "drop", "drop"]
+        rng.shuffle(schedule)
+        at = sorted(rng.sample(range(len(schedule) + 1), 2))  # the export first, the retrain later
+        schedule.insert(at[0], "export")
+        schedule.insert(at[1] + 1, "retrain")
+        print("schedule:", ", ".join(schedule))
+        started = time.monotonic()
+        next_fault = started + rng.uniform(4, 8)
+        try:
+            for _ in range(WORKERS):
+                fleet.start()
+            while True:
+                open_shards = [s for s in shards.list_shards(db) if s.state in ("pending", "leased")]
+                seen.update({m.id: m.trace_sha256 for m in db.measurements()})
+                if not open_shards:
+                    break
+                assert time.monotonic() - started < RUN_LIMIT_S, f"shards still open: {open_shards}\n{fleet.logs()}"
+                # A worker that found nothing leasable (shards leased, or waiting out a lost lease's
+                # backoff) exits: keep two, starting at most one every few seconds.
+                if len(fleet.alive()) < WORKERS and time.monotonic() - fleet.last_start > 3:
+                    fleet.start()
+                if schedule and time.monotonic() >= next_fault:
+                    kind = schedule.pop(0)
+                    if kind == "kill" and fleet.kill_one(rng):
+                        faults.kills += 1
+                        print(f"  t={time.monotonic() - started:5.1f}s kill -9 a worker")
+                    elif kind == "drop":
+                        pg_proxy.pause()
+                        time.sleep(rng.uniform(0.5, 3.0))
+                        pg_proxy.resume()
+                        faults.drops += 1
+                        print(f"  t={time.monotonic() - started:5.1f}s database connections dropped")
+                    elif kind == "export":
+                        err = _outage_during(store, s3_proxy, lambda st: dataset.export(db, st, hardware="x86"))
+                        faults.export_outages += bool(err)
+                        faults.transient_seen.append(err)
+                        print(f"  t={time.monotonic() - started:5.1f}s S3 outage during an export: {err or 'got through'}")
+                    elif kind == "retrain":
+                        dataset.export(db, store, hardware="x86")
+                        err = _outage_during(store, s3_proxy, lambda st: costmodel.retrain(db, st, "x86"))
+                        faults.retrain_outages += bool(err)
+                        faults.transient_seen.append(err)
+                        print(f"  t={time.monotonic() - started:5.1f}s S3 outage during a retrain: {err or 'got through'}")
+                    next_fault = time.monotonic() + rng.uniform(3, 8)
+                time.sleep(0.5)
+        finally:
+            fleet.stop()
+            faults.connections_cut = pg_proxy.connections_cut
+
+        print(faults.line())
+        assert not schedule, f"the shards ended before these faults were injected: {schedule}"
+        assert (faults.kills, faults.drops, faults.export_outages, faults.retrain_outages) == (3, 3, 1, 1), \
+            faults.transient_seen
+        final = shards.list_shards(db)
+        bad = [(s.id, s.state, s.error) for s in final
+               if s.state != "done" or (s.history[-1]["event"] == "done-short" and s.history[-1].get("cause") != "exhausted")]
+        assert not bad, f"shards not done: {bad}\n{fleet.logs()}"
+        rows = db.measurements()
+        stored = {m.id: m.trace_sha256 for m in rows}
+        assert seen.items() <= stored.items(), "a committed measurement was lost"
+        twice = [k for k, n in Counter((m.workload_id, m.trace_sha256) for m in rows).items() if n > 1]
+        assert not twice
+        refused = [(s.id, e) for s in final for e in s.history or [] if e.get("duplicates")]
+        assert not refused, f"commits refused candidates another worker had measured: {refused}"
+        dataset.export(db, store, hardware="x86")  # the S3 outages lost nothing: one more export takes the rest
+        assert db.unexported_measurements(db.hardware_class("x86").id) == []
+        db.close()
