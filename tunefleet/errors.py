@@ -22,6 +22,11 @@ class TransientError(TunefleetError):
     """
 
 
+class WorkerStartError(TransientError):
+    """A worker's builder or runner could not start (e.g. its process pool failed to fork): no
+    shard was measured and no attempt spent; starting again may work."""
+
+
 class DatabaseError(TunefleetError):
     """The database cannot be reached or used."""
 

@@ -175,6 +175,13 @@ def fail(db: Database, shard_id: int, owner: str, error: str) -> str:
     return new_state
 
 
+def give_back(db: Database, shard_id: int, owner: str) -> None:
+    """Give a leased shard back unmeasured (its worker's builder or runner could not start): pending
+    again, no attempt spent. A lease already lost is left alone."""
+    if db.give_back_lease(shard_id, owner):
+        log.warning("shard %d given back by %s: no attempt spent", shard_id, owner)
+
+
 def _hardware_id(db: Database, hardware: str | None) -> int | None:
     return db.hardware_class(hardware).id if hardware is not None else None
 

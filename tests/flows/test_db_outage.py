@@ -23,6 +23,7 @@ from tunefleet.testing.tcp_proxy import TcpProxy
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = 10.0
+BATCH = 32  # rows per commit: >= the COPY threshold (tunefleet.db.measurements._COPY_MIN_ROWS)
 
 
 def test_tuning_survives_a_database_outage(flow_env, pg_server: PostgresServer, tmp_path: Path,  # type: ignore[no-untyped-def]
@@ -48,7 +49,8 @@ def test_tuning_survives_a_database_outage(flow_env, pg_server: PostgresServer, 
         store = open_store(settings)
         model = ingest(db, store, "mlp").model
         extract(db, store, model, "x86")
-        planned, _ = shards.plan(db, "x86", target_trials=16, shard_trials=16, model=model.id)
+        # Batches of 32 rows: PostgreSQL's COPY path (raw driver connection) meets the outage too.
+        planned, _ = shards.plan(db, "x86", target_trials=BATCH, shard_trials=BATCH, model=model.id)
         db.close()
 
         seen: dict[str, object] = {}
@@ -65,7 +67,7 @@ def test_tuning_survives_a_database_outage(flow_env, pg_server: PostgresServer, 
 
         outage = threading.Thread(target=cut_off_mid_run, daemon=True)
         outage.start()
-        summary = tune(hardware="x86", lease_s=30.0, trials_per_iter=4, seed=0)
+        summary = tune(hardware="x86", lease_s=30.0, trials_per_iter=BATCH, seed=0)
         outage.join(timeout=60)
 
     assert "before" in seen, "the outage never happened: no measurement was committed in time"

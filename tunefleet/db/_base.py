@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any, Self
 
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunefleet.db.engine import (
+    db_error_class,
     describe_db_error,
     ensure_schema,
-    is_connection_problem,
     is_unique_violation,
     make_engine,
     masked_url,
 )
-from tunefleet.errors import ConflictError, DatabaseError, DatabaseUnavailableError
+from tunefleet.errors import ConflictError, DatabaseError
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -99,14 +99,18 @@ class DatabaseBase:
         try:
             with self._sessions.begin() as sess:
                 yield sess
-        except OperationalError as exc:
-            cls = DatabaseUnavailableError if is_connection_problem(exc) else DatabaseError
-            raise cls(f"database {masked_url(self.url)} failed: {describe_db_error(exc)}") from exc
         except IntegrityError as exc:
             if is_unique_violation(exc):
                 raise ConflictError(f"database {masked_url(self.url)}: this write conflicted with a concurrent one "
                                     f"({describe_db_error(exc)}); run it again") from exc
             raise DatabaseError(f"database {masked_url(self.url)} refused the change: {describe_db_error(exc)}") from exc
+        except Exception as exc:
+            # SQLAlchemy's errors and the raw driver's alike (the COPY path uses the DB-API
+            # connection): a lost connection is transient on every path.
+            cls = db_error_class(exc, self.engine.dialect)
+            if cls is None:
+                raise
+            raise cls(f"database {masked_url(self.url)} failed: {describe_db_error(exc)}") from exc
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import create_engine, event, inspect
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from tunefleet.config import mask_secrets, mask_url
@@ -52,6 +52,33 @@ def is_connection_problem(exc: BaseException) -> bool:
         return True
     text = describe_db_error(exc).lower()
     return not any(p in text for p in _PERMANENT)
+
+
+def is_dropped_connection(exc: BaseException, dialect: Dialect) -> bool:
+    """Whether a driver error, SQLAlchemy's or the raw driver's, says the connection is gone.
+
+    Raw driver errors reach us from the COPY path (:mod:`tunefleet.db._pg_copy`), which works on
+    the DB-API connection; a dropped connection there surfaces as ``psycopg2.OperationalError``
+    or, once the session's rollback finds it closed, as ``InterfaceError: connection already
+    closed`` — neither of them SQLAlchemy's ``OperationalError``.
+    """
+    if getattr(exc, "connection_invalidated", False):
+        return True
+    orig = getattr(exc, "orig", None) or exc
+    dbapi = dialect.loaded_dbapi
+    return isinstance(orig, dbapi.Error) and bool(dialect.is_disconnect(orig, None, None))
+
+
+def db_error_class(exc: BaseException, dialect: Dialect) -> type[DatabaseError] | None:
+    """The :class:`DatabaseError` a driver error becomes, or None for one that is a bug (a bad
+    statement keeps its traceback). A lost connection or a lock timeout is
+    :class:`DatabaseUnavailableError` (transient), whichever layer raised it."""
+    if is_dropped_connection(exc, dialect):
+        return DatabaseUnavailableError
+    orig = getattr(exc, "orig", None) or exc
+    if isinstance(exc, OperationalError) or isinstance(orig, dialect.loaded_dbapi.OperationalError):
+        return DatabaseUnavailableError if is_connection_problem(exc) else DatabaseError
+    return None
 
 
 def is_unique_violation(exc: BaseException) -> bool:

@@ -416,6 +416,21 @@ class ShardsMixin(CatalogMixin):
                     released.append(shard.id)
         return released
 
+    def give_back_lease(self, shard_id: int, owner: str) -> bool:
+        """Give back ``owner``'s lease on one shard (its worker could not measure: no builder or
+        runner), as :meth:`release_leases` does: pending again, the lease not counted against its
+        budget of leases. False if ``owner`` no longer holds it."""
+        with self.session() as s:
+            shard = s.get(Shard, shard_id)
+            if shard is None:
+                raise NotFoundError(f"no shard {shard_id}")
+            res = s.execute(update(Shard).where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
+                            .values(state=PENDING, lease_owner=None, lease_expires_at=None,
+                                    leases=func.max(Shard.leases - 1, 0) if self.dialect == "sqlite"
+                                    else func.greatest(Shard.leases - 1, 0),
+                                    history=_event(shard, "given-back", owner=owner), updated_at=utcnow()))
+            return res.rowcount == 1
+
     def retry_shards(self, shard_ids: Sequence[int] | None = None, *,
                      hardware_class_id: int | None = None) -> list[int]:
         """Failed or cancelled shards back to pending with a fresh attempt budget; returns their ids."""

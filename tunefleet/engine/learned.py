@@ -23,6 +23,7 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from tunefleet.tvm.ffi_errors import keeps_failure
 from tunefleet.tvm.traces import candidate, mean_run_s, trace_sha256_of
 
 if TYPE_CHECKING:
@@ -78,10 +79,12 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         self.predict_seconds = 0.0
         self.predicted = 0
 
+    @keeps_failure
     def load(self, path: str) -> None:
         if self.online is not None:
             self.online.load(path)
 
+    @keeps_failure
     def save(self, path: str) -> None:
         if self.online is not None:
             self.online.save(path)
@@ -91,6 +94,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         """Why the fleet model no longer scores (None while it does)."""
         return self.audit.stopped if self.audit is not None else None
 
+    @keeps_failure
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
         if self.online is not None:
             self.online.update(context, candidates, results)
@@ -128,6 +132,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
 
         return self.model.predict_features(store_features(matrices))
 
+    @keeps_failure
     def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
         t0 = time.perf_counter()
         if not candidates:

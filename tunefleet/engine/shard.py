@@ -27,8 +27,9 @@ from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.policies import (Accounting, Filter, Preemption, ShapeWarmStart, ShardPolicy, Transfer,
                                        WarmStart)
 from tunefleet.engine.rounds import Deadline, DeadlinePolicy
-from tunefleet.errors import DatabaseError, TransientError
+from tunefleet.errors import DatabaseError, TransientError, WorkerStartError
 from tunefleet.shards import LeaseLostError
+from tunefleet.tvm.ffi_errors import collect_failures
 
 if TYPE_CHECKING:
     from tunefleet.costmodel import TrainedModel
@@ -100,6 +101,15 @@ def _build_wall(builder: Any) -> Any:
     return (lambda: stats.wall_seconds) if stats is not None and hasattr(stats, "wall_seconds") else None
 
 
+def _is_pool_failure(exc: BaseException) -> bool:
+    """Whether an exception MetaSchedule's builder or runner raised means their processes could
+    not start (an ``OSError`` from forking, the builder pool's start-up error), not a bad candidate
+    (the builder and runner report those as results, never raise)."""
+    from tunefleet.tvm.builder import BuilderStartupError
+
+    return isinstance(exc, (OSError, BuilderStartupError))
+
+
 def new_online_model(threads: int) -> Any:
     """MetaSchedule's XGBModel as stock ``tune_tasks`` creates it for ``cost_model="xgb"``."""
     from tvm.s_tir import meta_schedule as ms
@@ -156,15 +166,26 @@ class ShardRun:
             self.progress.stop_reason = reason
             return self.finish(policies)
         own_builder = self.resolve(policies)
+        seen: list[BaseException] = []
         try:
-            self.tune(policies)
+            with collect_failures() as seen:
+                self.tune(policies)
         except (LeaseLostError, DatabaseError):
             raise  # not this shard's fault: the caller (or Prefect's retry) decides
         except Exception as exc:  # a crashed tuning attempt: record it on the shard, keep what was committed
-            cause = self.callback.failure if self.callback is not None else None
-            if isinstance(cause, (TransientError, DatabaseError)):
+            # MetaSchedule re-wraps what its Python callbacks raise: look for the original (on
+            # this thread's list, or on an extension object C++ called from another thread).
+            seen += [f for x in (self.callback, self.search, self.cost_model)
+                     if (f := getattr(x, "failure", None)) is not None and f not in seen]
+            if (cause := next((e for e in seen if isinstance(e, (TransientError, DatabaseError))), None)):
                 raise cause from None
-            self.failure = exc
+            if (dead := next((e for e in seen if _is_pool_failure(e)), None)):
+                # The builder's or runner's processes could not be (re)started: not this shard's
+                # fault either. Its lease goes back without spending an attempt.
+                shards.give_back(self.db, self.shard.id, self.owner)
+                raise WorkerStartError(f"the builder or runner of shard {self.shard.id} stopped and could not "
+                                       f"restart ({type(dead).__name__}: {dead}); its lease was given back") from None
+            self.failure = seen[0] if seen else exc
         finally:
             if own_builder and hasattr(self.builder, "shutdown"):
                 self.builder.shutdown()

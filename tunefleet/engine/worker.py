@@ -14,7 +14,9 @@ import logging
 import multiprocessing
 import os
 import socket
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,8 @@ from tunefleet import shards
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.rounds import Deadline, Rounds
 from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
-from tunefleet.errors import TunefleetError
+from tunefleet.errors import TransientError, TunefleetError, WorkerStartError
+from tunefleet.shards import LeaseLostError
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -32,6 +35,35 @@ if TYPE_CHECKING:
     from tunefleet.tvm.commit import CandidateHook
 
 log = logging.getLogger(__name__)
+
+
+TRANSIENT_RETRIES = 4
+"""Transient errors in a row (a lost database connection) a worker waits out before it gives up,
+as many as the Prefect ``tune_shard`` task retries (``tunefleet.tasks.steps.RETRIES``)."""
+
+START_FAILURES = 3
+"""Failed starts of the builder or runner in a row before a worker gives up: one failed fork is
+a passing shortage (memory, process table), three in a row a node that cannot tune."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Seconds to wait before retry ``n`` (1, 2, ...): ``factor * 2**(n-1)`` up to ``cap``, with
+    ``jitter`` (a fraction) spread randomly over it — Prefect's ``exponential_backoff`` with its
+    jitter, which the Prefect path of the same work uses. ``factor=0``: no waiting (tests)."""
+
+    factor: float = 5.0
+    cap: float = 60.0
+    jitter: float = 0.5
+
+    def delay(self, n: int) -> float:
+        base = min(self.cap, self.factor * 2 ** (n - 1))
+        return base * (1 + self.jitter * (2 * random.random() - 1))
+
+
+def _wait(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
 
 
 def worker_owner() -> str:
@@ -101,7 +133,8 @@ class Tuner:
     """
 
     def __init__(self, db: Database, hardware: str, options: TuneOptions | None = None, *,
-                 store: ArtifactStore | None = None, builder: Any = None) -> None:
+                 store: ArtifactStore | None = None, builder: Any = None,
+                 make_builder: Callable[[int], Any] | None = None) -> None:
         from tunefleet.hardware import check_runs_here
 
         hw = db.hardware_class(hardware)
@@ -111,6 +144,7 @@ class Tuner:
         self.options = options or TuneOptions()
         self.store = store
         self._own_builder = builder is None
+        self._make_builder = make_builder
         self._builder, self._runner, self._online = builder, None, None
         self._model: TrainedModel | None = None
         self._unreadable: int | None = None
@@ -156,9 +190,12 @@ class Tuner:
     @property
     def builder(self) -> Any:
         if self._builder is None:
-            from tunefleet.tvm.builder import PersistentBuilder
+            if self._make_builder is not None:
+                self._builder = self._make_builder(self.threads)
+            else:
+                from tunefleet.tvm.builder import PersistentBuilder
 
-            self._builder = PersistentBuilder(max_workers=self.threads)
+                self._builder = PersistentBuilder(max_workers=self.threads)
         return self._builder
 
     @property
@@ -176,6 +213,23 @@ class Tuner:
                 self._runner = make_runner(make_target(self.target))
         return self._runner
 
+    def start(self) -> None:
+        """Start the builder's and runner's processes now, before a shard is leased, so that one
+        that cannot start never touches a shard; raises :class:`WorkerStartError` naming the cause
+        (what started is stopped: the next call starts afresh)."""
+        try:
+            if hasattr(self.builder, "warmup"):
+                self.builder.warmup()
+            runner = self.runner  # a LocalRunner starts its worker in its constructor
+            if hasattr(runner, "warmup"):
+                from tunefleet.tvm.targets import make_target
+
+                runner.warmup(make_target(self.target).kind.name == "llvm")
+        except Exception as exc:  # whatever the fork or the import raised: the message names it
+            self.close()
+            raise WorkerStartError(f"the builder or runner of {self.hardware} could not start: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+
     def tune_next(self, db: Database, owner: str, options: TuneOptions | None = None, *,
                   shard_id: int | None = None, on_batch: CandidateHook | None = None,
                   deadline: Deadline | None = None, reprioritise: bool = True) -> ShardResult | None:
@@ -189,6 +243,7 @@ class Tuner:
         options = options or self.options
         if deadline is not None and deadline.reason():
             return None
+        self.start()
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:
             from tunefleet.budget import reprioritise
@@ -211,16 +266,19 @@ class Tuner:
         return result
 
     def close(self) -> None:
+        """Stop the builder (one this tuner made; a given one is left as it is) and the runner."""
         if self._own_builder and self._builder is not None:
             self._builder.shutdown()
+            self._builder = None
         if self._runner is not None and hasattr(self._runner, "shutdown"):
             self._runner.shutdown()
-        self._builder = self._runner = None
+        self._runner = None
 
 
 def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, max_shards: int | None = None,
           store: ArtifactStore | None = None, tuner: Tuner | None = None, on_batch: CandidateHook | None = None,
-          refill: Rounds | None = None, deadline: Deadline | None = None) -> TuneSummary:
+          refill: Rounds | None = None, deadline: Deadline | None = None,
+          backoff: Backoff | None = None) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left.
 
     With ``store``, shards warm-start from the class's current cost model (see :class:`Tuner`);
@@ -232,6 +290,13 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     cut is cancelled. ``deadline`` (or the refill's) stops leasing at that time, and a shard stops
     before a batch that would end after it (done-short, not failed) — so near the deadline the
     shards of a round planned for more time end at once, and the refill plans what still fits.
+
+    A worker keeps going through faults that are not a shard's: a transient error (a lost database
+    connection) is logged in one line and waited out with ``backoff``, then the worker leases
+    again, taking its own shard back with no attempt spent (up to :data:`TRANSIENT_RETRIES` in a
+    row, then the error is raised); a lost lease (the shard cancelled, or expired and taken) moves
+    on to the next shard; a builder or runner that cannot start is started again, and after
+    :data:`START_FAILURES` failures in a row :class:`WorkerStartError` says why.
     """
     owner = worker_owner()
     started = time.monotonic()
@@ -239,13 +304,38 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     tuner = tuner or Tuner(db, hardware, options, store=store)
     summary = TuneSummary(tuner.hardware)
     deadline = deadline or (refill.deadline if refill is not None else None)
+    backoff = backoff or Backoff()
+    transient = start_failures = 0
     try:
         while max_shards is None or summary.shards_done + summary.shards_failed < max_shards:
             if deadline is not None and (why := deadline.reason()):
                 summary.stopped = why
                 break
-            result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=deadline,
-                                     reprioritise=refill is None)
+            try:
+                result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=deadline,
+                                         reprioritise=refill is None)
+            except WorkerStartError as exc:
+                start_failures += 1
+                if start_failures >= START_FAILURES:
+                    raise WorkerStartError(f"worker of {tuner.hardware} stopped: its builder or runner failed to "
+                                           f"start {start_failures} times in a row (last: {exc})") from exc
+                delay = backoff.delay(start_failures)
+                log.warning("%s; starting again in %.0f s", exc, delay)
+                _wait(delay)
+                continue
+            except LeaseLostError as exc:  # cancelled, or expired and taken: the shard is not ours
+                log.warning("%s; moving on to the next shard", exc)
+                continue
+            except TransientError as exc:
+                transient += 1
+                if transient > TRANSIENT_RETRIES:
+                    raise
+                delay = backoff.delay(transient)
+                log.warning("transient error (retry %d of %d): %s; leasing again in %.0f s", transient,
+                            TRANSIENT_RETRIES, str(exc).splitlines()[0], delay)
+                _wait(delay)
+                continue
+            transient = start_failures = 0
             if result is None:
                 if refill is None or not refill.refill(db):
                     break

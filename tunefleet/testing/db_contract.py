@@ -18,12 +18,15 @@ import multiprocessing
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 
 from tunefleet.db import Database, NewMeasurement, TrialGrant, current_revision, downgrade, head_revision, upgrade
 from tunefleet.db.database import sha256_text
 from tunefleet.db.models import TuningState, utcnow
-from tunefleet.errors import NotFoundError, SchemaOutdatedError, SchemaTooNewError
+from tunefleet.db.measurements import _COPY_MIN_ROWS
+from tunefleet.errors import DatabaseUnavailableError, NotFoundError, SchemaOutdatedError, SchemaTooNewError
+from tunefleet.testing.tcp_proxy import TcpProxy
 from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_JSON, DONE, FAILED, FILTERED, LEASED, PENDING
 
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -573,6 +576,31 @@ class DatabaseContract(ShardCases, ReportCases):
         big = _trace(3, size=64_000)  # far above PostgreSQL's ~2.7 KB btree row limit
         assert db.commit_measurements([NewMeasurement(wl, hw, big, [0.1])]) == 1
         assert db.best_measurements(wl, hw)[0].trace_json == big
+
+    @pytest.mark.parametrize("rows", [4, _COPY_MIN_ROWS], ids=["insert", "copy"])
+    def test_commit_through_a_dropped_connection_is_transient(self, db_url: str, rows: int,
+                                                              seeded: tuple[Database, int, int, int]) -> None:
+        """A connection the network drops is a transient error on every commit path, PostgreSQL's
+        COPY of large batches (on the raw driver connection) included, and the next try reconnects."""
+        if not db_url.startswith("postgresql"):
+            pytest.skip("SQLite has no network connection to drop")
+        _, wl, hw, _ = seeded
+        url = make_url(db_url)
+        with TcpProxy(url.host or "127.0.0.1", url.port or 5432) as proxy:
+            db = Database(url.set(port=proxy.port).render_as_string(hide_password=False), connect_timeout_s=2)
+            dropped: list[int] = []
+
+            @event.listens_for(db.engine, "begin")
+            def _drop_once(_conn: object) -> None:  # the connection is checked out, nothing sent yet
+                if not dropped:
+                    dropped.append(proxy.drop_connections())
+
+            batch = [NewMeasurement(wl, hw, _trace(i), [0.1]) for i in range(rows)]
+            with pytest.raises(DatabaseUnavailableError, match="failed: .*(closed|terminated)"):
+                db.commit_measurements(batch)
+            assert dropped == [1]
+            assert db.commit_measurements(batch) == rows  # a fresh connection: nothing was half-written
+            db.close()
 
     def test_two_processes_commit_at_once(self, db_url: str, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded

@@ -2,6 +2,7 @@
 
 ``pause()`` closes every open connection and stops listening (new connections are refused), as
 when a database host drops off the network; ``resume()`` listens again on the same port.
+``drop_connections()`` resets the open connections only, as a blip on the network does.
 """
 
 from __future__ import annotations
@@ -57,6 +58,17 @@ class TcpProxy:
             self._close(pair)
         self.connections_cut += len(pairs)
         log.info("proxy %d paused: %d connection(s) cut", self.port, len(pairs))
+
+    def drop_connections(self) -> int:
+        """Reset every open connection but keep listening (a network blip: the next connection
+        gets through); returns how many were cut. Safe to call from a hook on the client's thread."""
+        with self._lock:
+            pairs, self._pairs = list(self._pairs), set()
+        for pair in pairs:
+            self._close(pair)
+        self.connections_cut += len(pairs)
+        log.info("proxy %d: %d connection(s) cut", self.port, len(pairs))
+        return len(pairs)
 
     def resume(self) -> None:
         self.start()

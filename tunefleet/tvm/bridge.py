@@ -27,6 +27,7 @@ from tunefleet.db import Database
 from tunefleet.errors import NotFoundError
 from tunefleet.tvm.commit import CandidateCommitter
 from tunefleet.tvm.extract import workload_hash
+from tunefleet.tvm.ffi_errors import keeps_failure
 from tunefleet.vocab import RUN_ERROR
 
 log = logging.getLogger(__name__)
@@ -104,14 +105,17 @@ class FleetDatabase(ms.database.PyDatabase):
         self._ids[key] = wl_id
         return wl_id
 
+    @keeps_failure
     def has_workload(self, mod: IRModule) -> bool:
         return self._workload_id(mod, create=False) is not None
 
+    @keeps_failure
     def commit_workload(self, mod: IRModule) -> Workload:
         self._workload_id(mod, create=True)
         return Workload(mod)
 
     # -- records --------------------------------------------------------------------------
+    @keeps_failure
     def commit_tuning_record(self, record: TuningRecord) -> None:
         """Store a record measured elsewhere (no shard). A record without run times, or with
         MetaSchedule's failed-run marker (every run time 1e10 s, what its ``AddToDatabase``
@@ -129,6 +133,7 @@ class FleetDatabase(ms.database.PyDatabase):
         committer.commit([committer.row(parts["trace_json"], run_secs, args_info=parts["args_info"],
                                         error_kind=RUN_ERROR if error else None, error_msg=error)])
 
+    @keeps_failure
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
         wl_id = self._workload_id(workload.mod, create=False)
         if wl_id is None or top_k <= 0:
@@ -145,6 +150,7 @@ class FleetDatabase(ms.database.PyDatabase):
             return [] if found is None else [record_from_row(found.trace_json, None, "", found.args_info, workload)]
         return [record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload) for r in rows]
 
+    @keeps_failure
     def get_all_tuning_records(self) -> list[TuningRecord]:
         records = []
         for wl, _ in self.db.workloads():
@@ -154,6 +160,7 @@ class FleetDatabase(ms.database.PyDatabase):
                 records += [record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload) for r in rows]
         return records
 
+    @keeps_failure
     def __len__(self) -> int:
         return self.db.count_measurements(hardware_class_id=self.hw.id)
 

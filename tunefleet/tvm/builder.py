@@ -64,6 +64,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuild
 from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
+from tunefleet.tvm.ffi_errors import keeps_failure
 from tunefleet.tvm.targets import target_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -543,6 +544,7 @@ class PersistentBuilder(PyBuilder):
             blob,
         )
 
+    @keeps_failure
     def build(self, build_inputs: Sequence[BuilderInput]) -> list[BuilderResult]:
         """Build a batch of candidates.
 

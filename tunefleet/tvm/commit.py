@@ -20,6 +20,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from tunefleet.db import Database, NewMeasurement
+from tunefleet.tvm.ffi_errors import keeps_failure
 from tunefleet.tvm.traces import trace_json_of
 from tunefleet.vocab import BUILD_ERROR, FILTERED, RUN_ERROR
 
@@ -148,15 +149,10 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
         self.progress = progress or ShardProgress()
         self.failure: BaseException | None = None
 
+    @keeps_failure  # MetaSchedule calls this from C++, which re-wraps what we raise: keep the original
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: list[Any],
               builder_results: list[Any], runner_results: list[Any]) -> None:
-        try:
-            self._apply(measure_candidates, builder_results, runner_results)
-        except BaseException as exc:
-            # MetaSchedule calls this through its C++ FFI, which may re-wrap what we raise; keep
-            # the original so the engine can tell a lost connection from a crashed search.
-            self.failure = exc
-            raise
+        self._apply(measure_candidates, builder_results, runner_results)
 
     def _time_batch(self) -> None:
         """Split the batch's wall time since the search handed it out into build and run."""

@@ -114,6 +114,7 @@ from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
 from tunefleet.tvm.builder import ensure_forkserver
+from tunefleet.tvm.ffi_errors import keeps_failure
 
 logger = logging.getLogger(__name__)
 
@@ -751,6 +752,7 @@ class AdaptiveParallelRunner(PyRunner):
         """
         return self.measure_info.pop(str(artifact_path), None)
 
+    @keeps_failure
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         """Measure a batch (one control-loop iteration, see the module docstring).
 

@@ -18,6 +18,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from tunefleet.tvm.commit import ShardProgress
+from tunefleet.tvm.ffi_errors import keeps_failure
 from tunefleet.tvm.traces import candidate, trace_sha256_of
 
 # (tune context, the round's search candidates) -> (kept, dropped): what is measured, what is not.
@@ -75,18 +76,22 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self._mod: Any = None
         self._context: Any = None
 
+    @keeps_failure
     def _initialize_with_tune_context(self, context: Any) -> None:
         self._mod = context.mod
         self._context = context
         self.inner._initialize_with_tune_context(context)
 
+    @keeps_failure
     def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: list[Any],
                    database: Any = None, cost_model: Any = None) -> None:
         self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
 
+    @keeps_failure
     def post_tuning(self) -> None:
         self.inner.post_tuning()
 
+    @keeps_failure
     def generate_measure_candidates(self) -> list[Any] | None:
         t0 = time.monotonic()
         try:
@@ -158,11 +163,13 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
             self.inner.notify_runner_results([], [])
         return out or None
 
+    @keeps_failure
     def notify_runner_results(self, measure_candidates: list[Any], results: list[Any]) -> None:
         if self.on_results is not None and measure_candidates:
             self.on_results(self._context, measure_candidates, results)
         self.inner.notify_runner_results(measure_candidates, results)
 
+    @keeps_failure
     def clone(self) -> Any:
         twin = ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default,
                               progress=self.progress, seeds=self.seeds, budget=self.budget)
