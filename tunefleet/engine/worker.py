@@ -363,10 +363,14 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dic
     settings = Settings(**settings_data)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
-    db = Database.from_settings(settings)
-    drain(db, hardware, TuneOptions(**options_data), max_shards=max_shards, store=open_store(settings),
-          refill=Rounds.from_spec(rounds) if rounds is not None else None,
-          deadline=Deadline(deadline_at) if deadline_at is not None else None)
+    try:
+        db = Database.from_settings(settings)
+        drain(db, hardware, TuneOptions(**options_data), max_shards=max_shards, store=open_store(settings),
+              refill=Rounds.from_spec(rounds) if rounds is not None else None,
+              deadline=Deadline(deadline_at) if deadline_at is not None else None)
+    except TunefleetError as exc:  # one line, as the CLI prints it, and a non-zero exit code
+        log.error("%s", str(exc).splitlines()[0])
+        raise SystemExit(1) from None
 
 
 def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *, workers: int = 1,
