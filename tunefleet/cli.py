@@ -931,9 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="what to spend on the model: trials over all its workloads (2000) or the wall time of this "
                        "whole command (90s, 15m, 1h30m), split in rounds by latency share and recent improvement "
                        "(default TUNEFLEET_BUDGET, 15m)")
-    spend.add_argument("--trials", type=int, default=None,
+    spend.add_argument("--trials", type=at_least(1, "--trials"), default=None,
                        help="instead of a budget: a flat target of trials per workload (run again: nothing tuned twice)")
-    run.add_argument("--shard-trials", type=int, default=64, help="at most this many trials per shard (default 64)")
+    run.add_argument("--shard-trials", type=at_least(1, "--shard-trials"), default=64, help="at most this many trials per shard (default 64)")
     run.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
     run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
     run.add_argument("--json", action="store_true",
@@ -988,9 +988,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     met = sub.add_parser("metrics", help="Prometheus metrics").add_subparsers(dest="sub", required=True)
     mse = met.add_parser("serve", help="serve the fleet's gauges from the database on /metrics")
-    mse.add_argument("--port", type=int, default=9464, help="TCP port to listen on (default 9464)")
+    mse.add_argument("--port", type=at_least(0, "--port"), default=9464, help="TCP port to listen on (default 9464)")
     mse.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    mse.add_argument("--interval", type=float, default=15.0, help="seconds between refreshes from the database (default 15)")
+    mse.add_argument("--interval", type=at_least(1, "--interval"), default=15, help="seconds between refreshes from the database (default 15)")
     mse.set_defaults(handler=cmd_metrics_serve)
 
     dep = sub.add_parser("deploy", help="create a Prefect work pool per hardware class and register the deployments")
@@ -1016,11 +1016,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="cut untuned work into shards")
     pl.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
     pl_spend = pl.add_mutually_exclusive_group(required=True)
-    pl_spend.add_argument("--trials", type=int, help="target trials per workload")
+    pl_spend.add_argument("--trials", type=at_least(1, "--trials"), help="target trials per workload")
     pl_spend.add_argument("--budget", default=None,
                           help="a number of trials to split over the workloads at once (every workload a minimum, the "
                           "rest by expected gain); trials planned and not tuned count against it")
-    pl.add_argument("--shard-trials", type=int, default=64, help="at most this many trials per shard (default 64)")
+    pl.add_argument("--shard-trials", type=at_least(1, "--shard-trials"), default=64, help="at most this many trials per shard (default 64)")
     pl.add_argument("--model", default=None, help="only this model's workloads")
     pl.add_argument("--reset-plateaus", action="store_true",
                     help="forget which workloads were preempted on this class, so they are planned again")
@@ -1028,9 +1028,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tu = sub.add_parser("tune", help="tune pending shards of a hardware class with local workers")
     tu.add_argument("--hardware", default="x86", help="hardware class (default x86; see `tunefleet hardware list`)")
-    tu.add_argument("--workers", type=int, default=1,
+    tu.add_argument("--workers", type=at_least(1, "--workers"), default=1,
                     help="local worker processes (default 1: tune in this process)")
-    tu.add_argument("--max-shards", type=int, default=None,
+    tu.add_argument("--max-shards", type=at_least(1, "--max-shards"), default=None,
                     help="stop after this many shards (default: until no shard is pending)")
     tu.add_argument("--budget", default=None,
                     help="a wall time (90s, 15m, 1h30m) to stop draining at (a shard in flight stops before a batch "

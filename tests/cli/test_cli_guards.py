@@ -21,6 +21,14 @@ from tests.cli.test_cli_config import error_line, run_cli
     (["best", "0123abcd", "--top", "many"], "invalid --top: 'many' (not an integer)"),
     (["best", "0123abcd", "--zero-shot", "--verify", "-1"], "invalid --verify: -1 (must be >= 0)"),
     (["build", "mlp", "--zero-shot", "--verify", "-3"], "invalid --verify: -3 (must be >= 0)"),
+    (["run", "mlp", "--trials", "0"], "invalid --trials: 0 (must be >= 1)"),
+    (["run", "mlp", "--shard-trials", "-1"], "invalid --shard-trials: -1 (must be >= 1)"),
+    (["plan", "--trials", "-5"], "invalid --trials: -5 (must be >= 1)"),
+    (["plan", "--trials", "8", "--shard-trials", "0"], "invalid --shard-trials: 0 (must be >= 1)"),
+    (["tune", "--workers", "0"], "invalid --workers: 0 (must be >= 1)"),
+    (["tune", "--max-shards", "0"], "invalid --max-shards: 0 (must be >= 1)"),
+    (["metrics", "serve", "--interval", "0"], "invalid --interval: 0 (must be >= 1)"),
+    (["metrics", "serve", "--port", "-1"], "invalid --port: -1 (must be >= 0)"),
 ])
 def test_bad_flags_are_refused_up_front_in_one_line(tmp_path, args: list[str], named: str) -> None:  # type: ignore[no-untyped-def]
     out = run_cli(*(a.format(tmp=tmp_path) for a in args), env={"TUNEFLEET_HOME": str(tmp_path)})
