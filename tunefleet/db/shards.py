@@ -470,7 +470,7 @@ class ShardsMixin(CatalogMixin):
                        Shard.lease_generation == shard.lease_generation, Shard.lease_expires_at < self._clock(now))
                 .values(state=state, lease_owner=None, lease_expires_at=None, error=error,
                         leases=self._greatest(Shard.leases - 1, 0), lost_leases=Shard.lost_leases + 1,
-                        not_before=self._clock(now, backoff_s) if state == PENDING else None,
+                        not_before=self._clock(now, backoff_s) if state == PENDING and backoff_s > 0 else None,
                         history=_event(shard, "lease-expired", owner=shard.lease_owner,
                                        generation=shard.lease_generation, to=state, lost=shard.lost_leases + 1),
                         updated_at=utcnow())
