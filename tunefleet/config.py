@@ -23,7 +23,12 @@ from pydantic_settings import (
 
 from tunefleet.allocation import Budget
 from tunefleet.errors import ConfigError, ParameterError
-from tunefleet.vocab import DEFAULT_LEASE_S, DEFAULT_MAX_LOST_LEASES, DEFAULT_MIN_AGREEMENT, MIN_LEASE_S
+from tunefleet.vocab import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_LOST_LEASES,
+    DEFAULT_MIN_AGREEMENT,
+    MIN_LEASE_S,
+)
 
 ENV_PREFIX = "TUNEFLEET_"
 

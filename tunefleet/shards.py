@@ -39,8 +39,16 @@ from dataclasses import dataclass
 from tunefleet.db import Database
 from tunefleet.db.models import Shard
 from tunefleet.errors import LeaseLostError, TunefleetError
-from tunefleet.vocab import (CRASH_AFTER_DEATHS, DEFAULT_LEASE_S, DEFAULT_MAX_LOST_LEASES, DONE, FAILED, LEASED,
-                             PENDING, STATES)
+from tunefleet.vocab import (
+    CRASH_AFTER_DEATHS,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_LOST_LEASES,
+    DONE,
+    FAILED,
+    LEASED,
+    PENDING,
+    STATES,
+)
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ def _shard(db: Database, trials: int = 8) -> int:
 
 
 def _real_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 def _rows(db: Database, shard_id: int, n: int, start: int = 0) -> list[NewMeasurement]:
@@ -97,7 +97,7 @@ def test_a_worker_clock_an_hour_off_neither_expires_others_nor_keeps_its_own(
     mine, theirs = _shard(db), _shard(db)
     fresh = shards.lease(db, "x86", "honest", lease_s=60, shard_id=theirs)
     assert fresh is not None
-    ahead = lambda: _real_now() + dt.timedelta(hours=1)  # noqa: E731
+    ahead = lambda: _real_now() + dt.timedelta(hours=1)
     for module in ("tunefleet.db.models", "tunefleet.db.shards", "tunefleet.shards"):
         monkeypatch.setattr(f"{module}.utcnow", ahead, raising=False)
     skewed = shards.lease(db, "x86", "skewed", lease_s=60, shard_id=mine)  # requeues what it thinks expired

@@ -29,8 +29,8 @@ def test_owner_ids_are_unique_per_process_start_and_shared_with_children(monkeyp
     second = worker_owner(1)
     assert first != second and first.rsplit(":", 1)[0] == second.rsplit(":", 1)[0]
     # a process it starts shares its token: the parent can name its children's leases
-    child = subprocess.run([sys.executable, "-c", "import os\nfrom tunefleet.engine.worker import worker_owner\n"
-                            "print(os.getpid(), worker_owner())"], capture_output=True, text=True, check=True,
+    code = "import os\nfrom tunefleet.engine.worker import worker_owner\nprint(os.getpid(), worker_owner())"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ})
     pid, owner = child.stdout.split()
     assert owner == worker_owner(int(pid)) and owner != worker_owner()
@@ -77,7 +77,7 @@ def test_a_resumed_shard_measures_its_suspects_alone_and_a_dead_heartbeat_stops_
     wl = db.workloads(model.id)[0][0]
     suspect, stuck = db.add_shards(hw.id, [(wl.id, 4, 2.0), (wl.id, 4, 1.0)])
     # a worker died with the default schedule in flight among others: its lease is lost
-    past = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(hours=1)
+    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(hours=1)
     dead = db.lease_shard(hw.id, "dead", lease_s=1, shard_id=suspect.id, now=past)
     assert dead is not None
     db.set_in_flight(LeaseFence(suspect.id, "dead", dead.lease_generation),

@@ -7,7 +7,11 @@ import threading
 
 from tunefleet import shards
 from tunefleet.db import Database
-from tunefleet.errors import DatabaseUnavailableError, HeartbeatStoppedError, LeaseLostError
+from tunefleet.errors import (
+    DatabaseUnavailableError,
+    HeartbeatStoppedError,
+    LeaseLostError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class Heartbeat:
         except LeaseLostError as exc:
             self.lost = str(exc)
             log.error("%s", exc)
-        except BaseException as exc:  # noqa: BLE001 - any death of this thread must reach the tuning thread
+        except BaseException as exc:  # any death of this thread must reach the tuning thread
             self.stopped = (f"heartbeat of shard {self.shard_id} stopped: {type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}; the lease would lapse")
             log.error("%s", self.stopped)
