@@ -598,15 +598,17 @@ def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
     import os
     import signal
 
-    def stop(signum: int, frame: object) -> None:
-        import socket
+    from tunefleet.engine.worker import owner_token, worker_owner
 
+    owner_token()  # made now, before any child starts, so the children's owners share it
+
+    def stop(signum: int, frame: object) -> None:
         import psutil
 
         from tunefleet.db import Database
 
         children = psutil.Process().children(recursive=True)
-        owners = [f"{socket.gethostname()}:{pid}" for pid in (os.getpid(), *(c.pid for c in children))]
+        owners = [worker_owner(pid) for pid in (os.getpid(), *(c.pid for c in children))]
         try:
             db = Database.from_settings(settings, check_schema=False)
             released = f"{sum(len(db.release_leases(owner)) for owner in owners)} shard lease(s) given back"

@@ -23,7 +23,12 @@ from pydantic_settings import (
 
 from tunefleet.allocation import Budget
 from tunefleet.errors import ConfigError, ParameterError
-from tunefleet.vocab import DEFAULT_LEASE_S, DEFAULT_MIN_AGREEMENT, MIN_LEASE_S
+from tunefleet.vocab import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_LOST_LEASES,
+    DEFAULT_MIN_AGREEMENT,
+    MIN_LEASE_S,
+)
 
 ENV_PREFIX = "TUNEFLEET_"
 
@@ -90,6 +95,10 @@ class TuneKnobs(BaseModel):
 
     lease_s: float = Field(default=DEFAULT_LEASE_S, ge=MIN_LEASE_S, description="Shard lease length in seconds "
                            "(at least 3); heartbeats renew it every third.")
+    max_lost_leases: int = Field(
+        default=DEFAULT_MAX_LOST_LEASES, ge=1,
+        description="Leases a shard may lose (its worker died or stopped heartbeating) before it fails; counted "
+        "apart from attempts that raised an error, and retried with a backoff.")
     trials_per_iter: int = Field(default=64, ge=1, description="Candidates measured per batch.")
     search_population: int | None = Field(
         default=None, ge=16, le=4096,

@@ -27,6 +27,18 @@ class WorkerStartError(TransientError):
     shard was measured and no attempt spent; starting again may work."""
 
 
+class LeaseLostError(TransientError):
+    """The worker no longer holds the shard's lease (expired and taken, cancelled, or done)."""
+
+
+class StaleLeaseError(LeaseLostError):
+    """A write fenced by a lease generation that is no longer current: nothing was stored."""
+
+
+class HeartbeatStoppedError(LeaseLostError):
+    """The thread renewing a shard's lease died: the lease would lapse, so the shard's work stops."""
+
+
 class DatabaseError(TunefleetError):
     """The database cannot be reached or used."""
 

@@ -3,16 +3,29 @@
 A shard is ``trials`` candidates to measure for one (workload, hardware class)::
 
     pending --lease--> leased --complete--> done
-                         | \\--fail / lease expired--> pending   (attempts < max_leases)
-                         |                    \\-----> failed    (attempts exhausted, error kept)
+                         | \\--fail------------> pending   (attempts < max_leases)
+                         |  \\                -> failed    (attempts exhausted, error kept)
+                         \\--lease lost (expired)--> pending after a backoff (lost < max_lost_leases)
+                                               \\-> failed  (lost leases exhausted)
     pending|leased|failed --cancel--> cancelled;   failed|cancelled --retry--> pending
 
-A lease carries an owner and an expiry that heartbeats push forward (Optuna's heartbeat idea):
-a worker that dies stops heartbeating, its lease expires, and the next :func:`lease` call
-requeues the shard, whose new owner warm-starts from the measurements already committed.
-Every transition is a conditional UPDATE (compare-and-set on state and owner) made by the
-database (:mod:`tunefleet.db.shards`), so two workers can never both hold one shard, on SQLite
-or PostgreSQL; this module decides which transition to ask for. No Prefect here: the
+A lease carries an owner, an expiry that heartbeats push forward (Optuna's heartbeat idea) and a
+*generation*, the fencing token: every lease and reclaim bumps it, and every commit, heartbeat and
+end of a lease is checked against it in its own transaction, so a worker whose lease was taken
+over cannot store anything more (:class:`~tunefleet.errors.StaleLeaseError`). Expiry is set and
+judged on the database's clock, never a worker's. A worker that dies stops heartbeating, its
+lease expires, and the next :func:`lease` call requeues the shard, whose new owner warm-starts
+from the measurements already committed.
+
+Losing a worker is not the shard's fault: a lost lease counts in ``lost_leases``, apart from the
+attempts that ended in an error (``leases``, at most ``max_leases``); lost leases are retried
+after a backoff (:func:`lost_lease_backoff`) up to ``max_lost_leases``. The candidates in flight
+at a death become suspects, re-measured one per batch when the shard resumes; one in flight alone
+at a second death is recorded as a crash (:data:`~tunefleet.vocab.CRASH`) and never proposed again.
+
+Every transition is a conditional UPDATE (compare-and-set on state, owner and generation) made by
+the database (:mod:`tunefleet.db.shards`), so two workers can never both hold one shard, on
+SQLite or PostgreSQL; this module decides which transition to ask for. No Prefect here: the
 orchestration layer wraps these functions.
 """
 
@@ -24,16 +37,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunefleet.db import Database
-from tunefleet.db.models import Shard, utcnow
-from tunefleet.errors import TransientError, TunefleetError
-from tunefleet.vocab import DEFAULT_LEASE_S, DONE, FAILED, LEASED, PENDING, STATES
+from tunefleet.db.models import Shard
+from tunefleet.errors import LeaseLostError, TunefleetError
+from tunefleet.vocab import (
+    CRASH_AFTER_DEATHS,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_LOST_LEASES,
+    DONE,
+    FAILED,
+    LEASED,
+    PENDING,
+    STATES,
+)
 
 log = logging.getLogger(__name__)
 
-
-
-class LeaseLostError(TransientError):
-    """The worker no longer holds the shard's lease (expired and taken, cancelled, or done)."""
 
 
 @dataclass(frozen=True)
@@ -99,21 +117,43 @@ def plan(
 
 
 # -- leases ---------------------------------------------------------------------------------
-def requeue_expired(db: Database, *, now: dt.datetime | None = None) -> list[int]:
-    """Requeue (or fail, once attempts are exhausted) every leased shard whose lease expired."""
-    now = now or utcnow()
+def lost_lease_backoff(lost: int) -> float:
+    """Seconds before a shard that lost its ``lost``-th lease may be leased again.
+
+    The first loss is ordinary churn (a preempted node): at once. From the second on, a shard that
+    keeps losing its workers waits 5 s, 10 s, 20 s ... at most 5 minutes.
+    """
+    return 0.0 if lost <= 1 else min(300.0, 5.0 * 2 ** (lost - 2))
+
+
+def requeue_expired(db: Database, *, now: dt.datetime | None = None,
+                    max_lost_leases: int = DEFAULT_MAX_LOST_LEASES) -> list[int]:
+    """Requeue every leased shard whose lease expired on the database's clock, as a lost lease
+    (or fail it, once ``max_lost_leases`` were lost). ``now`` replaces that clock (tests only).
+
+    A heartbeat that extends the lease before the requeue's compare-and-set wins: the shard stays.
+    """
     changed: list[int] = []
     for shard in db.expired_leases(now):
-        exhausted = shard.leases >= shard.max_leases
-        new_state = FAILED if exhausted else PENDING
-        error = (
-            f"lease of {shard.lease_owner} expired at {shard.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC "
-            f"(attempt {shard.leases}/{shard.max_leases})"
-        )
-        if db.end_lease(shard.id, shard.lease_owner, state=new_state, error=error, event="lease-expired",
-                        info={"to": new_state}, now=now):
-            changed.append(shard.id)
-            log.warning("shard %d: %s -> %s", shard.id, error, new_state)
+        lost = shard.lost_leases + 1
+        new_state = FAILED if lost >= max_lost_leases else PENDING
+        backoff = lost_lease_backoff(lost)
+        error = (f"lease of {shard.lease_owner} (generation {shard.lease_generation}) expired at "
+                 f"{shard.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC: its worker stopped heartbeating "
+                 f"(lost lease {lost}/{max_lost_leases})")
+        if new_state == FAILED:
+            error += f"; it lost {lost} leases, the most allowed (max_lost_leases): its workers keep dying"
+        elif backoff:
+            error += f"; leased again after {backoff:.0f} s"
+        done = db.lose_lease(shard, state=new_state, error=error, backoff_s=backoff, crash_after=CRASH_AFTER_DEATHS,
+                             now=now)
+        if done is None:
+            continue  # a heartbeat extended it meanwhile, or another worker requeued it first
+        changed.append(shard.id)
+        log.warning("shard %d: %s -> %s", shard.id, error, new_state)
+        if done.crashed:
+            log.warning("shard %d: candidate %s crashed its worker twice; recorded as a crash, never proposed "
+                        "again", shard.id, done.crashed[:12])
     return changed
 
 
@@ -126,12 +166,16 @@ def lease(
     shard_id: int | None = None,
     now: dt.datetime | None = None,
     reclaim: bool = False,
+    max_lost_leases: int = DEFAULT_MAX_LOST_LEASES,
 ) -> Shard | None:
     """Lease the highest-priority pending shard of a hardware class (or a given one); None if none.
 
     With ``reclaim``, a shard still leased by ``owner`` itself comes first: an owner that retries
     after a lost connection (a Prefect task retry keeps its owner string) takes its own shard
-    back at once, with its attempt count unchanged, instead of waiting for the lease to expire.
+    back at once, with its attempt count unchanged and a new generation, instead of waiting for
+    the lease to expire. Expired leases are requeued first (:func:`requeue_expired`, up to
+    ``max_lost_leases``). The returned shard's ``lease_generation`` is the fencing token of every
+    write under the lease.
     """
     hw = db.hardware_class(hardware)
     if reclaim:
@@ -139,7 +183,7 @@ def lease(
         if reclaimed is not None:
             log.info("shard %d reclaimed by its owner %s (attempt %d)", reclaimed.id, owner, reclaimed.leases)
             return reclaimed
-    requeue_expired(db, now=now)
+    requeue_expired(db, now=now, max_lost_leases=max_lost_leases)
     shard = db.lease_shard(hw.id, owner, lease_s=lease_s, shard_id=shard_id, now=now)
     if shard is not None:
         log.info("shard %d leased by %s (attempt %d)", shard.id, owner, shard.leases)
@@ -147,30 +191,37 @@ def lease(
 
 
 def _end_owned(db: Database, shard_id: int, owner: str, *, state: str, error: str | None, event: str,
-               info: dict[str, object] | None = None) -> None:
-    if not db.end_lease(shard_id, owner, state=state, error=error, event=event, info=info):
+               info: dict[str, object] | None = None, generation: int | None = None) -> None:
+    if not db.end_lease(shard_id, owner, state=state, error=error, event=event, info=info, generation=generation):
         shard = db.shard(shard_id)
         raise LeaseLostError(
-            f"shard {shard_id} is no longer leased by {owner} (state {shard.state}, owner {shard.lease_owner})"
+            f"shard {shard_id} is no longer leased by {owner}"
+            + (f" (generation {generation})" if generation is not None else "")
+            + f" (state {shard.state}, owner {shard.lease_owner}, generation {shard.lease_generation})"
         )
 
 
-def heartbeat(db: Database, shard_id: int, owner: str, *, lease_s: float = DEFAULT_LEASE_S) -> None:
-    """Extend the lease; raises :class:`LeaseLostError` if the worker lost it."""
-    if not db.heartbeat_lease(shard_id, owner, lease_s=lease_s):
-        raise LeaseLostError(f"shard {shard_id} is no longer leased by {owner}")
+def heartbeat(db: Database, shard_id: int, owner: str, *, lease_s: float = DEFAULT_LEASE_S,
+              generation: int | None = None) -> None:
+    """Extend the lease (of that ``generation``: the fencing token); raises :class:`LeaseLostError`
+    if the worker lost it."""
+    if not db.heartbeat_lease(shard_id, owner, lease_s=lease_s, generation=generation):
+        raise LeaseLostError(f"shard {shard_id} is no longer leased by {owner}"
+                             + (f" (generation {generation})" if generation is not None else ""))
 
 
-def complete(db: Database, shard_id: int, owner: str, *, event: str = "done", **info: object) -> None:
+def complete(db: Database, shard_id: int, owner: str, *, event: str = "done", generation: int | None = None,
+             **info: object) -> None:
     """Mark a leased shard done (``event`` names why in its history, e.g. ``preempted``, with ``info``)."""
-    _end_owned(db, shard_id, owner, state=DONE, error=None, event=event, info=info)
+    _end_owned(db, shard_id, owner, state=DONE, error=None, event=event, info=info, generation=generation)
 
 
-def fail(db: Database, shard_id: int, owner: str, error: str) -> str:
+def fail(db: Database, shard_id: int, owner: str, error: str, *, generation: int | None = None) -> str:
     """Record a failed attempt: back to pending while attempts remain, else failed. Returns the new state."""
     shard = db.shard(shard_id)
     new_state = FAILED if shard.leases >= shard.max_leases else PENDING
-    _end_owned(db, shard_id, owner, state=new_state, error=error[:4000], event=f"attempt-failed->{new_state}")
+    _end_owned(db, shard_id, owner, state=new_state, error=error[:4000], event=f"attempt-failed->{new_state}",
+               generation=generation)
     log.warning("shard %d attempt failed (%s) -> %s", shard_id, error.splitlines()[0][:200], new_state)
     return new_state
 

@@ -18,11 +18,22 @@ MIN_LEASE_S = 3.0
 """The shortest lease: heartbeats run every third of it and at most once a second
 (tunefleet.engine.heartbeat), so a shorter lease would expire between two heartbeats."""
 
+DEFAULT_MAX_LOST_LEASES = 20
+"""Leases a shard may lose (its worker died or stopped heartbeating) before it fails: lost leases
+are counted apart from attempts that raised an error, since churn is not the shard's fault."""
+CRASH_AFTER_DEATHS = 2
+"""A candidate in flight alone when a worker dies, after an earlier death with it in flight, is
+recorded as a crash (:data:`CRASH`) instead of being measured a third time."""
+
 # -- candidate kinds (a measurement's ``error_kind``) ---------------------------------------------
 BUILD_ERROR, RUN_ERROR = "build", "run"
 FILTERED = "filtered"
 """A candidate the cost model scored out before measuring: never built or run, no run time and no
 energy; it counts as a spent trial of its shard."""
+
+CRASH = "crash"
+"""A candidate whose build or measurement killed its worker (see :data:`CRASH_AFTER_DEATHS`): no run
+time; it counts as a spent trial and is never proposed again."""
 
 DEFAULT_TRACE_JSON = "[[],[]]"
 """The stored trace of a workload's default (unscheduled) program: what an untuned build runs."""

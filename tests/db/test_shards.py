@@ -83,21 +83,30 @@ def test_lease_heartbeat_complete(db: Database) -> None:
     assert events == ["planned", "leased", "done"]
 
 
-def test_expired_lease_requeues_then_fails_with_error(db: Database) -> None:
+def test_expired_lease_is_lost_not_an_attempt_and_backs_off_then_fails(db: Database) -> None:
     shards.plan(db, "x86", target_trials=8, model="m", max_leases=2)
     first = shards.lease(db, "x86", "dead-1", lease_s=10)
-    assert first is not None
+    assert first is not None and first.lease_generation == 1
     later = utcnow() + dt.timedelta(seconds=11)
-    again = shards.lease(db, "x86", "w2", lease_s=10, now=later, shard_id=first.id)
-    assert again is not None and again.id == first.id and again.leases == 2
-    assert "lease of dead-1 expired" in (again.error or "")
+    again = shards.lease(db, "x86", "w2", lease_s=10, now=later, shard_id=first.id, max_lost_leases=3)
+    # a lost lease is counted apart from attempts; the first is requeued at once
+    assert again is not None and again.id == first.id
+    assert (again.leases, again.lost_leases, again.lease_generation) == (1, 1, 2)
+    assert "lease of dead-1 (generation 1) expired" in (again.error or "")
     with pytest.raises(LeaseLostError):
         shards.heartbeat(db, first.id, "dead-1")
-    assert shards.requeue_expired(db, now=later + dt.timedelta(seconds=11)) == [first.id]
+    # the second loss backs off 5 s on the clock lease times are judged on
+    t2 = later + dt.timedelta(seconds=11)
+    assert shards.requeue_expired(db, now=t2, max_lost_leases=3) == [first.id]
+    assert shards.lease(db, "x86", "w3", now=t2 + dt.timedelta(seconds=4), shard_id=first.id) is None
+    third = shards.lease(db, "x86", "w3", lease_s=10, now=t2 + dt.timedelta(seconds=5), shard_id=first.id)
+    assert third is not None and (third.leases, third.lost_leases) == (1, 2)
+    assert shards.requeue_expired(db, now=t2 + dt.timedelta(seconds=16), max_lost_leases=3) == [first.id]
     failed = shards.get_shard(db, first.id)
-    assert failed.state == "failed" and "attempt 2/2" in (failed.error or "")
+    assert failed.state == "failed" and "lost lease 3/3" in (failed.error or "") and "keep dying" in failed.error
     assert shards.retry(db, [first.id]) == [first.id]
-    assert shards.get_shard(db, first.id).state == "pending"
+    retried = shards.get_shard(db, first.id)
+    assert (retried.state, retried.leases, retried.lost_leases, retried.not_before) == ("pending", 0, 0, None)
 
 
 def test_owner_reclaims_its_own_lease(db: Database) -> None:

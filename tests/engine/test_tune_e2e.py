@@ -102,5 +102,5 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
     assert not set(seen) & set(before.values()), "run 2 measured a candidate run 1 had committed"
     assert len(seen) == 30 - len(before) and len(after) == 30
     final = shards.get_shard(db, shard.id)
-    assert final.state == "done" and final.leases == 2
+    assert final.state == "done" and (final.leases, final.lost_leases) == (1, 1)  # a lost lease is no attempt
     assert [h["event"] for h in final.history][:3] == ["planned", "leased", "lease-expired"]

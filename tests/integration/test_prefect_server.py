@@ -137,7 +137,7 @@ def test_worker_killed_mid_shard_next_run_resumes(server: PrefectServer, fleet: 
 
     after = {m.id: m.trace_sha256 for m in db.measurements() if m.shard_id == shard.id}
     resumed = shards.get_shard(db, shard.id)
-    assert resumed.state == "done" and resumed.leases == 2
+    assert resumed.state == "done" and (resumed.leases, resumed.lost_leases) == (1, 1)  # a lost lease is no attempt
     assert "lease-expired" in [h["event"] for h in resumed.history]
     assert before.items() <= after.items(), "a committed measurement was lost"
     # The resumed run measured exactly the rest of the budget, all new: a candidate measured again

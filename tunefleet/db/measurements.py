@@ -13,6 +13,7 @@ from sqlalchemy import func, select, update
 from tunefleet.db._base import sha256_text
 from tunefleet.db.catalog import CatalogMixin
 from tunefleet.db.models import Measurement, TuningState, Workload
+from tunefleet.db.shards import LeaseFence, check_fence, clear_in_flight
 from tunefleet.vocab import DEFAULT_TRACE_SHA256, task_name_key
 
 # Batches at least this large go through PostgreSQL's COPY path (see _pg_copy.py).
@@ -96,15 +97,21 @@ class MeasurementsMixin(CatalogMixin):
     """Every measured candidate, and the plateau state tuning keeps per (workload, class)."""
 
     # -- measurements ---------------------------------------------------------------------
-    def commit_measurements(self, records: Iterable[NewMeasurement]) -> int:
+    def commit_measurements(self, records: Iterable[NewMeasurement], *, fence: LeaseFence | None = None) -> int:
         """Append measurements; a retried commit of the same (trace, repeat) is a no-op.
 
-        Returns the number of rows actually inserted.
+        With ``fence`` (the committing worker's lease), the lease is checked in the same
+        transaction first: a stale one raises :class:`~tunefleet.errors.StaleLeaseError` and
+        nothing is stored; the committed candidates are no longer in flight. Returns the number
+        of rows actually inserted.
         """
         rows = [r.row() for r in records]
         if not rows:
             return 0
         with self.session() as s:
+            if fence is not None:
+                check_fence(s, self.dialect, fence, f"commit of {len(rows)} measurement(s)")
+                clear_in_flight(s, fence.shard_id, [r["trace_sha256"] for r in rows])
             if self.dialect == "postgresql" and len(rows) >= _COPY_MIN_ROWS:
                 from tunefleet.db._pg_copy import copy_insert_measurements
 

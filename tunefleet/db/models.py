@@ -126,6 +126,13 @@ class Shard(Base):
     # first names, "attempts"; the CLI and JSON still say attempts).
     leases: Mapped[int] = mapped_column("attempts", Integer, default=0)
     max_leases: Mapped[int] = mapped_column("max_attempts", Integer, default=3)
+    # The fencing token: bumped on every lease and reclaim; commits and heartbeats of an older
+    # generation are refused (tunefleet.db.shards.LeaseFence).
+    lease_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Leases lost (the worker died or stopped heartbeating), counted apart from ``leases``.
+    lost_leases: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # No lease before this time (database clock): the backoff after a lost lease.
+    not_before: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
     # Accounting, summed over the shard's attempts (see tunefleet.accounting).
@@ -136,6 +143,26 @@ class Shard(Base):
     cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
+class InFlight(Base):
+    """A candidate handed to the builder and not committed yet, kept to tell which one kills workers.
+
+    ``current``: in the batch measured now. ``deaths``: how many times its worker died with it
+    in flight; a candidate with deaths is a suspect, re-measured alone when the shard resumes
+    (:func:`tunefleet.shards.requeue_expired`).
+    """
+
+    __tablename__ = "in_flight"
+    shard_id: Mapped[int] = mapped_column(ForeignKey("shards.id", ondelete="CASCADE"), primary_key=True)
+    trace_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trace_json: Mapped[str] = mapped_column(Text)
+    args_info: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    target: Mapped[str] = mapped_column(Text, default="")
+    tvm_version: Mapped[str] = mapped_column(String(64), default="")
+    current: Mapped[bool] = mapped_column(Boolean, default=True)
+    deaths: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class TuningState(Base):
@@ -189,7 +216,7 @@ class Measurement(Base):
     run_secs: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     mean_run_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     build_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # build | run | filtered (scored out by the cost model before measuring: never built or run) | None
+    # build | run | crash (killed its worker twice) | filtered (scored out by the cost model before measuring: never built or run) | None
     error_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error_msg: Mapped[str | None] = mapped_column(Text, nullable=True)
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)

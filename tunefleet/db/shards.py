@@ -14,14 +14,85 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import DateTime, delete, func, select, text, type_coerce, update
+from sqlalchemy.orm import Session
 
 from tunefleet.db.catalog import CatalogMixin, model_links
-from tunefleet.db.models import Measurement, Shard, TuningState, Workload, utcnow
-from tunefleet.errors import NotFoundError
-from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_SHA256, DONE, FAILED, FILTERED, LEASED, PENDING
+from tunefleet.db.models import InFlight, Measurement, Shard, TuningState, Workload, utcnow
+from tunefleet.errors import NotFoundError, StaleLeaseError
+from tunefleet.vocab import CANCELLED, CRASH, DEFAULT_TRACE_SHA256, DONE, FAILED, FILTERED, LEASED, PENDING
 
 _LEASE_RACES = 20  # a lost race retries with the next candidate, this many times at most
+
+
+def db_now(dialect: str, plus_s: float = 0.0) -> Any:
+    """The database's clock (naive UTC) ``plus_s`` seconds on, as SQL: every lease is set and
+    judged on this one clock, never on a worker's (which may be off)."""
+    if dialect == "postgresql":
+        now = func.timezone("utc", func.now())  # the transaction's start: one instant per transaction
+        return now + dt.timedelta(seconds=plus_s) if plus_s else now
+    # SQLite's CURRENT_TIMESTAMP has whole seconds; %f has milliseconds. Padded to the 6 fraction
+    # digits SQLAlchemy stores DateTime with, so stored and computed values compare as text alike.
+    return type_coerce(func.strftime("%Y-%m-%d %H:%M:%f", "now", f"{plus_s:+.3f} seconds").op("||")("000"),
+                       DateTime)
+
+
+@dataclass(frozen=True)
+class LeaseFence:
+    """The fencing token of a lease: a write under it is refused once the shard was requeued,
+    taken over, reclaimed, cancelled or ended (:func:`check_fence`)."""
+
+    shard_id: int
+    owner: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class InFlightRow:
+    """A candidate handed to the builder: what re-proposes it (trace, args) and what a crash row keeps."""
+
+    trace_sha256: str
+    trace_json: str
+    args_info: list[Any] | None = None
+    target: str = ""
+    tvm_version: str = ""
+
+
+@dataclass(frozen=True)
+class LostLease:
+    """What :meth:`ShardsMixin.lose_lease` did to an expired lease."""
+
+    shard_id: int
+    state: str
+    lost_leases: int
+    in_flight: list[str]
+    """sha256 of the candidates that were in flight when its worker died."""
+    crashed: str | None
+    """sha256 of the candidate recorded as a crash, or None."""
+
+
+def check_fence(s: Session, dialect: str, fence: LeaseFence, what: str = "write") -> None:
+    """The first statement of a fenced transaction: raise :class:`~tunefleet.errors.StaleLeaseError`
+    unless ``fence`` is the shard's current lease (the transaction then stores nothing).
+
+    The UPDATE takes the shard's row lock (PostgreSQL) or the write lock (SQLite) until the
+    transaction ends, so a concurrent requeue waits for it and then sees a new heartbeat.
+    """
+    res = s.execute(update(Shard).where(Shard.id == fence.shard_id, Shard.state == LEASED,
+                                        Shard.lease_owner == fence.owner,
+                                        Shard.lease_generation == fence.generation)
+                    .values(heartbeat_at=db_now(dialect)))
+    if res.rowcount != 1:
+        raise StaleLeaseError(f"shard {fence.shard_id}: {what} refused, the lease of {fence.owner} "
+                              f"(generation {fence.generation}) is no longer current (requeued, taken over, "
+                              f"cancelled or ended); nothing was stored")
+
+
+def clear_in_flight(s: Session, shard_id: int, trace_hashes: Sequence[str]) -> None:
+    """Committed candidates are no longer in flight (part of a fenced commit's transaction)."""
+    if trace_hashes:
+        s.execute(delete(InFlight).where(InFlight.shard_id == shard_id,
+                                         InFlight.trace_sha256.in_(list(set(trace_hashes)))))
 
 
 @dataclass(frozen=True)
@@ -279,6 +350,12 @@ class ShardsMixin(CatalogMixin):
                 Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING))]
 
     # -- leases ---------------------------------------------------------------------------
+    def _clock(self, now: dt.datetime | None, plus_s: float = 0.0) -> Any:
+        """``now`` + ``plus_s`` as a literal where a test injects time, else the database's clock."""
+        if now is not None:
+            return now + dt.timedelta(seconds=plus_s)
+        return db_now(self.dialect, plus_s)
+
     def lease_shard(
         self,
         hardware_class_id: int,
@@ -290,13 +367,15 @@ class ShardsMixin(CatalogMixin):
     ) -> Shard | None:
         """Lease the highest-priority pending shard of a class (or the given one) to ``owner``.
 
-        The attempt count goes up by one. Returns the leased shard, or None when no pending
-        shard is left (or every candidate was taken by another worker meanwhile).
+        The attempt count and the lease generation go up by one; a shard backing off after a lost
+        lease (``not_before`` later than the database's now) is skipped. Returns the leased shard,
+        or None when no pending shard is left (or every candidate was taken by another worker
+        meanwhile). ``now`` replaces the database's clock (tests only).
         """
         for _ in range(_LEASE_RACES):
-            now_ = now or utcnow()
             with self.session() as s:
-                stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING)
+                stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING,
+                                           Shard.not_before.is_(None) | (Shard.not_before <= self._clock(now)))
                 if shard_id is not None:
                     stmt = stmt.where(Shard.id == shard_id)
                 candidate = s.scalars(stmt.order_by(Shard.priority.desc(), Shard.id).limit(1)).first()
@@ -308,11 +387,14 @@ class ShardsMixin(CatalogMixin):
                     .values(
                         state=LEASED,
                         lease_owner=owner,
-                        lease_expires_at=now_ + dt.timedelta(seconds=lease_s),
-                        heartbeat_at=now_,
+                        lease_expires_at=self._clock(now, lease_s),
+                        heartbeat_at=self._clock(now),
                         leases=Shard.leases + 1,
-                        history=_event(candidate, "leased", owner=owner, attempt=candidate.leases + 1),
-                        updated_at=now_,
+                        lease_generation=Shard.lease_generation + 1,
+                        not_before=None,
+                        history=_event(candidate, "leased", owner=owner, attempt=candidate.leases + 1,
+                                       generation=candidate.lease_generation + 1),
+                        updated_at=utcnow(),
                     )
                 )
                 if res.rowcount == 1:
@@ -331,8 +413,8 @@ class ShardsMixin(CatalogMixin):
         shard_id: int | None = None,
         now: dt.datetime | None = None,
     ) -> Shard | None:
-        """Renew a lease ``owner`` still holds on a shard of the class (attempts unchanged); None if none."""
-        now_ = now or utcnow()
+        """Renew a lease ``owner`` still holds on a shard of the class (attempts unchanged, a new
+        generation: whatever the earlier holder under this owner still does is fenced out); None if none."""
         with self.session() as s:
             stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == LEASED,
                                        Shard.lease_owner == owner)
@@ -343,31 +425,119 @@ class ShardsMixin(CatalogMixin):
                 return None
             res = s.execute(
                 update(Shard)
-                .where(Shard.id == own.id, Shard.state == LEASED, Shard.lease_owner == owner)
-                .values(lease_expires_at=now_ + dt.timedelta(seconds=lease_s), heartbeat_at=now_,
-                        history=_event(own, "reclaimed", owner=owner, attempt=own.leases), updated_at=now_)
+                .where(Shard.id == own.id, Shard.state == LEASED, Shard.lease_owner == owner,
+                       Shard.lease_generation == own.lease_generation)
+                .values(lease_expires_at=self._clock(now, lease_s), heartbeat_at=self._clock(now),
+                        lease_generation=Shard.lease_generation + 1,
+                        history=_event(own, "reclaimed", owner=owner, attempt=own.leases,
+                                       generation=own.lease_generation + 1), updated_at=utcnow())
             )
             if res.rowcount != 1:
                 return None
             s.expire(own)
             return s.get(Shard, own.id)
 
-    def heartbeat_lease(self, shard_id: int, owner: str, *, lease_s: float) -> bool:
-        """Push ``owner``'s lease on a shard ``lease_s`` from now; False if it no longer holds it."""
-        now = utcnow()
+    def heartbeat_lease(self, shard_id: int, owner: str, *, lease_s: float, generation: int | None = None) -> bool:
+        """Push ``owner``'s lease on a shard ``lease_s`` past the database's now; False if it no
+        longer holds it (with ``generation``: that generation of it)."""
+        with self.session() as s:
+            stmt = update(Shard).where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
+            if generation is not None:
+                stmt = stmt.where(Shard.lease_generation == generation)
+            res = s.execute(stmt.values(heartbeat_at=db_now(self.dialect),
+                                        lease_expires_at=db_now(self.dialect, lease_s)))
+            return res.rowcount == 1
+
+    def expired_leases(self, now: dt.datetime | None = None) -> list[Shard]:
+        """Leased shards whose lease expired before the database's now (or ``now``, tests only)."""
+        with self.session() as s:
+            return list(s.scalars(select(Shard).where(Shard.state == LEASED,
+                                                      Shard.lease_expires_at < self._clock(now))
+                                  .order_by(Shard.id)))
+
+    def lose_lease(
+        self,
+        shard: Shard,
+        *,
+        state: str,
+        error: str,
+        backoff_s: float,
+        crash_after: int,
+        now: dt.datetime | None = None,
+    ) -> LostLease | None:
+        """End an expired lease as lost: the shard goes to ``state`` (pending, leasable again
+        ``backoff_s`` after the database's now, or failed), its ``lost_leases`` goes up and the
+        lease does not count as an attempt.
+
+        One compare-and-set on the generation read *and* on the expiry, judged again on the
+        database's clock: a heartbeat that extended the lease meanwhile wins. In the same
+        transaction every candidate that was in flight gains a death; one in flight alone that
+        reaches ``crash_after`` deaths is committed as a :data:`~tunefleet.vocab.CRASH`
+        measurement. Returns what happened, or None when the lease was not (or no longer) expired.
+        """
         with self.session() as s:
             res = s.execute(
                 update(Shard)
-                .where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
-                .values(heartbeat_at=now, lease_expires_at=now + dt.timedelta(seconds=lease_s))
+                .where(Shard.id == shard.id, Shard.state == LEASED, Shard.lease_owner == shard.lease_owner,
+                       Shard.lease_generation == shard.lease_generation, Shard.lease_expires_at < self._clock(now))
+                .values(state=state, lease_owner=None, lease_expires_at=None, error=error,
+                        leases=self._greatest(Shard.leases - 1, 0), lost_leases=Shard.lost_leases + 1,
+                        not_before=self._clock(now, backoff_s) if state == PENDING and backoff_s > 0 else None,
+                        history=_event(shard, "lease-expired", owner=shard.lease_owner,
+                                       generation=shard.lease_generation, to=state, lost=shard.lost_leases + 1),
+                        updated_at=utcnow())
             )
-            return res.rowcount == 1
+            if res.rowcount != 1:
+                return None
+            s.execute(update(InFlight).where(InFlight.shard_id == shard.id, InFlight.current.is_(True))
+                      .values(deaths=InFlight.deaths + 1))
+            current = list(s.scalars(select(InFlight).where(InFlight.shard_id == shard.id,
+                                                            InFlight.current.is_(True))))
+            s.execute(update(InFlight).where(InFlight.shard_id == shard.id).values(current=False))
+            suspects = [c.trace_sha256 for c in current]
+            crashed = None
+            if len(current) == 1 and current[0].deaths >= crash_after:
+                c = current[0]
+                s.execute(self._insert(Measurement).on_conflict_do_nothing(
+                    index_elements=["workload_id", "hardware_class_id", "trace_sha256", "attempt"]).values(
+                    workload_id=shard.workload_id, hardware_class_id=shard.hardware_class_id, shard_id=shard.id,
+                    trace_json=c.trace_json, trace_sha256=c.trace_sha256, repeat=0, args_info=c.args_info,
+                    error_kind=CRASH, error_msg=(f"its worker died {c.deaths} times with this candidate in flight "
+                                                 f"(alone the last time): it crashes the worker"),
+                    energy_j=0.0, useful=False, tvm_version=c.tvm_version, target=c.target))
+                s.execute(delete(InFlight).where(InFlight.shard_id == shard.id,
+                                                 InFlight.trace_sha256 == c.trace_sha256))
+                crashed = c.trace_sha256
+            return LostLease(shard.id, state, shard.lost_leases + 1, suspects, crashed)
 
-    def expired_leases(self, now: dt.datetime) -> list[Shard]:
-        """Leased shards whose lease expired before ``now``."""
+    def _greatest(self, a: Any, b: Any) -> Any:
+        return func.max(a, b) if self.dialect == "sqlite" else func.greatest(a, b)
+
+    # -- candidates in flight ----------------------------------------------------------------
+    def set_in_flight(self, fence: LeaseFence, rows: Sequence[InFlightRow]) -> None:
+        """Record the batch about to be built (fenced: raises
+        :class:`~tunefleet.errors.StaleLeaseError` for a stale lease): it replaces the previous
+        batch; suspects (candidates with deaths) stay until they are committed."""
         with self.session() as s:
-            return list(s.scalars(select(Shard).where(Shard.state == LEASED, Shard.lease_expires_at < now)
-                                  .order_by(Shard.id)))
+            check_fence(s, self.dialect, fence)
+            s.execute(delete(InFlight).where(InFlight.shard_id == fence.shard_id, InFlight.deaths == 0))
+            s.execute(update(InFlight).where(InFlight.shard_id == fence.shard_id).values(current=False))
+            suspects = set(s.scalars(select(InFlight.trace_sha256).where(InFlight.shard_id == fence.shard_id)))
+            for row in rows:
+                if row.trace_sha256 in suspects:
+                    s.execute(update(InFlight).where(InFlight.shard_id == fence.shard_id,
+                                                     InFlight.trace_sha256 == row.trace_sha256).values(current=True))
+                else:
+                    suspects.add(row.trace_sha256)
+                    s.add(InFlight(shard_id=fence.shard_id, trace_sha256=row.trace_sha256, trace_json=row.trace_json,
+                                   args_info=row.args_info, target=row.target, tvm_version=row.tvm_version,
+                                   current=True, deaths=0))
+
+    def suspects(self, shard_id: int) -> list[InFlight]:
+        """Candidates of a shard that were in flight when a worker of it died, most deaths first."""
+        with self.session() as s:
+            return list(s.scalars(select(InFlight).where(InFlight.shard_id == shard_id, InFlight.deaths > 0)
+                                  .order_by(InFlight.deaths.desc(), InFlight.created_at, InFlight.trace_sha256)))
 
     def end_lease(
         self,
@@ -379,8 +549,10 @@ class ShardsMixin(CatalogMixin):
         event: str,
         info: dict[str, Any] | None = None,
         now: dt.datetime | None = None,
+        generation: int | None = None,
     ) -> bool:
-        """Move a shard leased by ``owner`` to ``state``, releasing the lease; False if not so leased.
+        """Move a shard leased by ``owner`` (with ``generation``: that generation of its lease) to
+        ``state``, releasing the lease; False if not so leased.
 
         ``event`` (with ``owner`` and ``info``) is appended to its history and ``error`` replaces
         its error. Raises :class:`~tunefleet.errors.NotFoundError` for an unknown shard.
@@ -389,12 +561,17 @@ class ShardsMixin(CatalogMixin):
             shard = s.get(Shard, shard_id)
             if shard is None:
                 raise NotFoundError(f"no shard {shard_id}")
-            res = s.execute(
-                update(Shard)
-                .where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
-                .values(state=state, lease_owner=None, lease_expires_at=None, error=error,
-                        history=_event(shard, event, owner=owner, **(info or {})), updated_at=now or utcnow())
-            )
+            stmt = update(Shard).where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
+            if generation is not None:
+                stmt = stmt.where(Shard.lease_generation == generation)
+            res = s.execute(stmt.values(state=state, lease_owner=None, lease_expires_at=None, error=error,
+                                        history=_event(shard, event, owner=owner, **(info or {})),
+                                        updated_at=now or utcnow()))
+            if res.rowcount == 1:
+                # Nothing of the attempt is in flight any more; suspects (candidates in flight at a
+                # worker's death) stay for the shard's next attempt unless the shard is done.
+                gone = delete(InFlight).where(InFlight.shard_id == shard_id)
+                s.execute(gone if state == DONE else gone.where(InFlight.deaths == 0))
             return res.rowcount == 1
 
     def release_leases(self, owner_prefix: str) -> list[int]:
@@ -409,8 +586,7 @@ class ShardsMixin(CatalogMixin):
                 res = s.execute(update(Shard).where(Shard.id == shard.id, Shard.state == LEASED,
                                                     Shard.lease_owner == shard.lease_owner)
                                 .values(state=PENDING, lease_owner=None, lease_expires_at=None,
-                                        leases=func.max(Shard.leases - 1, 0) if self.dialect == "sqlite"
-                                        else func.greatest(Shard.leases - 1, 0),
+                                        leases=self._greatest(Shard.leases - 1, 0),
                                         history=_event(shard, "released", owner=shard.lease_owner)))
                 if res.rowcount:
                     released.append(shard.id)
@@ -426,8 +602,7 @@ class ShardsMixin(CatalogMixin):
                 raise NotFoundError(f"no shard {shard_id}")
             res = s.execute(update(Shard).where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
                             .values(state=PENDING, lease_owner=None, lease_expires_at=None,
-                                    leases=func.max(Shard.leases - 1, 0) if self.dialect == "sqlite"
-                                    else func.greatest(Shard.leases - 1, 0),
+                                    leases=self._greatest(Shard.leases - 1, 0),
                                     history=_event(shard, "given-back", owner=owner), updated_at=utcnow()))
             return res.rowcount == 1
 
@@ -435,7 +610,7 @@ class ShardsMixin(CatalogMixin):
                      hardware_class_id: int | None = None) -> list[int]:
         """Failed or cancelled shards back to pending with a fresh attempt budget; returns their ids."""
         return self._transition([FAILED, CANCELLED], shard_ids, hardware_class_id, "retry",
-                                state=PENDING, leases=0, error=None)
+                                state=PENDING, leases=0, lost_leases=0, not_before=None, error=None)
 
     def cancel_shards(self, shard_ids: Sequence[int] | None = None, *,
                       hardware_class_id: int | None = None) -> list[int]:

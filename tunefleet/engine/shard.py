@@ -214,6 +214,7 @@ class ShardRun:
         import tvm
         from tvm.s_tir import meta_schedule as ms
 
+        from tunefleet.db.shards import LeaseFence
         from tunefleet.tvm.builder import PersistentBuilder, import_tensor_intrinsics
         from tunefleet.tvm.commit import CandidateCommitter
         from tunefleet.tvm.runner import make_runner
@@ -224,10 +225,24 @@ class ShardRun:
         self.known = self.db.measured_trace_hashes(self.wl.id, self.hw.id)
         seeds = [trace for p in policies for trace in p.seeds(self)]
         population = self.options.population(min(self.options.trials_per_iter, self.remaining))
+        # Candidates in flight when a worker of this shard died: re-measured first, one per batch.
+        suspects = [(c.trace_json, c.args_info) for c in self.db.suspects(self.shard.id)]
+        if suspects:
+            log.warning("shard %d resumes after a lost lease: %d candidate(s) in flight then are measured one at "
+                        "a time first", self.shard.id, len(suspects))
         self.search = ResumingSearch(ms.search_strategy.EvolutionarySearch(population_size=population), self.known,
                                      include_default=self.target.kind.name == "llvm", progress=self.progress,
-                                     seeds=seeds, budget=self.remaining)
-        self.search.should_stop = self._should_stop(policies)
+                                     seeds=seeds, budget=self.remaining, suspects=suspects)
+        policy_stop = self._should_stop(policies)
+
+        def should_stop() -> str | None:
+            # A lost lease or a dead heartbeat stops the search at the next round, even one that
+            # commits nothing (tune() then raises it).
+            hb = getattr(self, "heartbeat", None)
+            return (hb.reason() if hb is not None else None) or policy_stop()
+
+        self.search.should_stop = should_stop
+        self.search.on_proposed = lambda cands: self.committer.in_flight(cands)
         seed = self.options.seed
         self.ctx = ms.TuneContext(tvm.ir.load_json(self.wl.tir_json), target=self.target,
                                   space_generator="post-order-apply", search_strategy=self.search,
@@ -239,21 +254,25 @@ class ShardRun:
         self.online = self.online if self.online is not None else new_online_model(self.threads)
         self.cost_model = self.online
         self.committer = CandidateCommitter(self.db, self.wl.id, self.hw.id, shard_id=self.shard.id,
-                                            target=target_fingerprint(self.target))
+                                            target=target_fingerprint(self.target),
+                                            fence=LeaseFence(self.shard.id, self.owner, self.shard.lease_generation))
         for p in policies:
             p.attach(self)
         return own_builder
 
     def tune(self, policies: list[ShardPolicy]) -> None:
-        """MetaSchedule's search to the shard's budget, committing every batch under a heartbeat."""
+        """MetaSchedule's search to the shard's budget, committing every batch under a heartbeat
+        (fenced by the lease's generation); raises once the lease was lost or the heartbeat died."""
         from tvm.s_tir import meta_schedule as ms
 
         from tunefleet.tvm.bridge import FleetDatabase
         from tunefleet.tvm.commit import CommitCallback
 
         accounting = next((p for p in policies if isinstance(p, Accounting)), None)
-        with Heartbeat(self.db, self.shard.id, self.owner, self.options.lease_s) as hb, \
+        with Heartbeat(self.db, self.shard.id, self.owner, self.options.lease_s,
+                       generation=self.shard.lease_generation) as hb, \
                 tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
+            self.heartbeat = hb
             self.callback = CommitCallback(
                 self.committer, build_seconds=getattr(self.builder, "pop_build_time", None),
                 measure_info=getattr(self.runner, "pop_measure_info", None),
@@ -268,6 +287,7 @@ class ShardRun:
                                    ms.measure_callback.UpdateCostModel()],
                 task_scheduler="round-robin",
             )
+            hb.check()  # a search stopped by a lost lease or a dead heartbeat is no finished shard
 
     def finish(self, policies: list[ShardPolicy]) -> ShardResult:
         """Let every policy close (energy added; a preempted shard ended and its trials handed
@@ -278,19 +298,21 @@ class ShardRun:
         state = shards.DONE
         if self.failure is not None:
             log.debug("shard %d traceback", self.shard.id, exc_info=self.failure)
-            state = shards.fail(self.db, self.shard.id, self.owner, f"{type(self.failure).__name__}: {self.failure}")
+            state = shards.fail(self.db, self.shard.id, self.owner, f"{type(self.failure).__name__}: {self.failure}",
+                                generation=self.shard.lease_generation)
             log.error("shard %d failed: %s", self.shard.id, self.failure)
         elif not self.ended:
             short = self.unused() if self.remaining > 0 else 0
             if short:  # its search stopped early: a deadline, or no new candidate left
                 reason = self.progress.stop_reason
                 shards.complete(self.db, self.shard.id, self.owner, event="done-short", unused_trials=short,
+                                generation=self.shard.lease_generation,
                                 cause="stopped" if reason else "exhausted",
                                 reason=reason or "search space exhausted: no new candidate")
                 log.info("shard %d done with %d trial(s) unused: %s", self.shard.id, short,
                          reason or "no new candidate")
             else:
-                shards.complete(self.db, self.shard.id, self.owner)
+                shards.complete(self.db, self.shard.id, self.owner, generation=self.shard.lease_generation)
         p = self.progress
         preempted = next((x.ended for x in policies if isinstance(x, Preemption)), None)
         return ShardResult(

@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import socket
 import random
+import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,8 +67,28 @@ def _wait(seconds: float) -> None:
         time.sleep(seconds)
 
 
-def worker_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+OWNER_TOKEN_ENV = "TUNEFLEET_OWNER_TOKEN"
+"""Where a process keeps its owner token, so the processes it starts share it (see :func:`worker_owner`)."""
+
+
+def owner_token() -> str:
+    """A random token made once per start of the outermost tunefleet process, inherited by the
+    processes it starts (through the environment)."""
+    token = os.environ.get(OWNER_TOKEN_ENV)
+    if not token:
+        token = os.environ[OWNER_TOKEN_ENV] = secrets.token_hex(6)
+    return token
+
+
+def worker_owner(pid: int | None = None) -> str:
+    """The lease owner of this process (or of ``pid``, one it started): ``hostname:pid:token``.
+
+    ``hostname:pid`` alone collides between containers that share a hostname (two in a pod,
+    ``hostNetwork``, a restarted container whose process is pid 1 again); the token, random per
+    start of the outermost process, tells them apart, while its children share it so that
+    Ctrl-C can give their leases back by owner (:func:`tunefleet.cli.stop_on_ctrl_c`).
+    """
+    return f"{socket.gethostname()}:{pid if pid is not None else os.getpid()}:{owner_token()}"
 
 
 @dataclass
@@ -249,7 +270,8 @@ class Tuner:
             from tunefleet.budget import reprioritise
 
             reprioritise(db, self.hardware)
-        shard = shards.lease(db, self.hardware, owner, lease_s=options.lease_s, shard_id=shard_id, reclaim=True)
+        shard = shards.lease(db, self.hardware, owner, lease_s=options.lease_s, shard_id=shard_id, reclaim=True,
+                             max_lost_leases=options.max_lost_leases)
         leased_s = time.perf_counter() - t0
         if shard is None:
             return None

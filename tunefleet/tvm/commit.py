@@ -20,8 +20,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from tunefleet.db import Database, NewMeasurement
+from tunefleet.db.shards import InFlightRow, LeaseFence
 from tunefleet.tvm.ffi_errors import keeps_failure
-from tunefleet.tvm.traces import trace_json_of
+from tunefleet.tvm.traces import trace_json_of, trace_sha256_of
 from tunefleet.vocab import BUILD_ERROR, FILTERED, RUN_ERROR
 
 log = logging.getLogger(__name__)
@@ -68,12 +69,16 @@ class ShardProgress:
 
 
 class CandidateCommitter:
-    """Rows of one workload on one hardware class (and shard), committed in batches."""
+    """Rows of one workload on one hardware class (and shard), committed in batches.
+
+    With ``fence`` (the shard's lease), every commit checks the lease in its own transaction: a
+    stale one raises :class:`~tunefleet.errors.StaleLeaseError` and stores nothing.
+    """
 
     def __init__(self, db: Database, workload_id: int, hardware_class_id: int, *, shard_id: int | None = None,
-                 target: str = "") -> None:
+                 target: str = "", fence: LeaseFence | None = None) -> None:
         self.db, self.workload_id, self.hardware_class_id = db, workload_id, hardware_class_id
-        self.shard_id, self.target = shard_id, target
+        self.shard_id, self.target, self.fence = shard_id, target, fence
 
     def row(self, trace_json: str, run_secs: list[float] | None, *, args_info: list[Any] | None = None,
             **extra: Any) -> NewMeasurement:
@@ -105,10 +110,18 @@ class CandidateCommitter:
         """Commit candidates the cost model scored out: never built or run, a spent trial each."""
         return self.db.commit_measurements([self.row(
             trace_json_of(c.sch), None, args_info=[a.as_json() for a in c.args_info], error_kind=FILTERED,
-            error_msg="scored out by the cost model", energy_j=0.0, useful=False) for c in cands])
+            error_msg="scored out by the cost model", energy_j=0.0, useful=False) for c in cands], fence=self.fence)
 
     def commit(self, rows: list[NewMeasurement]) -> int:
-        return self.db.commit_measurements(rows)
+        return self.db.commit_measurements(rows, fence=self.fence)
+
+    def in_flight(self, cands: list[Any]) -> None:
+        """Record the batch about to be built (fenced), so a worker death can be pinned on a candidate."""
+        if self.fence is None or not cands:
+            return
+        self.db.set_in_flight(self.fence, [
+            InFlightRow(trace_sha256_of(c.sch), trace_json_of(c.sch), [a.as_json() for a in c.args_info],
+                        self.target, tvm.__version__) for c in cands])
 
 
 def _measure_mode(info: dict[str, Any] | None) -> str | None:

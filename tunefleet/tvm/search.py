@@ -46,6 +46,9 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
     budget:
         Candidates this search may still hand out, measured or dropped (None: MetaSchedule's
         ``max_trials`` alone bounds it). A dropped candidate spends a trial without measuring.
+    suspects:
+        ``(trace JSON, args info)`` of candidates that were in flight when a worker of the shard died: handed out
+        first, ONE per batch, so a worker that dies again is pinned on the one candidate it built.
 
     Hooks (attributes, None by default; the engine's policies set them)
     -------------------------------------------------------------------
@@ -56,13 +59,16 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         measure and those to drop; the dropped go to ``on_dropped`` and never reach the builder.
     on_results:
         Sees every measured round's candidates and runner results.
+    on_proposed:
+        Sees every batch handed to the builder, before it is built (to record what is in flight).
     """
 
     def __init__(self, inner: Any, known: set[str], *, include_default: bool = True,
                  progress: ShardProgress | None = None, seeds: list[str] | None = None,
-                 budget: int | None = None) -> None:
+                 budget: int | None = None, suspects: list[tuple[str, list[Any] | None]] | None = None) -> None:
         self.inner = inner
         self.known = set(known)
+        self.suspects = list(suspects or [])
         self.include_default = include_default
         self.seeds = list(seeds or [])
         self.progress = progress or ShardProgress()
@@ -71,6 +77,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self.select: Selector | None = None
         self.on_dropped: Callable[[list[Any]], None] | None = None
         self.on_results: ResultsHook | None = None
+        self.on_proposed: Callable[[list[Any]], None] | None = None
         self.handed_out = 0
         self._forced_now = self._dropped_now = 0
         self._mod: Any = None
@@ -80,6 +87,8 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
     def _initialize_with_tune_context(self, context: Any) -> None:
         self._mod = context.mod
         self._context = context
+        # Suspects are handed out on their own: the search must not propose them in a batch too.
+        self.known |= {trace_sha256_of(candidate(self._mod, trace).sch) for trace, _ in self.suspects}
         self.inner._initialize_with_tune_context(context)
 
     @keeps_failure
@@ -108,14 +117,28 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         left = None if self.budget is None else self.budget - self.handed_out
         if left is not None and left <= 0:
             return None
+        if self.suspects:
+            return self._hand_out(self._next_suspect())
         out = self._generate()
         if out is None:
             return None
         if left is not None and len(out) > left:
             out = out[:left]
         out = self._select(out)
-        self.handed_out += len(out) + self._dropped_now
-        return out or self._generate_measure_candidates()
+        self.handed_out += self._dropped_now
+        return self._hand_out(out) if out else self._generate_measure_candidates()
+
+    def _hand_out(self, out: list[Any]) -> list[Any]:
+        self.handed_out += len(out)
+        if self.on_proposed is not None:
+            self.on_proposed(out)
+        return out
+
+    def _next_suspect(self) -> list[Any]:
+        """The next suspect alone (never filtered: it may be the one that kills workers)."""
+        cand = candidate(self._mod, *self.suspects.pop(0))
+        self.known.add(trace_sha256_of(cand.sch))
+        return [cand]
 
     def _select(self, out: list[Any]) -> list[Any]:
         """The round's forced candidates (default, seeds) and the search's that ``select`` keeps."""
@@ -172,9 +195,9 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
     @keeps_failure
     def clone(self) -> Any:
         twin = ResumingSearch(self.inner.clone(), self.known, include_default=self.include_default,
-                              progress=self.progress, seeds=self.seeds, budget=self.budget)
-        twin.should_stop, twin.select, twin.on_dropped, twin.on_results = (
-            self.should_stop, self.select, self.on_dropped, self.on_results)
+                              progress=self.progress, seeds=self.seeds, budget=self.budget, suspects=self.suspects)
+        twin.should_stop, twin.select, twin.on_dropped, twin.on_results, twin.on_proposed = (
+            self.should_stop, self.select, self.on_dropped, self.on_results, self.on_proposed)
         return twin
 
 
