@@ -211,7 +211,8 @@ class Preemption(ShardPolicy):
             log.info("shard %d preempted after %d round(s): %s; %d trial(s) unused", run.shard.id, self.state.rounds,
                      self.reason, unused)
         self.ended = self.reason
-        shards.complete(run.db, run.shard.id, run.owner, event="preempted", reason=self.reason, unused_trials=unused)
+        shards.complete(run.db, run.shard.id, run.owner, event="preempted", generation=run.shard.lease_generation,
+                        reason=self.reason, unused_trials=unused)
         reallocate(run.db, run.hw.name, unused, from_workload_id=run.wl.id, from_shard_id=run.shard.id,
                    max_leases=run.shard.max_leases)
         run.ended = True
