@@ -48,6 +48,12 @@ registered but not promoted, and the result says why.
 The artifact is XGBoost's own JSON model (``costmodels/<hardware>/v<N>.json``), loadable with
 plain ``xgboost.Booster``; tunefleet's metadata (objective, feature layout) is kept in the
 booster's attribute ``tunefleet``.
+
+Concurrent retrains of a class are serialised in the database, not only by the flow: the
+version is reserved (a row without an artifact) before the file is written, so no two retrains
+share a file; the artifact, the metrics and the promotion are then recorded in one transaction
+under the class's lock, and only if the current model is still the one the new model was
+compared with; otherwise it is compared again with the model that became current meanwhile.
 """
 
 from __future__ import annotations
