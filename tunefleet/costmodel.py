@@ -48,6 +48,12 @@ registered but not promoted, and the result says why.
 The artifact is XGBoost's own JSON model (``costmodels/<hardware>/v<N>.json``), loadable with
 plain ``xgboost.Booster``; tunefleet's metadata (objective, feature layout) is kept in the
 booster's attribute ``tunefleet``.
+
+Concurrent retrains of a class are serialised in the database, not only by the flow: the
+version is reserved (a row without an artifact) before the file is written, so no two retrains
+share a file; the artifact, the metrics and the promotion are then recorded in one transaction
+under the class's lock, and only if the current model is still the one the new model was
+compared with; otherwise it is compared again with the model that became current meanwhile.
 """
 
 from __future__ import annotations
@@ -469,17 +475,70 @@ def retrain(
     model = train(train_t, objective=objective, params=params, num_boost_round=num_boost_round, seed=seed)
     new = evaluate(model, test_t, seed=seed)
 
-    current_row = db.current_cost_model(hw.id)
-    current: dict[str, Any] | None = None
-    if current_row is not None:
-        current = {"cost_model_id": current_row.id, "version": current_row.version}
-        try:
-            current.update(evaluate(_load_artifact(store, current_row.artifact_uri), test_t, seed=seed))
-        except TunefleetError as exc:
-            current["error"] = str(exc).splitlines()[0][:300]
-            log.warning("current cost model v%s of %s cannot be evaluated: %s", current_row.version, hardware,
-                        current["error"])
+    # Guard against transfer that makes things worse (tenset#23): a model that does not rank the
+    # held-out workloads better than a random ranking is never made current, even as the first one.
+    base = baselines(test_t, seed)
+    floor = max((b.get("pairwise_accuracy") or 0.0) for b in base.values())
+    test_hashes = sorted(set(test_t["workload_hash"].to_pylist()))
+    split = {"seed": seed, "holdout_fraction": None if heldout else holdout_fraction,
+             "holdout_models": holdout_models or None,
+             "train_workloads": len(set(train_t["workload_hash"].to_pylist())),
+             "test_workloads": len(test_hashes), "test_workload_hashes": test_hashes,
+             "train_rows": train_t.num_rows, "test_rows": test_t.num_rows}
+    data = model.to_bytes()
+    dataset_id = next((d.id for d in db.datasets() if versions and d.version == versions[-1]), None)
 
+    # Reserve the version before writing the artifact, so its file name belongs to this retrain
+    # alone; registration and promotion then happen in one transaction under the class's lock.
+    row = db.add_cost_model(hardware_class_id=hw.id, artifact_uri="", metrics={"state": "training"},
+                            dataset_id=dataset_id)
+    key = model_key(hardware, row.version)
+    uri = ""
+    try:
+        uri = store.put_bytes(key, data, "application/json")
+        while True:
+            current_row = db.current_cost_model(hw.id)
+            current = _evaluate_current(store, current_row, test_t, seed, hardware)
+            promote, reason = _decide(new, current, floor)
+            metrics: dict[str, Any] = json.loads(json.dumps({
+                "objective": objective,
+                "heldout": new,
+                "current_on_heldout": current,
+                "baselines": base,
+                "split": split,
+                "dataset_versions": versions,
+                "num_boost_round": num_boost_round,
+                "promoted": promote,
+                "reason": reason,
+            }))
+            if db.finish_cost_model(row.id, artifact_uri=uri, metrics=metrics, promote=promote,
+                                    expected_current=current_row.id if current_row is not None else None):
+                break
+            log.info("cost model v%s of %s: another model became current meanwhile; comparing with it",
+                     row.version, hardware)
+    except BaseException:
+        _abandon(db, store, row.id, key if uri else None)
+        raise
+    log.info("cost model v%s of %s: %s (%s)", row.version, hardware, "promoted" if promote else "not promoted", reason)
+    return RetrainResult(row.id, row.version, hardware, uri, promote, reason, metrics, model)
+
+
+def _evaluate_current(store: ArtifactStore, row: Any, test_t: pa.Table, seed: int,
+                      hardware: str) -> dict[str, Any] | None:
+    """The current model's metrics on the held-out rows, or its error when it cannot be used."""
+    if row is None:
+        return None
+    current: dict[str, Any] = {"cost_model_id": row.id, "version": row.version}
+    try:
+        current.update(evaluate(_load_artifact(store, row.artifact_uri), test_t, seed=seed))
+    except TunefleetError as exc:
+        current["error"] = str(exc).splitlines()[0][:300]
+        log.warning("current cost model v%s of %s cannot be evaluated: %s", row.version, hardware, current["error"])
+    return current
+
+
+def _decide(new: dict[str, Any], current: dict[str, Any] | None, floor: float) -> tuple[bool, str]:
+    """Whether the new model becomes current, and why (the promotion rule in one place)."""
     if current is None:
         promote, reason = True, "no current model"
     elif "error" in current:
@@ -492,44 +551,24 @@ def retrain(
         promote, reason = False, (f"does not beat current v{current['version']} on the same held-out set "
                                   f"(peak@1 {_fmt(new['peak@1'])} vs {_fmt(current['peak@1'])}, pairwise accuracy "
                                   f"{_fmt(new['pairwise_accuracy'])} vs {_fmt(current['pairwise_accuracy'])})")
-
-    # Guard against transfer that makes things worse (tenset#23): a model that does not rank the
-    # held-out workloads better than a random ranking is never made current, even as the first one.
-    base = baselines(test_t, seed)
-    floor = max((b.get("pairwise_accuracy") or 0.0) for b in base.values())
     if promote and not (new.get("pairwise_accuracy") or 0.0) > floor:
         promote, reason = False, (f"does not beat a random or untrained ranking of the held-out workloads "
                                   f"(pairwise accuracy {_fmt(new.get('pairwise_accuracy'))} vs {_fmt(floor)})")
+    return promote, reason
 
-    test_hashes = sorted(set(test_t["workload_hash"].to_pylist()))
-    metrics: dict[str, Any] = {
-        "objective": objective,
-        "heldout": new,
-        "current_on_heldout": current,
-        "baselines": base,
-        "split": {"seed": seed, "holdout_fraction": None if heldout else holdout_fraction,
-                  "holdout_models": holdout_models or None,
-                  "train_workloads": len(set(train_t["workload_hash"].to_pylist())),
-                  "test_workloads": len(test_hashes), "test_workload_hashes": test_hashes,
-                  "train_rows": train_t.num_rows, "test_rows": test_t.num_rows},
-        "dataset_versions": versions,
-        "num_boost_round": num_boost_round,
-        "promoted": promote,
-        "reason": reason,
-    }
-    metrics = json.loads(json.dumps(metrics))
-    data = model.to_bytes()
-    version = db.next_cost_model_version(hw.id)
-    uri = store.put_bytes(model_key(hardware, version), data, "application/json")
-    dataset_id = next((d.id for d in db.datasets() if versions and d.version == versions[-1]), None)
-    row = db.add_cost_model(hardware_class_id=hw.id, artifact_uri=uri, metrics=metrics, dataset_id=dataset_id)
-    if row.version != version:  # another retrain registered meanwhile: store under the version we got
-        uri = store.put_bytes(model_key(hardware, row.version), data, "application/json")
-        db.set_cost_model_uri(row.id, uri)
-    if promote:
-        db.promote_cost_model(row.id)
-    log.info("cost model v%s of %s: %s (%s)", row.version, hardware, "promoted" if promote else "not promoted", reason)
-    return RetrainResult(row.id, row.version, hardware, uri, promote, reason, metrics, model)
+
+def _abandon(db: Database, store: ArtifactStore, cost_model_id: int, key: str | None) -> None:
+    """Undo a failed retrain: its artifact and its reserved version (best effort, never masking)."""
+    if key is not None:
+        try:
+            store.delete(key)
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the retrain's own error
+            log.warning("retrain failed; could not remove %s: %s", key, str(exc).splitlines()[0][:300])
+    try:
+        db.delete_cost_model(cost_model_id)
+    except Exception as exc:  # noqa: BLE001 - same: the original error is re-raised by the caller
+        log.warning("retrain failed; its reserved cost model row stays (no artifact): %s",
+                    str(exc).splitlines()[0][:300])
 
 
 def _fmt(value: float | None) -> str:

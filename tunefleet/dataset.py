@@ -6,10 +6,16 @@ Pipeline step 6. Each :func:`export` writes one *version*::
     datasets/v{N}/manifest.json                     written last: a version without it is incomplete
 
 through the artifact store's ``pyarrow.fs`` filesystem, and registers the version in the
-``datasets`` table. Exports are incremental: a version holds only the measurements committed
-after the previous versions' *high-water mark* (kept per hardware class in each manifest), so
-the dataset is the union of all versions (:func:`load` reads them with hive partitioning on
-``hardware``). When nothing is new, :func:`export` writes nothing and returns None.
+``datasets`` table. Exports are incremental: a version holds the committed measurements that no
+earlier version took, so the dataset is the union of all versions (:func:`load` reads them with
+hive partitioning on ``hardware``). When nothing is new, :func:`export` writes nothing and
+returns None.
+
+Which version took a measurement is recorded in the database (table ``dataset_rows``), in the
+same transaction that completes the version, for exactly the measurements the export read —
+written as a row, skipped or filtered. Selection is by that mark, not by id: a measurement whose
+transaction got a lower id but committed after an export read its rows is simply unmarked, and
+the next export takes it. :meth:`Database.unexported_measurements` lists what no version took.
 
 Rows and decisions
 ------------------
@@ -33,15 +39,17 @@ Rows and decisions
   length). The vector length is in the Arrow type and in the manifest. :func:`feature_matrix`
   turns a column into one numpy array without copying per row.
 - A measurement whose trace cannot be replayed or featurised (a corrupt trace, a TVM change)
-  is skipped with a warning and listed under ``skipped_ids`` in the manifest; it is not retried
-  by later exports.
+  is skipped with a warning and listed under ``skipped_ids`` in the manifest; it is marked
+  ``skipped`` and not retried by later exports.
 
-Run one export at a time (the pipeline's export task should have a concurrency limit of 1):
-the version number is reserved in the database before any file is written, so two exports can
-never write over each other, but two concurrent exports would both take the same new
-measurements. A measurement whose transaction commits *after* an export started but got a
-lower id than that export's high-water mark is not exported (ids are allocated at insert,
-visible at commit); export while no tuning batch is in flight for an exact cut.
+Concurrent exports: the version number is reserved in the database before any file is written,
+so two exports never write over each other's files. They are serialised per hardware class
+where it matters, when a version is completed: the class rows are locked, and a measurement
+can be marked by one version only. An export that read measurements another one completed
+meanwhile registers nothing, removes its files and raises
+:class:`~tunefleet.errors.ConflictError` (retryable: run it again to export what is left).
+The pipeline's export task also runs under a Prefect tag with a concurrency limit of 1, which
+avoids that wasted work.
 """
 
 from __future__ import annotations
@@ -57,8 +65,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from tunefleet.errors import ConflictError, NotFoundError, TunefleetError
 from tunefleet.vocab import FILTERED
-from tunefleet.errors import NotFoundError, TunefleetError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,6 +88,8 @@ FEATURE_DIMS = 164
 PARTITION = "hardware"
 _MANIFEST_RE = re.compile(rf"^{PREFIX}/v(\d+)/manifest\.json$")
 _CONTEXT_CACHE = 128  # TuneContexts kept while exporting (one per workload and hardware class)
+#: What an export did with a measurement it read (``dataset_rows.outcome``).
+ROW, SKIPPED = "row", "skipped"  # and FILTERED: a candidate never measured
 
 Progress = Callable[[int, int], None]
 
@@ -177,7 +187,7 @@ def list_versions(db: Database, *, include_incomplete: bool = True) -> list[Data
 
 
 def _high_water(versions: Iterable[DatasetVersion]) -> dict[str, int]:
-    """Per hardware class, the last measurement id covered by the complete versions."""
+    """Per hardware class, the newest measurement id when a complete version read it (for the manifest)."""
     marks: dict[str, int] = {}
     for v in versions:
         for name, mark in (v.manifest.get("high_water") or {}).items():
@@ -189,19 +199,17 @@ def _high_water(versions: Iterable[DatasetVersion]) -> dict[str, int]:
 @dataclass
 class _ClassPlan:
     hw: HardwareClass
-    after_id: int  # export ids in (after_id, high_water]
-    high_water: int
+    high_water: int  # the class's newest id: export unexported ids up to it
     count: int
 
 
-def _plan(db: Database, hardware: str | None, marks: dict[str, int]) -> list[_ClassPlan]:
+def _plan(db: Database, hardware: str | None) -> list[_ClassPlan]:
     classes = [db.hardware_class(hardware)] if hardware is not None else db.hardware_classes()
     plans = []
     for hw in classes:
-        after = marks.get(hw.name, 0)
-        window = db.measurement_window(hw.id, after)  # (high water, count), None when nothing is new
+        window = db.unexported_window(hw.id)  # (newest id, unexported count), None when nothing is new
         if window is not None:
-            plans.append(_ClassPlan(hw, after, *window))
+            plans.append(_ClassPlan(hw, *window))
     return plans
 
 
@@ -374,13 +382,16 @@ def export(
     ------
     DatasetError
         When a file cannot be written; the reserved version is removed again.
+    ConflictError
+        When another export completed a version with some of the same measurements while this
+        one ran; this one's files and reserved version are removed again (run it again).
     NotFoundError
         When ``hardware`` names no hardware class.
     """
     if batch_size < 1:
         raise DatasetError(f"batch_size must be positive, got {batch_size}")
     previous = list_versions(db, include_incomplete=False)
-    plans = _plan(db, hardware, _high_water(previous))
+    plans = _plan(db, hardware)
     total = sum(p.count for p in plans)
     if total == 0:
         log.info("dataset export: no new measurements%s", f" for {hardware}" if hardware else "")
@@ -400,9 +411,10 @@ def export(
         featurizer = _Featurizer(db)
         done = 0
         per_class: dict[str, dict[str, Any]] = {}
+        marks: dict[int, str] = {}
         for plan in plans:
             stats, done = _export_class(db, fs, base, store.location, version, plan, featurizer, batch_size,
-                                        written, progress, done, total)
+                                        written, progress, done, total, marks)
             per_class[plan.hw.name] = stats
         all_ids = [s["measurement_ids"] for s in per_class.values() if s["measurement_ids"]]
         manifest: dict[str, Any] = {
@@ -441,7 +453,14 @@ def export(
                               content_type="application/json")
         written.append(key)
         row_count = sum(s["rows"] for s in per_class.values())
-        db.update_dataset(reserved.id, uri=uri, manifest=manifest, row_count=row_count)
+        try:
+            db.update_dataset(reserved.id, uri=uri, manifest=manifest, row_count=row_count, marks=marks,
+                              hardware_class_ids=[p.hw.id for p in plans])
+        except ConflictError:
+            raise ConflictError(
+                f"dataset export v{version}: another export completed a version with some of the same "
+                f"measurements meanwhile; v{version} is not registered, run the export again"
+            ) from None
     except BaseException:
         _abandon(db, store, fs, base, reserved.id, version, written)
         raise
@@ -455,8 +474,9 @@ def export(
 
 def _export_class(
     db: Database, fs: Any, base: str, location: str, version: int, plan: _ClassPlan, featurizer: _Featurizer,
-    batch_size: int, written: list[str], progress: Progress | None, done: int, total: int,
+    batch_size: int, written: list[str], progress: Progress | None, done: int, total: int, marks: dict[int, str],
 ) -> tuple[dict[str, Any], int]:
+    """Write one class's unexported measurements; record in ``marks`` what became of each one read."""
     import pyarrow.parquet as pq
 
     hw = plan.hw
@@ -468,16 +488,16 @@ def _export_class(
     skipped: list[int] = []
     workloads: set[str] = set()
     id_range: dict[str, int] | None = None
-    cursor = plan.after_id
+    cursor = 0
     try:
         while cursor < plan.high_water:
-            page = [m for m in db.measurements(hardware_class_id=hw.id, after_id=cursor, limit=batch_size)
-                    if m.id <= plan.high_water]
+            page = db.unexported_measurements(hw.id, after_id=cursor, up_to_id=plan.high_water, limit=batch_size)
             if not page:
                 break
             cursor = page[-1].id
             page_size = len(page)
             filtered += sum(1 for m in page if m.error_kind == FILTERED)
+            marks.update((m.id, FILTERED) for m in page if m.error_kind == FILTERED)
             page = [m for m in page if m.error_kind != FILTERED]  # never measured: no label to learn
             by_workload: dict[int, list[Measurement]] = {}
             for m in page:
@@ -487,6 +507,7 @@ def _export_class(
                 feats.update(zip((m.id for m in group), featurizer.features(workload_id, hw, group), strict=True))
             kept = [(m, feats[m.id]) for m in page if feats[m.id] is not None]
             skipped += [m.id for m in page if feats[m.id] is None]
+            marks.update((m.id, ROW if feats[m.id] is not None else SKIPPED) for m in page)
             if kept:
                 table = _rows_table(version, kept, featurizer.workload, best)
                 if writer is None:

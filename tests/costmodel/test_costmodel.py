@@ -216,6 +216,66 @@ def test_retrain_promotion(db_url: str, tmp_path, table: pa.Table) -> None:  # t
     assert db.current_cost_model(hw_id).id == fresh.cost_model_id  # type: ignore[union-attr]
 
 
+class _StoreWithHook(LocalStore):
+    """A local store that runs ``before_put`` once, just before its first write (the interleaving point)."""
+
+    def __init__(self, root: Any, before_put: Any) -> None:
+        super().__init__(root)
+        self.before_put = before_put
+
+    def put_bytes(self, key: str, data: bytes, content_type: str | None = None) -> str:
+        hook, self.before_put = self.before_put, None
+        if hook is not None:
+            hook()
+        return super().put_bytes(key, data, content_type)
+
+
+def test_concurrent_retrains_write_distinct_versions(db_url: str, tmp_path, table: pa.Table) -> None:  # type: ignore[no-untyped-def]
+    """A second retrain that runs entirely while the first is about to write its artifact gets
+    its own version number and file; neither overwrites the other's model."""
+    db = _db(db_url)
+    inner: list[costmodel.RetrainResult] = []
+    store = _StoreWithHook(tmp_path / "artifacts", lambda: inner.append(
+        costmodel.retrain(db, LocalStore(tmp_path / "artifacts"), "x86", table=table, holdout_fraction=0.3,
+                          num_boost_round=5)))
+    outer = costmodel.retrain(db, store, "x86", table=table, holdout_fraction=0.3, num_boost_round=20)
+    (other,) = inner
+    assert {outer.version, other.version} == {1, 2} and outer.artifact_uri != other.artifact_uri
+    for res in (outer, other):
+        row = db.cost_model_version(db.hardware_class("x86").id, res.version)
+        assert row is not None and row.id == res.cost_model_id and row.artifact_uri == res.artifact_uri
+        assert row.metrics["num_boost_round"] == res.metrics["num_boost_round"]
+        assert store.get_bytes(store.key_from_uri(res.artifact_uri)) == res.model.to_bytes(), \
+            f"v{res.version}'s file holds another retrain's model"
+    db.close()
+
+
+def test_promotion_compares_with_a_model_made_current_meanwhile(db_url: str, tmp_path, table: pa.Table) -> None:  # type: ignore[no-untyped-def]
+    """A retrain that found no current model, while another retrain promoted one before it
+    finished, compares with that one instead of replacing it blindly."""
+    db = _db(db_url)
+    store = LocalStore(tmp_path / "artifacts")
+    looked = db.current_cost_model
+    inner: list[costmodel.RetrainResult] = []
+    fired: list[bool] = []
+
+    def current_then_race(hardware_class_id: int) -> Any:
+        found = looked(hardware_class_id)
+        if not fired:  # the other retrain runs (and promotes) right after this one looked
+            fired.append(True)
+            inner.append(costmodel.retrain(db, store, "x86", table=table, holdout_fraction=0.3))
+        return found
+
+    db.current_cost_model = current_then_race  # type: ignore[method-assign]
+    same = costmodel.retrain(db, store, "x86", table=table, holdout_fraction=0.3)
+    (first,) = inner
+    assert first.promoted and first.reason == "no current model"
+    assert (same.metrics["current_on_heldout"] or {}).get("version") == first.version
+    assert not same.promoted and f"does not beat current v{first.version}" in same.reason
+    assert looked(db.hardware_class("x86").id).id == first.cost_model_id  # type: ignore[union-attr]
+    db.close()
+
+
 def test_retrain_errors(db_url: str, tmp_path, table: pa.Table) -> None:  # type: ignore[no-untyped-def]
     db = _db(db_url)
     store = LocalStore(tmp_path / "artifacts")

@@ -17,7 +17,7 @@ import pytest
 from tunefleet import dataset
 from tunefleet.dataset import DatasetError
 from tunefleet.db import Database, NewMeasurement
-from tunefleet.errors import NotFoundError, TunefleetError
+from tunefleet.errors import ConflictError, NotFoundError, TunefleetError
 from tunefleet.store import ArtifactStore, LocalStore, S3Store
 from tunefleet.testing.seaweedfs import unique_bucket_name
 from tunefleet.tvm.targets import arm_target, host_cpu_target, target_fingerprint
@@ -177,6 +177,93 @@ def test_export_per_hardware_class(db_url: str, tmp_path, mlp_workloads) -> None
     _check_rows(union, db, first_export=True)
     with pytest.raises(NotFoundError, match="unknown hardware class 'gpu'"):
         dataset.export(db, store, hardware="gpu")
+    db.close()
+
+
+def _late_row(ids: dict[str, Any], w: Any, trace: str, run_s: float, repeat: int) -> dict[str, Any]:
+    """Column values of one measurement written by hand (a commit outside the tunefleet commit path)."""
+    from tunefleet.db.database import sha256_text
+    from tunefleet.db.models import utcnow
+
+    return {"workload_id": ids["wl"][0], "hardware_class_id": ids["hw"]["x86"], "trace_json": trace,
+            "trace_sha256": sha256_text(trace), "attempt": repeat, "args_info": w.args_info,
+            "run_secs": [run_s, run_s], "mean_run_s": run_s, "build_s": 0.1, "tvm_version": "0.27.0",
+            "target": ids["targets"]["x86"], "created_at": utcnow()}
+
+
+def test_late_commit_with_a_lower_id_is_exported_next(db_url: str, tmp_path, mlp_workloads) -> None:  # type: ignore[no-untyped-def]
+    """A measurement committed after an export read its rows, with an id below the ones it
+    exported, is in the next version (nothing is skipped for good)."""
+    from tunefleet.db.models import Measurement
+
+    db = Database(db_url)
+    store = LocalStore(tmp_path / "artifacts")
+    ids = _setup(db, mlp_workloads)
+    w = mlp_workloads[0]
+    db.commit_measurements(_first_batch(ids, mlp_workloads)[:3])
+    measurements = Measurement.__table__
+    late = _late_row(ids, w, w.traces[1], 2e-5, repeat=7)
+    conn = db.engine.connect()
+    try:
+        if db.dialect == "postgresql":
+            # The real race: a tuning transaction takes its id, then commits only after a later
+            # transaction committed and an export ran.
+            held = conn.begin()
+            late_id = conn.execute(measurements.insert().values(**late).returning(measurements.c.id)).scalar_one()
+            db.commit_measurements([_m(ids, mlp_workloads[1], 1, mlp_workloads[1].traces[0], 3e-4, repeat=1)])
+            v1 = dataset.export(db, store)
+            held.commit()
+        else:
+            # SQLite has one writer at a time, so ids are visible in order; the same gap is a row
+            # written below the mark after the export (e.g. copied back from another database).
+            db.commit_measurements([_m(ids, w, 0, w.traces[1], 2e-5, repeat=7),
+                                    _m(ids, mlp_workloads[1], 1, mlp_workloads[1].traces[0], 3e-4, repeat=1)])
+            late_id = next(m.id for m in db.measurements() if m.repeat == 7)
+            with conn.begin():
+                conn.execute(measurements.delete().where(measurements.c.id == late_id))
+            v1 = dataset.export(db, store)
+            with conn.begin():
+                conn.execute(measurements.insert().values(id=late_id, **late))
+    finally:
+        conn.close()
+    assert v1 is not None and late_id not in dataset.load(store, [1])["measurement_id"].to_pylist()
+    assert late_id < max(dataset.load(store, [1])["measurement_id"].to_pylist()), "the late row has a lower id"
+
+    v2 = dataset.export(db, store)
+    assert v2 is not None and v2.row_count == 1, "the late measurement is exported by the next version"
+    assert dataset.load(store, [2])["measurement_id"].to_pylist() == [late_id]
+    assert db.unexported_measurements() == [] and dataset.export(db, store) is None
+    union = dataset.load(store)["measurement_id"].to_pylist()
+    assert sorted(union) == sorted(_db_rows(db))
+    db.close()
+
+
+def test_concurrent_exports_never_take_a_measurement_twice(db_url: str, tmp_path, mlp_workloads) -> None:  # type: ignore[no-untyped-def]
+    """A second export that completes while the first is still writing takes the rows; the first
+    then registers nothing, removes its files and says to run it again."""
+    db = Database(db_url)
+    store = LocalStore(tmp_path / "artifacts")
+    ids = _setup(db, mlp_workloads)
+    db.commit_measurements(_first_batch(ids, mlp_workloads))
+    inner: list[Any] = []
+
+    def race(done: int, total: int) -> None:
+        if not inner:  # after the first page: the other export runs from start to end
+            inner.append(dataset.export(db, store))
+
+    with pytest.raises(ConflictError, match="another export completed a version with some of the same") as err:
+        dataset.export(db, store, batch_size=4, progress=race)
+    assert "\n" not in str(err.value) and "run the export again" in str(err.value)
+    (other,) = inner
+    assert other is not None and other.version == 2
+    assert [v.version for v in dataset.list_versions(db)] == [2], "the loser's reserved v1 is removed"
+    assert not [k for k in store.list() if k.startswith("datasets/v1/")], "the loser's files are removed"
+    bogus = [m.id for m in db.measurements() if m.trace_json == BOGUS_TRACE]
+    marks = db.dataset_marks(db.datasets()[0].id)
+    assert sorted(marks) == sorted(_db_rows(db)) and [i for i, o in marks.items() if o == "skipped"] == bogus
+    ids_exported = dataset.load(store)["measurement_id"].to_pylist()
+    assert len(ids_exported) == len(set(ids_exported)) == len(_db_rows(db)) - 1
+    assert dataset.export(db, store) is None and db.unexported_measurements() == []
     db.close()
 
 

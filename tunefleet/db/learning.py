@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session
 
 from tunefleet.db._base import sha256_text
 from tunefleet.db.catalog import CatalogMixin
-from tunefleet.db.models import CostModel, Dataset, HardwareClass, Prediction
+from tunefleet.db.models import (
+    CostModel,
+    Dataset,
+    DatasetRow,
+    HardwareClass,
+    Measurement,
+    Prediction,
+)
 from tunefleet.errors import NotFoundError
+
+_MARK_CHUNK = 5000  # dataset marks inserted per statement
+
+
+def _lock_hardware_classes(s: Session, hardware_class_ids: Iterable[int]) -> None:
+    """Serialise learning writes per hardware class until the transaction ends.
+
+    A no-op UPDATE of the class row, first in the transaction: PostgreSQL holds its row lock
+    (FOR NO KEY UPDATE, which tuning's foreign-key checks do not wait for) until commit, and on
+    SQLite the first write takes the database's write lock, before anything is read. Ids in
+    ascending order, so two transactions locking several classes never deadlock.
+    """
+    for hw_id in sorted(set(hardware_class_ids)):
+        s.execute(update(HardwareClass).where(HardwareClass.id == hw_id)
+                  .values(node_pool=HardwareClass.node_pool, updated_at=HardwareClass.updated_at))
 
 
 class LearningMixin(CatalogMixin):
@@ -74,7 +97,7 @@ class LearningMixin(CatalogMixin):
 
     # -- datasets -------------------------------------------------------------------------
     def add_dataset(self, *, uri: str, manifest: dict[str, Any], row_count: int) -> Dataset:
-        """Register the next dataset version."""
+        """Register the next dataset version (an export reserves its number with it)."""
         with self.session() as s:
             version = int(s.scalar(select(func.coalesce(func.max(Dataset.version), 0))) or 0) + 1
             ds = Dataset(version=version, uri=uri, manifest=json.loads(json.dumps(manifest)), row_count=row_count)
@@ -86,16 +109,97 @@ class LearningMixin(CatalogMixin):
         with self.session() as s:
             return list(s.scalars(select(Dataset).order_by(Dataset.version)))
 
-    def update_dataset(self, dataset_id: int, *, uri: str, manifest: dict[str, Any], row_count: int) -> None:
-        """Fill in a reserved dataset version once its files are written."""
+    def update_dataset(
+        self,
+        dataset_id: int,
+        *,
+        uri: str,
+        manifest: dict[str, Any],
+        row_count: int,
+        marks: Mapping[int, str] | None = None,
+        hardware_class_ids: Iterable[int] = (),
+    ) -> None:
+        """Fill in a reserved dataset version once its files are written, and mark what it took.
+
+        Parameters
+        ----------
+        marks
+            ``{measurement id: outcome}`` of every measurement the export read (``row``,
+            ``skipped`` or ``filtered``), recorded in the same transaction as the version.
+        hardware_class_ids
+            The classes of those measurements: locked first, so exports of a class are
+            serialised here.
+
+        Raises
+        ------
+        ConflictError
+            When another version marked one of these measurements first; nothing is changed.
+        """
         with self.session() as s:
+            _lock_hardware_classes(s, hardware_class_ids)
             s.execute(update(Dataset).where(Dataset.id == dataset_id)
                       .values(uri=uri, manifest=manifest, row_count=row_count))
+            rows = [{"measurement_id": int(m), "dataset_id": dataset_id, "outcome": outcome}
+                    for m, outcome in sorted((marks or {}).items())]
+            for start in range(0, len(rows), _MARK_CHUNK):
+                s.execute(insert(DatasetRow), rows[start:start + _MARK_CHUNK])
 
     def delete_dataset(self, dataset_id: int) -> None:
-        """Remove a dataset version's row (an export that failed gives its reservation back)."""
+        """Remove a dataset version's row and its marks (a failed export gives its reservation back)."""
         with self.session() as s:
+            s.execute(delete(DatasetRow).where(DatasetRow.dataset_id == dataset_id))
             s.execute(delete(Dataset).where(Dataset.id == dataset_id))
+
+    def _unexported(self, hardware_class_id: int | None) -> Any:
+        stmt = select(Measurement).where(
+            ~select(DatasetRow.measurement_id).where(DatasetRow.measurement_id == Measurement.id).exists()
+        )
+        if hardware_class_id is not None:
+            stmt = stmt.where(Measurement.hardware_class_id == hardware_class_id)
+        return stmt
+
+    def unexported_measurements(
+        self,
+        hardware_class_id: int | None = None,
+        *,
+        after_id: int = 0,
+        up_to_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[Measurement]:
+        """Committed measurements in no dataset version (not even as skipped), in id order.
+
+        What the next export takes; after an export, what it missed. Optionally only ids in
+        ``(after_id, up_to_id]`` and at most ``limit`` of them (for paging).
+        """
+        stmt = self._unexported(hardware_class_id).where(Measurement.id > after_id).order_by(Measurement.id)
+        if up_to_id is not None:
+            stmt = stmt.where(Measurement.id <= up_to_id)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        with self.session() as s:
+            return list(s.scalars(stmt))
+
+    def unexported_window(self, hardware_class_id: int) -> tuple[int, int] | None:
+        """The newest measurement id of a class and how many measurements up to it are unexported.
+
+        Returns
+        -------
+        (newest id, count), or None when every measurement of the class is in a dataset version.
+        """
+        counted = self._unexported(hardware_class_id).with_only_columns(func.max(Measurement.id), func.count())
+        with self.session() as s:
+            _, count = s.execute(counted).one()
+            if not count:
+                return None
+            newest = s.scalar(select(func.max(Measurement.id))
+                              .where(Measurement.hardware_class_id == hardware_class_id))
+            return int(newest), int(count)
+
+    def dataset_marks(self, dataset_id: int) -> dict[int, str]:
+        """``{measurement id: outcome}`` of the measurements one dataset version took."""
+        with self.session() as s:
+            stmt = select(DatasetRow.measurement_id, DatasetRow.outcome).where(DatasetRow.dataset_id == dataset_id)
+            return {int(m): outcome for m, outcome in s.execute(stmt.order_by(DatasetRow.measurement_id))}
 
     # -- cost models ----------------------------------------------------------------------
     def next_cost_model_version(self, hardware_class_id: int) -> int:
@@ -109,8 +213,14 @@ class LearningMixin(CatalogMixin):
     def add_cost_model(
         self, *, hardware_class_id: int, artifact_uri: str, metrics: dict[str, Any], dataset_id: int | None = None
     ) -> CostModel:
-        """Register the next cost-model version of a hardware class (not promoted)."""
+        """Register the next cost-model version of a hardware class (not promoted).
+
+        The version is taken under the class's lock, so concurrent registrations of one class
+        get distinct versions. An empty ``artifact_uri`` *reserves* the version for a model
+        whose artifact is still to be written (see :meth:`finish_cost_model`).
+        """
         with self.session() as s:
+            _lock_hardware_classes(s, [hardware_class_id])
             version = int(
                 s.scalar(
                     select(func.coalesce(func.max(CostModel.version), 0)).where(
@@ -127,6 +237,50 @@ class LearningMixin(CatalogMixin):
             s.flush()
             return cm
 
+    def finish_cost_model(
+        self,
+        cost_model_id: int,
+        *,
+        artifact_uri: str,
+        metrics: dict[str, Any],
+        promote: bool,
+        expected_current: int | None,
+    ) -> bool:
+        """Complete a reserved cost model: its artifact, its metrics and, maybe, its promotion.
+
+        Parameters
+        ----------
+        promote
+            Make it the class's current model, if the current one is still ``expected_current``
+            (the one it was compared against; None: there was none).
+
+        Returns
+        -------
+        bool
+            False when ``promote`` was asked but another model became current meanwhile: nothing
+            is written, the caller decides again against the new current model.
+        """
+        with self.session() as s:
+            cm = s.get(CostModel, cost_model_id)
+            if cm is None:
+                raise NotFoundError(f"no cost model {cost_model_id}")
+            _lock_hardware_classes(s, [cm.hardware_class_id])
+            if promote:
+                current = s.scalar(select(CostModel.id).where(CostModel.hardware_class_id == cm.hardware_class_id,
+                                                              CostModel.promoted.is_(True)))
+                if current != expected_current:
+                    return False
+                s.execute(update(CostModel).where(CostModel.hardware_class_id == cm.hardware_class_id)
+                          .values(promoted=False))
+            s.execute(update(CostModel).where(CostModel.id == cost_model_id)
+                      .values(artifact_uri=artifact_uri, metrics=metrics, promoted=promote))
+            return True
+
+    def delete_cost_model(self, cost_model_id: int) -> None:
+        """Remove a reserved cost model whose artifact could not be written (a missing id: nothing)."""
+        with self.session() as s:
+            s.execute(delete(CostModel).where(CostModel.id == cost_model_id))
+
     def set_cost_model_uri(self, cost_model_id: int, uri: str) -> None:
         """Point a registered cost model at its artifact (a missing id changes nothing)."""
         with self.session() as s:
@@ -140,6 +294,10 @@ class LearningMixin(CatalogMixin):
             cm = s.get(CostModel, cost_model_id)
             if cm is None:
                 raise NotFoundError(f"no cost model {cost_model_id}")
+            if not cm.artifact_uri:
+                raise NotFoundError(f"cost model v{cm.version} has no artifact (its retrain never finished); "
+                                    "promote another version or retrain")
+            _lock_hardware_classes(s, [cm.hardware_class_id])
             s.execute(
                 update(CostModel).where(CostModel.hardware_class_id == cm.hardware_class_id).values(promoted=False)
             )

@@ -216,25 +216,6 @@ class MeasurementsMixin(CatalogMixin):
                 stmt = stmt.limit(limit)
             return list(s.scalars(stmt))
 
-    def measurement_window(self, hardware_class_id: int, after_id: int) -> tuple[int, int] | None:
-        """The newest measurement id of a class and how many lie in ``(after_id, newest]``.
-
-        Returns
-        -------
-        (high water, count), or None when the class has nothing after ``after_id``.
-        """
-        with self.session() as s:
-            high = s.scalar(select(func.max(Measurement.id)).where(Measurement.hardware_class_id == hardware_class_id))
-            if high is None or high <= after_id:
-                return None
-            count = s.scalar(
-                select(func.count()).select_from(Measurement).where(
-                    Measurement.hardware_class_id == hardware_class_id, Measurement.id > after_id,
-                    Measurement.id <= high,
-                )
-            )
-            return int(high), int(count or 0)
-
     def best_run_s_by_workload(self, hardware_class_id: int, up_to_id: int) -> dict[int, float]:
         """Fastest successful ``mean_run_s`` per workload of one class, over ids up to ``up_to_id``."""
         stmt = (

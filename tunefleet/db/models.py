@@ -264,6 +264,25 @@ class Dataset(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class DatasetRow(Base):
+    """Which dataset version took a measurement (at most one: the primary key).
+
+    The export marks every measurement it read, in the transaction that completes its dataset
+    version, with what it did: ``row`` (written), ``skipped`` (its trace could not be
+    featurised) or ``filtered`` (never measured: no label). A committed measurement without a
+    mark is in no dataset version yet, whatever its id; the next export takes it. Removing a
+    version (an export that failed) removes its marks.
+    """
+
+    __tablename__ = "dataset_rows"
+    __table_args__ = (Index("ix_dataset_rows_dataset_id", "dataset_id"),)
+    measurement_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("measurements.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    outcome: Mapped[str] = mapped_column(String(16))  # row | skipped | filtered
+
+
 class CostModel(Base):
     """A trained cost model, its metrics and whether it is the current one for its class."""
 

@@ -25,7 +25,8 @@ from tunefleet.db import Database, NewMeasurement, TrialGrant, current_revision,
 from tunefleet.db.database import sha256_text
 from tunefleet.db.models import TuningState, utcnow
 from tunefleet.db.measurements import _COPY_MIN_ROWS
-from tunefleet.errors import DatabaseUnavailableError, NotFoundError, SchemaOutdatedError, SchemaTooNewError
+from tunefleet.errors import (ConflictError, DatabaseUnavailableError, NotFoundError, SchemaOutdatedError,
+                              SchemaTooNewError)
 from tunefleet.testing.tcp_proxy import TcpProxy
 from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_JSON, DONE, FAILED, FILTERED, LEASED, PENDING
 
@@ -352,10 +353,8 @@ class ReportCases:
         db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.5 - i * 0.1]) for i in range(3)])
         db.commit_measurements([NewMeasurement(wl, hw, "[[],[]]", None, error_kind="run")])
         ids = [m.id for m in db.measurements(hardware_class_id=hw)]
-        assert db.measurement_window(hw, 0) == (ids[-1], 4)
-        assert db.measurement_window(hw, ids[1]) == (ids[-1], 2)
-        assert db.measurement_window(hw, ids[-1]) is None
-        assert db.measurement_window(arm, 0) is None
+        assert db.unexported_window(hw) == (ids[-1], 4)
+        assert db.unexported_window(arm) is None
         assert db.best_run_s_by_workload(hw, ids[-1]) == {wl: pytest.approx(0.3)}
         assert db.best_run_s_by_workload(hw, ids[0]) == {wl: pytest.approx(0.5)}
         assert db.best_run_s_by_workload(arm, ids[-1]) == {}
@@ -383,6 +382,10 @@ class ReportCases:
         doomed = db.add_dataset(uri="", manifest={}, row_count=0)
         db.delete_dataset(doomed.id)
         assert [d.version for d in db.datasets()] == [1]
+        reserved = db.add_cost_model(hardware_class_id=hw, artifact_uri="", metrics={})
+        with pytest.raises(NotFoundError, match="has no artifact"):
+            db.promote_cost_model(reserved.id)  # a retrain that never finished
+        db.delete_cost_model(reserved.id)
         assert db.next_cost_model_version(hw) == 1
         c1 = db.add_cost_model(hardware_class_id=hw, artifact_uri="u1", metrics={"objective": "rank"})
         assert db.next_cost_model_version(hw) == 2 and db.next_cost_model_version(arm) == 1
@@ -395,6 +398,73 @@ class ReportCases:
         db.add_cost_model(hardware_class_id=arm, artifact_uri="u3", metrics={})
         assert [(name, cm.version, cm.artifact_uri) for cm, name in db.cost_models()] == [
             ("arm", 1, "u3"), ("x86", 1, "s3://b/cm/v1"), ("x86", 2, "u2")]
+
+
+    def test_unexported_measurements_are_those_no_version_marked(
+        self, seeded: tuple[Database, int, int, int]
+    ) -> None:
+        db, wl, hw, arm = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.1 * (i + 1)]) for i in range(4)])
+        db.commit_measurements([NewMeasurement(wl, arm, _trace(9), [0.2])])
+        ids = [m.id for m in db.measurements(hardware_class_id=hw)]
+        (arm_id,) = [m.id for m in db.measurements(hardware_class_id=arm)]
+        v1 = db.add_dataset(uri="", manifest={}, row_count=0)
+        # Marks are per measurement: an id below a marked one can stay unexported.
+        db.update_dataset(v1.id, uri="u1", manifest={"state": "complete"}, row_count=1,
+                          marks={ids[0]: "row", ids[2]: "skipped"}, hardware_class_ids=[hw])
+        assert db.dataset_marks(v1.id) == {ids[0]: "row", ids[2]: "skipped"}
+        assert [m.id for m in db.unexported_measurements(hw)] == [ids[1], ids[3]]
+        assert [m.id for m in db.unexported_measurements()] == [ids[1], ids[3], arm_id]
+        assert [m.id for m in db.unexported_measurements(hw, after_id=ids[1], up_to_id=ids[3], limit=5)] == [ids[3]]
+        assert [m.id for m in db.unexported_measurements(hw, limit=1)] == [ids[1]]
+        assert db.unexported_window(hw) == (ids[-1], 2)
+
+        # A second version marking a measurement the first took is refused as a whole.
+        v2 = db.add_dataset(uri="", manifest={"state": "writing"}, row_count=0)
+        with pytest.raises(ConflictError, match="run it again"):
+            db.update_dataset(v2.id, uri="u2", manifest={"state": "complete"}, row_count=2,
+                              marks={ids[1]: "row", ids[2]: "row"}, hardware_class_ids=[hw])
+        assert db.dataset_marks(v2.id) == {} and db.datasets()[1].manifest == {"state": "writing"}
+        assert db.dataset_marks(v1.id) == {ids[0]: "row", ids[2]: "skipped"}
+        db.update_dataset(v2.id, uri="u2", manifest={"state": "complete"}, row_count=2,
+                          marks={ids[1]: "row", ids[3]: "filtered", arm_id: "row"}, hardware_class_ids=[arm, hw])
+        assert db.unexported_measurements() == [] and db.unexported_window(hw) is None
+        db.delete_dataset(v1.id)  # a removed version gives its measurements back
+        assert [m.id for m in db.unexported_measurements()] == [ids[0], ids[2]]
+
+    def test_migration_marks_what_earlier_versions_covered(
+        self, db_url: str, seeded: tuple[Database, int, int, int]
+    ) -> None:
+        from alembic.script import ScriptDirectory
+
+        from tunefleet.db.engine import alembic_config
+
+        db, wl, hw, arm = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.1 * (i + 1)]) for i in range(4)])
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(7), None, error_kind=FILTERED)])
+        db.commit_measurements([NewMeasurement(wl, arm, _trace(9), [0.2])])
+        ids = [m.id for m in db.measurements(hardware_class_id=hw)]
+        (arm_id,) = [m.id for m in db.measurements(hardware_class_id=arm)]
+        script = ScriptDirectory.from_config(alembic_config(None))  # type: ignore[arg-type]
+        revision = next(r for r in script.walk_revisions() if r.path.endswith("_dataset_exports.py"))
+        downgrade(db.engine, str(revision.down_revision))
+        # Versions as exports before marks wrote them: per class a high-water mark in the manifest.
+        old = [
+            {"state": "complete", "hardware": {"x86": {"high_water": ids[1], "skipped_ids": [ids[1]]}}},
+            {"state": "writing", "hardware": {"x86": {"high_water": ids[3]}}},  # killed: never counted
+            {"state": "complete", "hardware": {"x86": {"high_water": ids[4], "skipped_ids": []},
+                                               "arm": {"high_water": arm_id - 1, "skipped_ids": []}}},
+        ]
+        for version, manifest in enumerate(old, 1):
+            db.add_dataset(uri=f"u{version}", manifest=manifest, row_count=0)
+        upgrade(db.engine)
+        again = Database(db_url)
+        v1, v2, v3 = again.datasets()
+        assert again.dataset_marks(v1.id) == {ids[0]: "row", ids[1]: "skipped"}
+        assert again.dataset_marks(v2.id) == {}
+        assert again.dataset_marks(v3.id) == {ids[2]: "row", ids[3]: "row", ids[4]: "filtered"}
+        assert [m.id for m in again.unexported_measurements()] == [arm_id]
+        again.close()
 
 
 class DatabaseContract(ShardCases, ReportCases):
