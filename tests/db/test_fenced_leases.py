@@ -22,12 +22,13 @@ def db(db_url: str) -> Iterator[Database]:
     database = Database(db_url)
     database.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")
     database.add_workload(structural_hash="aa", name="w0", op_kind="dense", flops=1.0, tir_json="{}")
+    database.add_workload(structural_hash="bb", name="w1", op_kind="dense", flops=1.0, tir_json="{}")
     yield database
     database.close()
 
 
-def _shard(db: Database, trials: int = 8) -> int:
-    (shard,) = db.add_shards(db.hardware_class("x86").id, [(db.workload("aa").id, trials, 1.0)])
+def _shard(db: Database, trials: int = 8, workload: str = "aa") -> int:
+    (shard,) = db.add_shards(db.hardware_class("x86").id, [(db.workload(workload).id, trials, 1.0)])
     return shard.id
 
 
@@ -94,7 +95,7 @@ def test_a_heartbeat_that_extends_the_lease_wins_against_a_concurrent_requeue(db
 
 def test_a_worker_clock_an_hour_off_neither_expires_others_nor_keeps_its_own(
         db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    mine, theirs = _shard(db), _shard(db)
+    mine, theirs = _shard(db), _shard(db, workload="bb")
     fresh = shards.lease(db, "x86", "honest", lease_s=60, shard_id=theirs)
     assert fresh is not None
     ahead = lambda: _real_now() + dt.timedelta(hours=1)

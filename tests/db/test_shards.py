@@ -152,6 +152,7 @@ def _lease_all(url: str, owner: str, out: multiprocessing.Queue) -> None:  # typ
     got = []
     while (s := shards.lease(db, "x86", owner)) is not None:
         got.append(s.id)
+        shards.complete(db, s.id, owner, generation=s.lease_generation)
     out.put(got)
 
 
@@ -167,6 +168,52 @@ def test_concurrent_workers_never_share_a_shard(db_url: str, db: Database) -> No
         p.join(60)
     leased = results[0] + results[1]
     assert len(leased) == 300 and len(set(leased)) == 300
+
+
+def _leased_workloads(db: Database) -> list[int]:
+    return sorted(s.workload_id for s in shards.list_shards(db, state="leased"))
+
+
+def test_one_search_per_workload_at_a_time(db: Database) -> None:
+    """A workload being searched by one worker waits for it: another worker takes another
+    workload's shard, and the workload's next shard once the first is done."""
+    shards.plan(db, "x86", target_trials=16, shard_trials=8)  # two shards per workload
+    held = [shards.lease(db, "x86", f"w{i}") for i in range(4)]
+    assert held[3] is None, "a second shard of a workload being searched was leased"
+    assert len(set(_leased_workloads(db))) == 3
+    first = held[0]
+    assert first is not None
+    shards.complete(db, first.id, "w0", generation=first.lease_generation)
+    again = shards.lease(db, "x86", "w3")
+    assert again is not None and again.workload_id == first.workload_id and again.id != first.id
+
+
+def test_racing_leases_of_one_workload_leave_one_leased(db_url: str, db: Database) -> None:
+    """Worker A picks a shard of workload cc; before its UPDATE lands, worker B leases cc's other
+    shard (interleaved through a SQLAlchemy event). A's UPDATE then breaks the one-lease-per-
+    workload index: A moves on to another workload."""
+    from sqlalchemy import event
+
+    shards.plan(db, "x86", target_trials=16, shard_trials=8)
+    cc = db.workload("cc").id
+    first, second = [s for s in shards.list_shards(db) if s.workload_id == cc]
+    other = Database(db_url)
+    fired: list[int] = []
+
+    def meanwhile(_conn, _cursor, statement, *_args):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("UPDATE SHARDS") and not fired:
+            fired.append(1)
+            assert shards.lease(other, "x86", "B", shard_id=second.id) is not None
+
+    event.listen(db.engine, "before_cursor_execute", meanwhile)
+    try:
+        mine = shards.lease(db, "x86", "A")
+    finally:
+        event.remove(db.engine, "before_cursor_execute", meanwhile)
+        other.close()
+    assert fired and mine is not None
+    assert mine.workload_id != cc
+    assert _leased_workloads(db).count(cc) == 1
 
 
 def test_unknown_state_and_class(db: Database) -> None:

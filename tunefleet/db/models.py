@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -112,7 +113,14 @@ class Shard(Base):
     """A unit of tuning work: trials for one (workload, hardware class), leased to a worker."""
 
     __tablename__ = "shards"
-    __table_args__ = (Index("ix_shards_queue", "hardware_class_id", "state", "priority"),)
+    __table_args__ = (
+        Index("ix_shards_queue", "hardware_class_id", "state", "priority"),
+        # One leased shard per (workload, class) at a time: two workers never search one workload at
+        # once, so neither measures a candidate the other has in flight (and each round's search
+        # starts from everything committed before it).
+        Index("uq_shards_one_lease_per_workload", "workload_id", "hardware_class_id", unique=True,
+              postgresql_where=text("state = 'leased'"), sqlite_where=text("state = 'leased'")),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
     hardware_class_id: Mapped[int] = mapped_column(ForeignKey("hardware_classes.id", ondelete="CASCADE"))

@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, delete, func, select, text, type_coerce, update
-from sqlalchemy.orm import Session
+from sqlalchemy import DateTime, delete, exists, func, select, text, type_coerce, update
+from sqlalchemy.orm import Session, aliased
 
 from tunefleet.db.catalog import CatalogMixin, model_links
 from tunefleet.db.models import InFlight, Measurement, Shard, TuningState, Workload, utcnow
-from tunefleet.errors import NotFoundError, StaleLeaseError
+from tunefleet.errors import ConflictError, NotFoundError, StaleLeaseError
 from tunefleet.vocab import CANCELLED, CRASH, DEFAULT_TRACE_SHA256, DONE, FAILED, FILTERED, LEASED, PENDING
 
 _LEASE_RACES = 20  # a lost race retries with the next candidate, this many times at most
@@ -368,41 +368,59 @@ class ShardsMixin(CatalogMixin):
         """Lease the highest-priority pending shard of a class (or the given one) to ``owner``.
 
         The attempt count and the lease generation go up by one; a shard backing off after a lost
-        lease (``not_before`` later than the database's now) is skipped. Returns the leased shard,
+        lease (``not_before`` later than the database's now) is skipped, and so is a shard whose
+        workload has another shard leased on the class (one search per workload at a time, so no
+        candidate is measured twice: a unique index makes it hold under races). Returns the leased shard,
         or None when no pending shard is left (or every candidate was taken by another worker
         meanwhile). ``now`` replaces the database's clock (tests only).
         """
+        busy = aliased(Shard)
         for _ in range(_LEASE_RACES):
-            with self.session() as s:
-                stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING,
-                                           Shard.not_before.is_(None) | (Shard.not_before <= self._clock(now)))
-                if shard_id is not None:
-                    stmt = stmt.where(Shard.id == shard_id)
-                candidate = s.scalars(stmt.order_by(Shard.priority.desc(), Shard.id).limit(1)).first()
-                if candidate is None:
-                    return None
-                res = s.execute(
-                    update(Shard)
-                    .where(Shard.id == candidate.id, Shard.state == PENDING)
-                    .values(
-                        state=LEASED,
-                        lease_owner=owner,
-                        lease_expires_at=self._clock(now, lease_s),
-                        heartbeat_at=self._clock(now),
-                        leases=Shard.leases + 1,
-                        lease_generation=Shard.lease_generation + 1,
-                        not_before=None,
-                        history=_event(candidate, "leased", owner=owner, attempt=candidate.leases + 1,
-                                       generation=candidate.lease_generation + 1),
-                        updated_at=utcnow(),
-                    )
-                )
-                if res.rowcount == 1:
-                    s.expire(candidate)
-                    shard = s.get(Shard, candidate.id)
-                    assert shard is not None
-                    return shard
+            try:
+                leased = self._lease_one(hardware_class_id, owner, lease_s, shard_id, now, busy)
+            except ConflictError:  # another worker leased a shard of the same workload meanwhile
+                continue
+            if leased is not False:
+                return leased
         return None
+
+    def _lease_one(self, hardware_class_id: int, owner: str, lease_s: float, shard_id: int | None,
+                   now: dt.datetime | None, busy: Any) -> Shard | None | bool:
+        """One try of :meth:`lease_shard`: the shard, None (nothing to lease) or False (lost a race)."""
+        with self.session() as s:
+            stmt = select(Shard).where(
+                Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING,
+                Shard.not_before.is_(None) | (Shard.not_before <= self._clock(now)),
+                # a workload another worker is searching waits (the unique index enforces it)
+                ~exists().where(busy.workload_id == Shard.workload_id,
+                                busy.hardware_class_id == Shard.hardware_class_id, busy.state == LEASED))
+            if shard_id is not None:
+                stmt = stmt.where(Shard.id == shard_id)
+            candidate = s.scalars(stmt.order_by(Shard.priority.desc(), Shard.id).limit(1)).first()
+            if candidate is None:
+                return None
+            res = s.execute(
+                update(Shard)
+                .where(Shard.id == candidate.id, Shard.state == PENDING)
+                .values(
+                    state=LEASED,
+                    lease_owner=owner,
+                    lease_expires_at=self._clock(now, lease_s),
+                    heartbeat_at=self._clock(now),
+                    leases=Shard.leases + 1,
+                    lease_generation=Shard.lease_generation + 1,
+                    not_before=None,
+                    history=_event(candidate, "leased", owner=owner, attempt=candidate.leases + 1,
+                                   generation=candidate.lease_generation + 1),
+                    updated_at=utcnow(),
+                )
+            )
+            if res.rowcount == 1:
+                s.expire(candidate)
+                shard = s.get(Shard, candidate.id)
+                assert shard is not None
+                return shard
+        return False
 
     def reclaim_lease(
         self,

@@ -303,16 +303,17 @@ class ShardRun:
             log.error("shard %d failed: %s", self.shard.id, self.failure)
         elif not self.ended:
             short = self.unused() if self.remaining > 0 else 0
+            dup = {"duplicates": self.progress.duplicates} if self.progress.duplicates else {}
             if short:  # its search stopped early: a deadline, or no new candidate left
                 reason = self.progress.stop_reason
                 shards.complete(self.db, self.shard.id, self.owner, event="done-short", unused_trials=short,
                                 generation=self.shard.lease_generation,
                                 cause="stopped" if reason else "exhausted",
-                                reason=reason or "search space exhausted: no new candidate")
+                                reason=reason or "search space exhausted: no new candidate", **dup)
                 log.info("shard %d done with %d trial(s) unused: %s", self.shard.id, short,
                          reason or "no new candidate")
             else:
-                shards.complete(self.db, self.shard.id, self.owner, generation=self.shard.lease_generation)
+                shards.complete(self.db, self.shard.id, self.owner, generation=self.shard.lease_generation, **dup)
         p = self.progress
         preempted = next((x.ended for x in policies if isinstance(x, Preemption)), None)
         return ShardResult(

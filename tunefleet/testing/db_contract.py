@@ -53,6 +53,13 @@ def _state(wl: int, hw: int, *, preempted: bool = False) -> TuningState:
                        preempted=preempted, reason=None, freed_trials=0)
 
 
+def _workloads(db: Database, n: int) -> list[int]:
+    """``n`` more workloads (a workload has one leased shard at a time: shards leased together
+    belong to different workloads)."""
+    return [db.add_workload(structural_hash=f"ff{i:02d}", name=f"w{i}", op_kind="dense", flops=1e6,
+                            tir_json="{}")[0].id for i in range(n)]
+
+
 class ShardCases:
     """Shard rows and the lease state machine: every change a compare-and-set on state (and owner).
 
@@ -122,7 +129,8 @@ class ShardCases:
 
     def test_lease_goes_to_the_highest_priority_and_only_once(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, arm = seeded
-        low, high = db.add_shards(hw, [(wl, 8, 1.0), (wl, 8, 5.0)])
+        (wl2,) = _workloads(db, 1)
+        low, high = db.add_shards(hw, [(wl, 8, 1.0), (wl2, 8, 5.0)])
         now = utcnow().replace(microsecond=0)
         first = db.lease_shard(hw, "a", lease_s=60, now=now)
         assert first is not None and first.id == high.id
@@ -145,7 +153,7 @@ class ShardCases:
 
     def test_release_leases_gives_back_only_this_process_leases(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
-        mine, task, other, done = db.add_shards(hw, [(wl, 8, 4.0), (wl, 8, 3.0), (wl, 8, 2.0), (wl, 8, 1.0)])
+        mine, task, other, done = db.add_shards(hw, [(w, 8, 4.0 - i) for i, w in enumerate([wl, *_workloads(db, 3)])])
         assert db.lease_shard(hw, "host:12", lease_s=60, shard_id=mine.id) is not None
         assert db.lease_shard(hw, "host:12:task-run", lease_s=60, shard_id=task.id) is not None
         assert db.lease_shard(hw, "host:123", lease_s=60, shard_id=other.id) is not None  # another pid
@@ -179,7 +187,7 @@ class ShardCases:
 
     def test_retry_and_cancel_move_only_their_states(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, arm = seeded
-        pending, leased, failed, done = db.add_shards(hw, [(wl, 8, 4.0 - i) for i in range(4)])
+        pending, leased, failed, done = db.add_shards(hw, [(w, 8, 4.0 - i) for i, w in enumerate([wl, *_workloads(db, 3)])])
         for shard, end in ((leased, None), (failed, FAILED), (done, DONE)):
             assert db.lease_shard(hw, "w", lease_s=60, shard_id=shard.id) is not None
             if end is not None:

@@ -39,6 +39,9 @@ class ShardProgress:
     errors: int = 0
     skipped_known: int = 0
     filtered: int = 0
+    duplicates: int = 0
+    """Candidates measured that the commit refused: another search had committed them first
+    (one search per workload at a time makes this 0; see ``Database.lease_shard``)."""
     stop_reason: str | None = None
     best_s: float | None = None
     first_best_s: float | None = None
@@ -54,11 +57,15 @@ class ShardProgress:
     """When the search last handed a batch out (the build starts then)."""
     started: float = field(default_factory=time.monotonic)
 
-    def count(self, records: list[NewMeasurement]) -> None:
-        """Take a committed batch of measured candidates into the counts and the best so far."""
+    def count(self, records: list[NewMeasurement], stored: int | None = None) -> None:
+        """Take a committed batch of measured candidates into the counts and the best so far;
+        ``stored``: how many of them the commit stored (the rest were measured already: counted
+        as ``duplicates``, not as measured)."""
         self.batches += 1
+        stored = len(records) if stored is None else stored
+        self.measured += stored
+        self.duplicates += len(records) - stored
         for rec in records:
-            self.measured += 1
             mean = rec.mean_run_s
             if mean is None:
                 self.errors += 1
@@ -187,11 +194,14 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
                                        measure_info=self.measure_info)
         note = self.annotate(rows) if self.annotate is not None else None
         t0 = time.perf_counter()
-        self.committer.commit(rows)
+        stored = self.committer.commit(rows)
         p = self.progress
         p.commit_s += time.perf_counter() - t0
-        p.count(rows)
+        p.count(rows, stored)
+        if stored < len(rows):
+            log.warning("shard %s: %d of %d measured candidates were committed before by another search",
+                        self.committer.shard_id, len(rows) - stored, len(rows))
         log.info("shard %s: batch %d committed %d candidates (%d errors so far), best %.3g ms",
-                 self.committer.shard_id, p.batches, len(rows), p.errors, (p.best_s or float("nan")) * 1e3)
+                 self.committer.shard_id, p.batches, stored, p.errors, (p.best_s or float("nan")) * 1e3)
         for hook in self.after_commit:
             hook(rows, note)
