@@ -195,3 +195,25 @@ def test_a_wall_time_round_is_cut_to_the_trials_that_fit_before_the_deadline(db:
                              time_left_s=2, dry=True)
     assert over.plan.grants == () and over.stop == "deadline: about 0 trial(s) fit in the 2s left, not enough for another round"
     assert hw and shards.list_shards(database, state="pending") == []  # dry: nothing planned
+
+
+def test_a_worker_waits_for_a_shard_whose_workload_another_worker_searches(
+        db: tuple[Database, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue's last shards belong to a workload another worker is searching: this worker waits
+    for them (one search per workload at a time) instead of leaving them behind."""
+    database, _ = db
+    shards.plan(database, "x86", target_trials=8, shard_trials=4)  # two shards per workload
+    theirs = shards.lease(database, "x86", "other")
+    assert theirs is not None
+    waits: list[float] = []
+
+    def other_worker_finishes(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 1:
+            shards.complete(database, theirs.id, "other", generation=theirs.lease_generation)
+
+    monkeypatch.setattr("tunefleet.engine.worker._wait", other_worker_finishes)
+    summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(Clock()))  # type: ignore[arg-type]
+    assert len(waits) == 1
+    assert summary.shards_done == len(shards.list_shards(database)) - 1
+    assert {s.state for s in shards.list_shards(database)} == {DONE}

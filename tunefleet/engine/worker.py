@@ -47,6 +47,10 @@ START_FAILURES = 3
 a passing shortage (memory, process table), three in a row a node that cannot tune."""
 
 
+IDLE_POLL_S = 2.0
+"""How often a worker that found only pending shards it cannot lease yet looks again."""
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Seconds to wait before retry ``n`` (1, 2, ...): ``factor * 2**(n-1)`` up to ``cap``, with
@@ -318,7 +322,9 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     again, taking its own shard back with no attempt spent (up to :data:`TRANSIENT_RETRIES` in a
     row, then the error is raised); a lost lease (the shard cancelled, or expired and taken) moves
     on to the next shard; a builder or runner that cannot start is started again, and after
-    :data:`START_FAILURES` failures in a row :class:`WorkerStartError` says why.
+    :data:`START_FAILURES` failures in a row :class:`WorkerStartError` says why. Pending shards it
+    cannot lease yet (their workload searched by another worker, or backing off after a lost lease)
+    are waited for, not left behind.
     """
     owner = worker_owner()
     started = time.monotonic()
@@ -328,6 +334,7 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     deadline = deadline or (refill.deadline if refill is not None else None)
     backoff = backoff or Backoff()
     transient = start_failures = 0
+    waiting = False
     try:
         while max_shards is None or summary.shards_done + summary.shards_failed < max_shards:
             if deadline is not None and (why := deadline.reason()):
@@ -359,9 +366,19 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
                 continue
             transient = start_failures = 0
             if result is None:
-                if refill is None or not refill.refill(db):
+                if refill is not None and refill.refill(db):
+                    continue
+                if not db.pending_shards(db.hardware_class(tuner.hardware).id):
                     break
+                # Pending shards none of which can be leased now: their workload is searched by
+                # another worker, or they back off after a lost lease. Wait for them.
+                if not waiting:
+                    log.info("waiting for pending shards of %s (workloads searched by another worker, or backing "
+                             "off after a lost lease)", tuner.hardware)
+                waiting = True
+                _wait(IDLE_POLL_S)
                 continue
+            waiting = False
             summary.add(result)
     finally:
         if own:
