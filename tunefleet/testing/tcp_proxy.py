@@ -71,6 +71,8 @@ class TcpProxy:
         return len(pairs)
 
     def resume(self) -> None:
+        if self._listener is not None:  # not paused
+            return
         self.start()
         log.info("proxy %d resumed", self.port)
 
