@@ -52,7 +52,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +102,7 @@ def run_phase(name: str, args: argparse.Namespace, amount: list[str], output_dir
              "shards_done": tuned.get("shards_done"), "shards_failed": tuned.get("shards_failed"),
              "library": build.get("output"), "cli_tuned_ms": build.get("tuned_ms"),
              "cli_untuned_ms": build.get("untuned_ms"), "cli_torch_ms": build.get("torch_ms"),
+             "cli_onnxruntime_ms": build.get("onnxruntime_ms"),
              "tuned_workloads": build.get("tuned_workloads"), "workloads": build.get("workloads"),
              "model_id": (result.get("models") or [{}])[0].get("model_id"), "run_result": result}
     print(f"   {name}: {wall:.0f} s wall; tune {_fmt(phase['tune_s'], '.0f')} s, {phase['measured']} candidates "
@@ -249,19 +249,16 @@ def tuned_runner(library: str, inputs_np: list[Any]) -> Any:
 
 
 def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, float]]:
-    """(name -> zero-argument call, name -> why not measured, setup seconds) for the alternatives."""
+    """(name -> zero-argument call, name -> why not measured, setup seconds) for the alternatives
+    (eager and onnxruntime as ``tunefleet build`` times them: :mod:`tunefleet.alternatives`)."""
     import torch
 
-    calls: dict[str, Any] = {}
+    from tunefleet import alternatives as alt
+
+    calls: dict[str, Any] = {"torch eager": alt.torch_eager_call(module, inputs_np, threads)}
     skipped: dict[str, str] = {}
     setup: dict[str, float] = {}
     args = [torch.from_numpy(x) for x in inputs_np]
-
-    def eager() -> Any:
-        with torch.inference_mode():
-            return module(*args)
-
-    calls["torch eager"] = eager
     try:
         compiled = torch.compile(module)
 
@@ -277,26 +274,11 @@ def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Pat
     except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
         skipped["torch.compile"] = _reason(exc)
     try:
-        import onnxruntime as ort
-
         t = time.perf_counter()
-        names = [f"input{i}" for i in range(len(args))]
-        with torch.no_grad(), warnings.catch_warnings():
-            # dynamo=False is chosen (the TorchScript exporter needs no onnxscript); torch warns that it is legacy.
-            warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*legacy TorchScript-based ONNX")
-            # The trace freezes shape checks in transformers' code into constants: fine for these fixed-shape inputs.
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-            torch.onnx.export(module, tuple(args), str(onnx_path), dynamo=False, input_names=names)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-        feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs_np, strict=True)}
+        calls["onnxruntime"] = alt.onnxruntime_call(alt.export_onnx(module, inputs_np, onnx_path), inputs_np, threads)
         setup["onnxruntime"] = time.perf_counter() - t
-        calls["onnxruntime"] = lambda: sess.run(None, feeds)
     except ImportError as exc:
-        skipped["onnxruntime"] = f"not installed ({exc.name}): pip install -e '.[bench]'"
+        skipped["onnxruntime"] = f"not installed ({exc.name}): {alt.INSTALL_HINT}"
     except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
         skipped["onnxruntime"] = _reason(exc)
     return calls, skipped, setup
@@ -407,7 +389,8 @@ def print_latency(phase: dict[str, Any], skipped: dict[str, str], setup: dict[st
         print(f"onnxruntime: export + session creation took {setup['onnxruntime']:.1f} s")
     if phase.get("cli_tuned_ms") is not None:
         print(f"(tunefleet run's own build report: tuned {_ms(phase['cli_tuned_ms'])} ms, "
-              f"untuned {_fmt(phase.get('cli_untuned_ms'), '.3f')} ms, eager {_fmt(phase.get('cli_torch_ms'), '.3f')} ms)")
+              f"untuned {_fmt(phase.get('cli_untuned_ms'), '.3f')} ms, eager {_fmt(phase.get('cli_torch_ms'), '.3f')} ms, "
+              f"onnxruntime {_fmt(phase.get('cli_onnxruntime_ms'), '.3f')} ms)")
     return ratios
 
 

@@ -148,6 +148,7 @@ def pipeline(
                 "new workloads": ext["new_workloads"],
                 "untuned (ms)": _round(rep and rep.get("untuned_ms")), "tuned (ms)": _round(rep and rep.get("tuned_ms")),
                 "torch eager (ms)": _round(rep and rep.get("torch_ms")),
+                "onnxruntime (ms)": _round(rep and rep.get("onnxruntime_ms")),
             })
     for hw, t in tuned.items():
         if "measured" in t:

@@ -407,6 +407,9 @@ def _report_table(report: Any) -> None:
     if report.torch_ms is not None:
         speed = f"{report.untuned_ms / report.torch_ms:.2f}x" if report.untuned_ms else "-"
         rows.append((f"PyTorch eager ({report.threads} threads)", ms(report.torch_ms), speed))
+    if report.onnxruntime_ms is not None:
+        speed = f"{report.untuned_ms / report.onnxruntime_ms:.2f}x" if report.untuned_ms else "-"
+        rows.append((f"onnxruntime ({report.threads} threads)", ms(report.onnxruntime_ms), speed))
     _table(f"{report.model} on {report.hardware}: latency (median)", ["build", "latency (ms)", "speed-up vs untuned"], rows)
     if report.recipe:
         print(f"recipe {report.recipe}: {report.database_hits} of {report.workloads} functions built from the database"

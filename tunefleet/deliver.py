@@ -127,6 +127,10 @@ class BuildReport:
     untuned_ms: float | None = None
     tuned_ms: float | None = None
     torch_ms: float | None = None
+    """PyTorch eager on the same threads (None: not measured; ``notes`` says why)."""
+    onnxruntime_ms: float | None = None
+    """onnxruntime (every graph optimisation) on the same threads: the model as ingested (ONNX) or
+    its PyTorch module exported to ONNX (None: not measured; ``notes`` says why)."""
     max_abs_diff: float | None = None
     output: str | None = None
     threads: int = 0
@@ -176,7 +180,9 @@ def build_model(
     tuner: Any = None,
     transfer: bool = False,
 ) -> BuildReport:
-    """Compile a model with the best stored schedules; check it against the untuned build; time both.
+    """Compile a model with the best stored schedules; check it against the untuned build; time both
+    and, with ``compare_torch``, what the user would run instead (PyTorch eager, onnxruntime:
+    :mod:`tunefleet.alternatives`) on the same threads.
 
     Workloads without a measurement keep the default schedule; the report says how many. With
     ``zero_shot``, they get the current cost model's best prediction instead
@@ -278,10 +284,14 @@ def build_model(
             )
     report.tuned_ms = _time_vm(vms["tuned"], dev, inputs, repeat) * 1e3
     report.untuned_ms = _time_vm(vms["untuned"], dev, inputs, repeat) * 1e3
-    if compare_torch and loaded.torch_module is not None:
-        report.torch_ms = _torch_latency_ms(loaded.torch_module, inputs_np, report.threads)
-    elif compare_torch:
-        report.notes.append("no PyTorch module for this model: eager latency not measured")
+    if compare_torch:
+        from tunefleet import alternatives
+
+        onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
+        latencies, notes = alternatives.measure(inputs_np, report.threads, torch_module=loaded.torch_module,
+                                                onnx_bytes=onnx_bytes)
+        report.torch_ms, report.onnxruntime_ms = latencies.get("torch"), latencies.get("onnxruntime")
+        report.notes += notes
     return report
 
 
@@ -296,21 +306,3 @@ def _to_numpy(out: Any) -> list[Any]:
             flat += _to_numpy(item)
         return flat
     return [np.asarray(out)]
-
-
-def _torch_latency_ms(module: Any, inputs: list[Any], threads: int) -> float | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    torch.set_num_threads(max(1, threads))
-    args = [torch.from_numpy(x) for x in inputs]
-    with torch.inference_mode():
-        for _ in range(3):
-            module(*args)
-        times = []
-        for _ in range(10):
-            t = time.perf_counter()
-            module(*args)
-            times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
