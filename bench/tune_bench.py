@@ -140,11 +140,12 @@ def tunefleet_arm(model: str, loaded: Any, target: Any, trials: int, per_iter: i
 
 
 def torch_eager_ms(loaded: Any, threads: int) -> float | None:
-    from tunefleet.deliver import _torch_latency_ms
+    from tunefleet import alternatives
 
     if loaded.torch_module is None:
         return None
-    return _torch_latency_ms(loaded.torch_module, loaded.random_inputs(seed=0), threads)
+    return alternatives.median_ms(alternatives.torch_eager_call(loaded.torch_module, loaded.random_inputs(seed=0),
+                                                                threads))
 
 
 def main() -> int:
