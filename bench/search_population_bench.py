@@ -25,7 +25,9 @@ def main() -> None:
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--trials", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--populations", nargs="+", default=["512:4", "128:4", "64:2"])
+    parser.add_argument("--populations", nargs="+", default=["512:4", "128:4", "64:2"],
+                        help="arms SIZE:GENERATIONS[:INIT_MEASURED_RATIO] (the share of the initial population "
+                        "taken from the best measured schedules; MetaSchedule's default 0.2)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
@@ -45,13 +47,16 @@ def main() -> None:
     wl = max(convs, key=lambda w: w.weight * w.flops)
     print(f"workload {wl.name} ({wl.flops:.3g} FLOPs, called {wl.weight}x) on {spec}; {args.trials} trials, "
           f"batches of {args.batch}, seed {args.seed}")
-    print(f"{'population':>10} {'generations':>11} {'wall s':>8} {'s/candidate':>12} {'best ms':>9}")
+    print(f"{'population':>10} {'generations':>11} {'measured':>8} {'wall s':>8} {'s/candidate':>12} {'best ms':>9}")
     with PersistentBuilder(max_workers=int(spec.get("num-cores", 2))) as builder:
         runner = make_runner(target)
         for arm in args.populations:
-            size, generations = (int(x) for x in arm.split(":"))
+            size_s, generations_s, *ratio_s = arm.split(":")
+            size, generations = int(size_s), int(generations_s)
+            ratio = float(ratio_s[0]) if ratio_s else 0.2  # MetaSchedule's init_measured_ratio
             database = ms.database.MemoryDatabase()
             search = ms.search_strategy.EvolutionarySearch(population_size=size, genetic_num_iters=generations,
+                                                           init_measured_ratio=ratio,
                                                            init_min_unmeasured=min(50, size))
             ctx = ms.TuneContext(mod=wl.mod, target=target, space_generator="post-order-apply", search_strategy=search,
                                  task_name=wl.name, num_threads=int(spec.get("num-cores", 2)), rand_state=args.seed)
@@ -62,7 +67,7 @@ def main() -> None:
             wall = time.perf_counter() - t0
             runs = [sum(float(x) for x in r.run_secs) / len(r.run_secs)
                     for r in database.get_all_tuning_records() if r.run_secs]
-            print(f"{size:>10} {generations:>11} {wall:>8.1f} {wall / args.trials:>12.2f} "
+            print(f"{size:>10} {generations:>11} {ratio:>8.2f} {wall:>8.1f} {wall / args.trials:>12.2f} "
                   f"{min(runs) * 1e3 if runs else float('nan'):>9.3f}", flush=True)
 
 

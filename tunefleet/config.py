@@ -102,8 +102,8 @@ class TuneKnobs(BaseModel):
     trials_per_iter: int = Field(default=64, ge=1, description="Candidates measured per batch.")
     search_population: int | None = Field(
         default=None, ge=16, le=4096,
-        description="Schedules the evolutionary search keeps per generation; None: 8 per candidate of a round, "
-        "between 128 and 512 (MetaSchedule's 512 costs more search time than a small round measures).")
+        description="Schedules the evolutionary search keeps per generation; None: 4 per candidate of a round, "
+        "between 64 and 512 (MetaSchedule's 512 costs more search time than a small round measures).")
     seed: int | None = Field(default=None, description="Seed of the search (None: random).")
     transfer: bool = Field(default=True, description="A workload this class never measured first measures the "
                            "best schedule of the most compatible class that builds here.")

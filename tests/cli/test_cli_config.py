@@ -128,7 +128,7 @@ def test_search_population_follows_the_round_size(tunefleet_home, monkeypatch) -
     from tunefleet.errors import ParameterError
 
     auto = TuneOptions.from_settings(load_settings())
-    assert [auto.population(n) for n in (1, 8, 16, 32, 64, 128)] == [128, 128, 128, 256, 512, 512]
+    assert [auto.population(n) for n in (1, 8, 16, 32, 64, 128, 256)] == [64, 64, 64, 128, 256, 512, 512]
     monkeypatch.setenv("TUNEFLEET_SEARCH_POPULATION", "300")
     assert TuneOptions.from_settings(load_settings()).population(8) == 300
     with pytest.raises(ParameterError, match="invalid search_population: 8"):

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
 
 from tunefleet.db._base import DatabaseBase
 from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Workload
 from tunefleet.errors import NotFoundError
+
+
+def lock_hardware_classes(s: Session, hardware_class_ids: Iterable[int]) -> None:
+    """Serialise writes per hardware class until the transaction ends (planning, dataset exports,
+    cost-model versions).
+
+    A no-op UPDATE of the class row, first in the transaction: PostgreSQL holds its row lock
+    (FOR NO KEY UPDATE, which tuning's foreign-key checks do not wait for) until commit, and on
+    SQLite the first write takes the database's write lock, before anything is read. Ids in
+    ascending order, so two transactions locking several classes never deadlock.
+    """
+    for hw_id in sorted(set(hardware_class_ids)):
+        s.execute(update(HardwareClass).where(HardwareClass.id == hw_id)
+                  .values(node_pool=HardwareClass.node_pool, updated_at=HardwareClass.updated_at))
 
 
 def model_links(hardware_class_id: int | None = None) -> Any:

@@ -7,10 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.orm import Session
 
 from tunefleet.db._base import sha256_text
-from tunefleet.db.catalog import CatalogMixin
+from tunefleet.db.catalog import CatalogMixin, lock_hardware_classes
 from tunefleet.db.models import (
     CostModel,
     Dataset,
@@ -22,19 +21,6 @@ from tunefleet.db.models import (
 from tunefleet.errors import NotFoundError
 
 _MARK_CHUNK = 5000  # dataset marks inserted per statement
-
-
-def _lock_hardware_classes(s: Session, hardware_class_ids: Iterable[int]) -> None:
-    """Serialise learning writes per hardware class until the transaction ends.
-
-    A no-op UPDATE of the class row, first in the transaction: PostgreSQL holds its row lock
-    (FOR NO KEY UPDATE, which tuning's foreign-key checks do not wait for) until commit, and on
-    SQLite the first write takes the database's write lock, before anything is read. Ids in
-    ascending order, so two transactions locking several classes never deadlock.
-    """
-    for hw_id in sorted(set(hardware_class_ids)):
-        s.execute(update(HardwareClass).where(HardwareClass.id == hw_id)
-                  .values(node_pool=HardwareClass.node_pool, updated_at=HardwareClass.updated_at))
 
 
 class LearningMixin(CatalogMixin):
@@ -136,7 +122,7 @@ class LearningMixin(CatalogMixin):
             When another version marked one of these measurements first; nothing is changed.
         """
         with self.session() as s:
-            _lock_hardware_classes(s, hardware_class_ids)
+            lock_hardware_classes(s, hardware_class_ids)
             s.execute(update(Dataset).where(Dataset.id == dataset_id)
                       .values(uri=uri, manifest=manifest, row_count=row_count))
             rows = [{"measurement_id": int(m), "dataset_id": dataset_id, "outcome": outcome}
@@ -220,7 +206,7 @@ class LearningMixin(CatalogMixin):
         whose artifact is still to be written (see :meth:`finish_cost_model`).
         """
         with self.session() as s:
-            _lock_hardware_classes(s, [hardware_class_id])
+            lock_hardware_classes(s, [hardware_class_id])
             version = int(
                 s.scalar(
                     select(func.coalesce(func.max(CostModel.version), 0)).where(
@@ -264,7 +250,7 @@ class LearningMixin(CatalogMixin):
             cm = s.get(CostModel, cost_model_id)
             if cm is None:
                 raise NotFoundError(f"no cost model {cost_model_id}")
-            _lock_hardware_classes(s, [cm.hardware_class_id])
+            lock_hardware_classes(s, [cm.hardware_class_id])
             if promote:
                 current = s.scalar(select(CostModel.id).where(CostModel.hardware_class_id == cm.hardware_class_id,
                                                               CostModel.promoted.is_(True)))
@@ -297,7 +283,7 @@ class LearningMixin(CatalogMixin):
             if not cm.artifact_uri:
                 raise NotFoundError(f"cost model v{cm.version} has no artifact (its retrain never finished); "
                                     "promote another version or retrain")
-            _lock_hardware_classes(s, [cm.hardware_class_id])
+            lock_hardware_classes(s, [cm.hardware_class_id])
             s.execute(
                 update(CostModel).where(CostModel.hardware_class_id == cm.hardware_class_id).values(promoted=False)
             )

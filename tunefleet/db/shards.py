@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, delete, exists, func, select, text, type_coerce, update
+from sqlalchemy import DateTime, delete, exists, func, select, type_coerce, update
 from sqlalchemy.orm import Session, aliased
 
-from tunefleet.db.catalog import CatalogMixin, model_links
+from tunefleet.db.catalog import CatalogMixin, lock_hardware_classes, model_links
 from tunefleet.db.models import InFlight, Measurement, Shard, TuningState, Workload, utcnow
 from tunefleet.errors import ConflictError, NotFoundError, StaleLeaseError
 from tunefleet.vocab import CANCELLED, CRASH, DEFAULT_TRACE_SHA256, DONE, FAILED, FILTERED, LEASED, PENDING
@@ -179,10 +179,10 @@ class ShardsMixin(CatalogMixin):
         """One transaction holding the class's planning lock: the planner reads what is spent and
         outstanding, decides and inserts its shards inside it, so two planners of a class (two
         ``plan`` runs, two workers refilling a budget's round) take turns and the second sees the
-        first's shards. The lock is a write to the class's row, first in the transaction: a row
-        lock on PostgreSQL, the write lock on SQLite (a wait bounded by its busy timeout)."""
+        first's shards. The lock is :func:`~tunefleet.db.catalog.lock_hardware_classes` (a wait bounded
+        by SQLite's busy timeout)."""
         with self.transaction() as s:
-            s.execute(text("UPDATE hardware_classes SET name = name WHERE id = :id"), {"id": hardware_class_id})
+            lock_hardware_classes(s, [hardware_class_id])
             yield
 
     def planning_view(self, hardware_class_id: int, model_id: int | None = None) -> list[PlanRow]:

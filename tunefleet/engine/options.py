@@ -60,7 +60,7 @@ class TuneOptions(TuneKnobs):
         """The evolutionary search's population for rounds of ``round_size`` candidates."""
         if self.search_population is not None:
             return self.search_population
-        return min(512, max(128, 8 * round_size))
+        return min(512, max(64, 4 * round_size))
 
     @property
     def policy(self) -> PreemptionPolicy:
