@@ -86,3 +86,21 @@ def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # 
     with pytest.raises(ConfigError, match="layout 'NCHW'; one of NHWC, native"):
         configured_classes(bad)
     db.close()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_onnx_model_build_report_times_onnxruntime_on_it(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A model ingested as ONNX is timed in onnxruntime as ingested, next to the (here untuned) build."""
+    import torch
+
+    from tunefleet.deliver import build_model
+
+    _, db, store = engine
+    path = tmp_path / "tiny.onnx"
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), (torch.zeros(1, 8),), str(path),
+                      dynamo=False, input_names=["x"])
+    model = ingest(db, store, str(path)).model
+    report = build_model(db, store, model, "x86")
+    assert report.tuned_ms is not None and report.onnxruntime_ms is not None and report.onnxruntime_ms > 0
+    assert report.torch_ms is None
+    assert "no PyTorch module for this model: eager latency not measured" in report.notes
