@@ -170,8 +170,8 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         store = open_store(settings)
         model = ingest(db, store, "mlp").model
         extract(db, store, model, "x86")
-        planned, _ = shards.plan(db, "x86", target_trials=24, shard_trials=8, model=model.id)
-        assert len(planned) >= 6
+        planned, _ = shards.plan(db, "x86", target_trials=40, shard_trials=8, model=model.id)
+        assert len(planned) >= 12
 
         fleet = Fleet(env, tmp_path, seed)
         seen: dict[int, str] = {}  # every measurement the test saw committed
@@ -182,7 +182,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         schedule.insert(at[1] + 1, "retrain")
         print("schedule:", ", ".join(schedule))
         started = time.monotonic()
-        next_fault = started + rng.uniform(4, 8)
+        next_fault = started + rng.uniform(3, 5)
         try:
             for _ in range(WORKERS):
                 fleet.start()
@@ -220,7 +220,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                         faults.retrain_outages += bool(err)
                         faults.transient_seen.append(err)
                         print(f"  t={time.monotonic() - started:5.1f}s S3 outage during a retrain: {err or 'got through'}")
-                    next_fault = time.monotonic() + rng.uniform(3, 8)
+                    next_fault = time.monotonic() + rng.uniform(2, 4)
                 time.sleep(0.5)
         finally:
             fleet.stop()
