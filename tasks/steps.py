@@ -21,11 +21,11 @@ from prefect.tasks import exponential_backoff
 
 from tunefleet.context import shared_context
 from tunefleet.errors import is_transient
-from tunefleet.vocab import EXPORT_TAG
+from tunefleet.vocab import EXPORT_TAG, RETRY_BACKOFF_S, RETRY_JITTER, TRANSIENT_RETRIES
 
 log = logging.getLogger("tunefleet.tasks")
 
-RETRIES = 4
+RETRIES = TRANSIENT_RETRIES
 """Task retries for transient failures; with the backoff below they span about 75 s (5+10+20+40)."""
 
 
@@ -40,8 +40,8 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 _RETRY = {
     "retries": RETRIES,
-    "retry_delay_seconds": exponential_backoff(backoff_factor=5),
-    "retry_jitter_factor": 0.5,
+    "retry_delay_seconds": exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+    "retry_jitter_factor": RETRY_JITTER,
     "retry_condition_fn": retry_if_transient,
 }
 

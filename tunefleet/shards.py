@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,8 @@ from tunefleet.vocab import (
     FAILED,
     LEASED,
     PENDING,
+    RETRY_BACKOFF_S,
+    RETRY_JITTER,
     STATES,
 )
 
@@ -117,13 +120,32 @@ def plan(
 
 
 # -- leases ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Backoff:
+    """Seconds to wait before retry ``n`` (1, 2, ...): ``factor * 2**(n-1)`` up to ``cap``, with
+    ``jitter`` (a fraction) spread randomly over it — Prefect's ``exponential_backoff`` with its
+    jitter, which the Prefect tasks use (:data:`~tunefleet.vocab.RETRY_BACKOFF_S`). ``factor=0``:
+    no waiting (tests)."""
+
+    factor: float = RETRY_BACKOFF_S
+    cap: float = 60.0
+    jitter: float = RETRY_JITTER
+
+    def delay(self, n: int) -> float:
+        base = min(self.cap, self.factor * 2 ** (n - 1))
+        return base * (1 + self.jitter * (2 * random.random() - 1))
+
+
+_LOST_LEASE_BACKOFF = Backoff(cap=300.0, jitter=0.0)
+
+
 def lost_lease_backoff(lost: int) -> float:
     """Seconds before a shard that lost its ``lost``-th lease may be leased again.
 
     The first loss is ordinary churn (a preempted node): at once. From the second on, a shard that
     keeps losing its workers waits 5 s, 10 s, 20 s ... at most 5 minutes.
     """
-    return 0.0 if lost <= 1 else min(300.0, 5.0 * 2 ** (lost - 2))
+    return 0.0 if lost <= 1 else _LOST_LEASE_BACKOFF.delay(lost - 1)
 
 
 def requeue_expired(db: Database, *, now: dt.datetime | None = None,

@@ -18,6 +18,14 @@ MIN_LEASE_S = 3.0
 """The shortest lease: heartbeats run every third of it and at most once a second
 (tunefleet.engine.heartbeat), so a shorter lease would expire between two heartbeats."""
 
+TRANSIENT_RETRIES = 4
+"""Transient errors in a row (a lost database connection) waited out before giving up: the
+retries of the Prefect tasks and of a CLI worker (tunefleet.engine.worker.drain) alike."""
+RETRY_BACKOFF_S = 5.0
+"""The first retry's wait; each further one doubles it (5, 10, 20, 40 s: about 75 s in all)."""
+RETRY_JITTER = 0.5
+"""The share of each wait spread randomly around it, so that workers cut off together do not retry together."""
+
 DEFAULT_MAX_LOST_LEASES = 20
 """Leases a shard may lose (its worker died or stopped heartbeating) before it fails: lost leases
 are counted apart from attempts that raised an error, since churn is not the shard's fault."""

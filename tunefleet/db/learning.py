@@ -172,9 +172,9 @@ class LearningMixin(CatalogMixin):
         -------
         (newest id, count), or None when every measurement of the class is in a dataset version.
         """
-        counted = self._unexported(hardware_class_id).with_only_columns(func.max(Measurement.id), func.count())
+        counted = self._unexported(hardware_class_id).with_only_columns(func.count())
         with self.session() as s:
-            _, count = s.execute(counted).one()
+            count = s.scalar(counted)
             if not count:
                 return None
             newest = s.scalar(select(func.max(Measurement.id))

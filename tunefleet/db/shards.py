@@ -374,10 +374,9 @@ class ShardsMixin(CatalogMixin):
         or None when no pending shard is left (or every candidate was taken by another worker
         meanwhile). ``now`` replaces the database's clock (tests only).
         """
-        busy = aliased(Shard)
         for _ in range(_LEASE_RACES):
             try:
-                leased = self._lease_one(hardware_class_id, owner, lease_s, shard_id, now, busy)
+                leased = self._lease_one(hardware_class_id, owner, lease_s, shard_id, now)
             except ConflictError:  # another worker leased a shard of the same workload meanwhile
                 continue
             if leased is not False:
@@ -385,8 +384,9 @@ class ShardsMixin(CatalogMixin):
         return None
 
     def _lease_one(self, hardware_class_id: int, owner: str, lease_s: float, shard_id: int | None,
-                   now: dt.datetime | None, busy: Any) -> Shard | None | bool:
+                   now: dt.datetime | None) -> Shard | None | bool:
         """One try of :meth:`lease_shard`: the shard, None (nothing to lease) or False (lost a race)."""
+        busy = aliased(Shard)
         with self.session() as s:
             stmt = select(Shard).where(
                 Shard.hardware_class_id == hardware_class_id, Shard.state == PENDING,
@@ -596,19 +596,10 @@ class ShardsMixin(CatalogMixin):
         """Give back every lease whose owner is ``owner_prefix`` or starts with ``owner_prefix + ":"``
         (a process stopped by its user): the shards go back to pending and the lease is not counted
         against their budget of leases. Returns their ids."""
-        released: list[int] = []
         with self.session() as s:
             held = s.scalars(select(Shard).where(Shard.state == LEASED, (Shard.lease_owner == owner_prefix)
                                                  | Shard.lease_owner.startswith(owner_prefix + ":")))
-            for shard in held.all():
-                res = s.execute(update(Shard).where(Shard.id == shard.id, Shard.state == LEASED,
-                                                    Shard.lease_owner == shard.lease_owner)
-                                .values(state=PENDING, lease_owner=None, lease_expires_at=None,
-                                        leases=self._greatest(Shard.leases - 1, 0),
-                                        history=_event(shard, "released", owner=shard.lease_owner)))
-                if res.rowcount:
-                    released.append(shard.id)
-        return released
+            return [shard.id for shard in held.all() if self._give_back(s, shard, shard.lease_owner, "released")]
 
     def give_back_lease(self, shard_id: int, owner: str) -> bool:
         """Give back ``owner``'s lease on one shard (its worker could not measure: no builder or
@@ -618,11 +609,15 @@ class ShardsMixin(CatalogMixin):
             shard = s.get(Shard, shard_id)
             if shard is None:
                 raise NotFoundError(f"no shard {shard_id}")
-            res = s.execute(update(Shard).where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
-                            .values(state=PENDING, lease_owner=None, lease_expires_at=None,
-                                    leases=self._greatest(Shard.leases - 1, 0),
-                                    history=_event(shard, "given-back", owner=owner), updated_at=utcnow()))
-            return res.rowcount == 1
+            return self._give_back(s, shard, owner, "given-back")
+
+    def _give_back(self, s: Session, shard: Shard, owner: str | None, event: str) -> bool:
+        """Leased by ``owner`` -> pending, the lease not counted as an attempt; whether it was so leased."""
+        res = s.execute(update(Shard).where(Shard.id == shard.id, Shard.state == LEASED, Shard.lease_owner == owner)
+                        .values(state=PENDING, lease_owner=None, lease_expires_at=None,
+                                leases=self._greatest(Shard.leases - 1, 0),
+                                history=_event(shard, event, owner=owner), updated_at=utcnow()))
+        return res.rowcount == 1
 
     def retry_shards(self, shard_ids: Sequence[int] | None = None, *,
                      hardware_class_id: int | None = None) -> list[int]:

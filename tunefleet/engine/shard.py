@@ -153,6 +153,7 @@ class ShardRun:
         self.committer: Any = None
         self.callback: Any = None
         self.failure: BaseException | None = None
+        self.heartbeat: Heartbeat | None = None  # while tune() runs
         self.ended = False
         self._past: tuple[list[Any], list[float]] | None | bool = False
 
@@ -238,8 +239,7 @@ class ShardRun:
         def should_stop() -> str | None:
             # A lost lease or a dead heartbeat stops the search at the next round, even one that
             # commits nothing (tune() then raises it).
-            hb = getattr(self, "heartbeat", None)
-            return (hb.reason() if hb is not None else None) or policy_stop()
+            return (self.heartbeat.reason() if self.heartbeat is not None else None) or policy_stop()
 
         self.search.should_stop = should_stop
         self.search.on_proposed = lambda cands: self.committer.in_flight(cands)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import random
 import secrets
 import socket
 import time
@@ -26,7 +25,8 @@ from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.rounds import Deadline, Rounds
 from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
 from tunefleet.errors import TransientError, TunefleetError, WorkerStartError
-from tunefleet.shards import LeaseLostError
+from tunefleet.shards import Backoff, LeaseLostError
+from tunefleet.vocab import TRANSIENT_RETRIES
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -38,10 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-TRANSIENT_RETRIES = 4
-"""Transient errors in a row (a lost database connection) a worker waits out before it gives up,
-as many as the Prefect ``tune_shard`` task retries (``tunefleet.tasks.steps.RETRIES``)."""
-
 START_FAILURES = 3
 """Failed starts of the builder or runner in a row before a worker gives up: one failed fork is
 a passing shortage (memory, process table), three in a row a node that cannot tune."""
@@ -49,21 +45,6 @@ a passing shortage (memory, process table), three in a row a node that cannot tu
 
 IDLE_POLL_S = 2.0
 """How often a worker that found only pending shards it cannot lease yet looks again."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Seconds to wait before retry ``n`` (1, 2, ...): ``factor * 2**(n-1)`` up to ``cap``, with
-    ``jitter`` (a fraction) spread randomly over it — Prefect's ``exponential_backoff`` with its
-    jitter, which the Prefect path of the same work uses. ``factor=0``: no waiting (tests)."""
-
-    factor: float = 5.0
-    cap: float = 60.0
-    jitter: float = 0.5
-
-    def delay(self, n: int) -> float:
-        base = min(self.cap, self.factor * 2 ** (n - 1))
-        return base * (1 + self.jitter * (2 * random.random() - 1))
 
 
 def _wait(seconds: float) -> None:
@@ -319,8 +300,8 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
 
     A worker keeps going through faults that are not a shard's: a transient error (a lost database
     connection) is logged in one line and waited out with ``backoff``, then the worker leases
-    again, taking its own shard back with no attempt spent (up to :data:`TRANSIENT_RETRIES` in a
-    row, then the error is raised); a lost lease (the shard cancelled, or expired and taken) moves
+    again, taking its own shard back with no attempt spent (up to
+    :data:`~tunefleet.vocab.TRANSIENT_RETRIES` in a row, then the error is raised); a lost lease (the shard cancelled, or expired and taken) moves
     on to the next shard; a builder or runner that cannot start is started again, and after
     :data:`START_FAILURES` failures in a row :class:`WorkerStartError` says why. Pending shards it
     cannot lease yet (their workload searched by another worker, or backing off after a lost lease)

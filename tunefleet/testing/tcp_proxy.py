@@ -52,12 +52,8 @@ class TcpProxy:
             listener.close()
         if self._accepting is not None:
             self._accepting.join(timeout=5)
-        with self._lock:
-            pairs, self._pairs = list(self._pairs), set()
-        for pair in pairs:
-            self._close(pair)
-        self.connections_cut += len(pairs)
-        log.info("proxy %d paused: %d connection(s) cut", self.port, len(pairs))
+        self.drop_connections()
+        log.info("proxy %d paused", self.port)
 
     def drop_connections(self) -> int:
         """Reset every open connection but keep listening (a network blip: the next connection
