@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunefleet.errors import ParameterError
+from tunefleet.vocab import UNTUNED_TIMING_S
 
 DEFAULT_MIN_TRIALS = 8
 """The default schedule plus one search round of 7 candidates. At the old flat default of 8
@@ -350,7 +351,8 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     """Seconds to keep for building the model after tuning (``tunefleet run``'s last step).
 
     The build loads and re-extracts the model, compiles it twice (tuned and untuned), checks the
-    outputs and times both builds and PyTorch eager (at least 16 runs each). Measured where the
+    outputs and times both builds and PyTorch eager (16 runs each; the untuned build only for
+    about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at least one run). Measured where the
     database knows it — the model's untuned (Σ weight × default run time) and tuned (Σ weight ×
     best) latencies, the mean build time of one candidate (``compile_s``; the model's two compiles
     took about that per workload for resnet18 here) — and estimated where not (a workload whose
@@ -367,5 +369,7 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     tuned = sum(bests) * n / len(bests) if bests else untuned
     load = 5.0 + 0.25 * n  # import + extraction: resnet18's 24 workloads took ~10 s here
     compile_ = n * (compile_s if compile_s is not None else 0.5)
-    timing = 16 * untuned + 32 * tuned  # the untuned build once, the tuned build and eager
+    # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
+    # more call, at most time_evaluator's 16); the tuned build and eager, 16 each.
+    timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 32 * tuned
     return 1.2 * (load + compile_ + timing) + 5.0

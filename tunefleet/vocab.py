@@ -79,3 +79,9 @@ def hardware_tag(hardware: str) -> str:
 # conv2d layouts a hardware class's extraction recipe may ask for (tunefleet.tvm.extract.Recipe):
 # "NHWC" converts, "native" keeps the frontend's layout. Unset: NHWC on CPU classes, native on GPU.
 LAYOUTS = ("NHWC", "native")
+
+# -- building ---------------------------------------------------------------------------------------
+UNTUNED_TIMING_S = 10.0
+"""About the longest a build spends timing the untuned model after its output check: its naive
+loops take seconds per call on a large model, its latency is only the speed-up's reference, and
+within a budget's run the user's time pays for it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunefleet.allocation import Budget, WorkloadHistory, allocate, build_reserve_s, format_duration
+from tunefleet.vocab import UNTUNED_TIMING_S
 from tunefleet.errors import ParameterError
 
 
@@ -132,7 +133,10 @@ def test_one_shot_plan_spends_it_all_by_flops_before_anything_is_measured() -> N
 def test_build_reserve_grows_with_the_model_and_its_measured_latency() -> None:
     small = build_reserve_s([_wl(1, [1e-3], default_s=5e-3)])
     slow = build_reserve_s([_wl(1, [1e-3], default_s=2.0)])
-    assert 10 < small < 30 and slow > small + 16 * 2
+    assert 10 < small < 30 and slow > small + 2 * 2.0 + UNTUNED_TIMING_S  # the check call, then ~10 s of timing
+    # An untuned call of 20 s (bert-base): the check call and one timed call, not 16 of them.
+    huge = build_reserve_s([_wl(1, [1e-3], default_s=20.0)])
+    assert 2 * 20.0 < huge - small < 1.2 * 2 * 20.0 + 1
     many = build_reserve_s([_wl(i, [], weight=1) for i in range(24)], compile_s=2.0)
     assert many > 1.2 * (24 * 2.0)
     assert build_reserve_s([]) == 0.0
