@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.errors import CorrectnessError, NotFoundError
-from tunefleet.vocab import DEFAULT_TRACE_SHA256, UNTUNED_TIMING_S
+from tunefleet.vocab import DEFAULT_TRACE_SHA256, STAGE_LOG_KEY, UNTUNED_TIMING_S
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
@@ -160,6 +160,11 @@ def _host_can_run(target: Any) -> bool:
     return not mtriple or mtriple.startswith(machine) or (machine == "x86_64" and mtriple.startswith("x86_64"))
 
 
+def _stage(message: str, stage: str) -> None:
+    """Log the build's step, naming it for ``tunefleet run``'s live line (:mod:`tunefleet.progress`)."""
+    log.info("%s", message, extra={STAGE_LOG_KEY: stage})
+
+
 def _time_vm(vm: Any, dev: Any, inputs: list[Any], repeat: int, *, one_call_s: float | None = None) -> float:
     """Seconds per call of ``main``: the median of 3 repeats of ``repeat`` calls (``time_evaluator``,
     which warms up with one more call).
@@ -218,6 +223,7 @@ def build_model(
     hw = db.hardware_class(hardware)
     target = make_target(hw.target)
     recipe = class_recipe(hw)
+    _stage(f"building {model.name} for {hardware} with the best schedules", "building the tuned model")
     if zero_shot:
         from tunefleet.zeroshot import predict_workloads, require_model
 
@@ -281,6 +287,8 @@ def build_model(
         return report
     # The untuned reference is the model as given (not converted): layout conversion and
     # prepacking are checked against the unconverted model's outputs.
+    _stage(f"checking {model.name}'s tuned build against the untuned one and timing both",
+           "checking and timing the tuned model")
     untuned_exec = tvm.compile(prepare_for_build(loaded.mod, target, loaded.params), target=target)
     dev = tvm.cpu()
     inputs_np = loaded.random_inputs(seed=0)
@@ -305,6 +313,7 @@ def build_model(
     if compare_torch:
         from tunefleet import alternatives
 
+        _stage(f"timing what the user would run instead of {model.name}", "timing PyTorch eager and onnxruntime")
         onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
         latencies, notes = alternatives.measure(inputs_np, report.threads, torch_module=loaded.torch_module,
                                                 onnx_bytes=onnx_bytes)

@@ -5,15 +5,23 @@ commit is the truth, so :class:`RunProgress` polls the database (its own connect
 second) rather than listening to any one worker. In a terminal it keeps one live line up to date
 (rich); otherwise it prints a plain line when a workload finishes, and at most one line a minute
 in between, so a log file stays short.
+
+What the database cannot tell — the run has moved on from tuning to building the model — comes
+from the log: a record carrying :data:`~tunefleet.vocab.STAGE_LOG_KEY` (``extra=``) in this
+process names the step the line shows from then on (the ``tunefleet`` logger is at INFO in
+``run``, which logs to a file).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from tunefleet.vocab import STAGE_LOG_KEY
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,15 +54,18 @@ class Snapshot:
         return cls(len(rows), done, sum(r.measured_since for r in rows), sum(r.errors_since for r in rows),
                    sum(max(0, r.trials - r.spent) for r in rows), ratio)
 
-    def line(self, elapsed_s: float, tuning_s: float | None, budget_left_s: float | None = None) -> str:
-        """``tuning 2/3 workloads | 41 candidates, 0 errors | 1:05, ~0:30 left | 3.10x untuned speed``
-        (with a wall-time budget, the time left is the budget's: ``1:05, budget 13:55 left``)."""
-        parts = [f"tuning {self.workloads_done}/{self.workloads} workloads",
+    def line(self, elapsed_s: float, tuning_s: float | None, budget_left_s: float | None = None,
+             stage: str | None = None) -> str:
+        """``tuning 2/3 workloads | 41 candidates, 0 errors | 1:05, ~0:30 left | 3.10x faster than untuned``
+        (with a wall-time budget, the time left is the budget's: ``1:05, budget 13:55 left``);
+        after the tuning, the ``stage`` it is in: ``building the tuned model (3/3 workloads tuned) | ...``."""
+        parts = [f"{stage} ({self.workloads_done}/{self.workloads} workloads tuned)" if stage
+                 else f"tuning {self.workloads_done}/{self.workloads} workloads",
                  f"{self.measured} candidates, {self.errors} errors"]
         clock = _clock(elapsed_s)
         if budget_left_s is not None:
             clock += f", budget {_clock(max(0.0, budget_left_s))} left"
-        elif tuning_s and self.measured and self.trials_left:
+        elif tuning_s and self.measured and self.trials_left and not stage:
             clock += f", ~{_clock(self.trials_left * tuning_s / self.measured)} left"
         parts.append(clock)
         if self.latency_ratio:
@@ -100,28 +111,31 @@ class RunProgress:
         self._thread = threading.Thread(target=self._run, name="tunefleet-progress", daemon=True)
         self._live: object | None = None
         self._queue: list[int] | None = None
+        self.stage: str | None = None
+        """The step after tuning the run is in (None: tuning), from the log."""
+        self._printed_stage: str | None = None
+        self._stage_handler = _StageHandler(self)
 
     def __enter__(self) -> RunProgress:
         if self.console.is_terminal:
             from rich.live import Live
-
             from rich.text import Text
 
             self._live = Live(Text("preparing: ingest, extract, plan"), console=self.console, transient=True,
                               refresh_per_second=4)
             self._live.__enter__()  # type: ignore[attr-defined]
+        logging.getLogger("tunefleet").addHandler(self._stage_handler)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        logging.getLogger("tunefleet").removeHandler(self._stage_handler)
         self._stop.set()
         self._thread.join(timeout=5)
         if self._live is not None:
             self._live.__exit__(None, None, None)  # type: ignore[attr-defined]
 
     def _run(self) -> None:
-        import logging
-
         from tunefleet.db import Database
 
         db = Database.from_settings(self.settings, check_schema=False)
@@ -129,7 +143,7 @@ class RunProgress:
             while not self._stop.wait(self.interval_s):
                 try:
                     self._show(self.read(db))
-                except Exception:  # noqa: BLE001 - a busy database (a long write) must not end the display
+                except Exception:
                     logging.getLogger(__name__).debug("progress not read this time", exc_info=True)
         finally:
             db.close()
@@ -158,16 +172,31 @@ class RunProgress:
         tuning_s = now - self._first_row_at if self._first_row_at is not None else None
         if snap is None:
             return
+        stage = self.stage
         text = snap.line(now - self.started, tuning_s,
-                         self.ends_at - time.time() if self.ends_at is not None else None)
+                         self.ends_at - time.time() if self.ends_at is not None else None, stage)
         if self._live is not None:
             from rich.text import Text
 
             self._live.update(Text(text, overflow="ellipsis", no_wrap=True))  # type: ignore[attr-defined]
-        elif self.last is None or snap.workloads_done != self.last.workloads_done or now - self._printed_at >= 60:
+        elif (self.last is None or snap.workloads_done != self.last.workloads_done or stage != self._printed_stage
+              or now - self._printed_at >= 60):
             self.console.print(text, highlight=False, soft_wrap=True)
-            self._printed_at = now
+            self._printed_at, self._printed_stage = now, stage
         self.last = snap
+
+
+class _StageHandler(logging.Handler):
+    """Takes the stage named by a ``tunefleet`` log record's :data:`~tunefleet.vocab.STAGE_LOG_KEY`."""
+
+    def __init__(self, progress: RunProgress) -> None:
+        super().__init__(logging.INFO)
+        self.progress = progress
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stage = getattr(record, STAGE_LOG_KEY, None)
+        if stage is not None:
+            self.progress.stage = str(stage)
 
 
 def _utcnow() -> dt.datetime:

@@ -85,3 +85,7 @@ UNTUNED_TIMING_S = 10.0
 """About the longest a build spends timing the untuned model after its output check: its naive
 loops take seconds per call on a large model, its latency is only the speed-up's reference, and
 within a budget's run the user's time pays for it."""
+
+STAGE_LOG_KEY = "tunefleet_stage"
+"""A log record's attribute (``log.info(..., extra={STAGE_LOG_KEY: "building the tuned model"})``)
+that names the step a run has moved on to: ``tunefleet run``'s live line shows it."""

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tunefleet.allocation import Budget, WorkloadHistory, allocate, build_reserve_s, format_duration
-from tunefleet.vocab import UNTUNED_TIMING_S
+from tunefleet.allocation import (
+    Budget,
+    WorkloadHistory,
+    allocate,
+    build_reserve_s,
+    format_duration,
+)
 from tunefleet.errors import ParameterError
+from tunefleet.vocab import UNTUNED_TIMING_S
 
 
 # -- the budget ---------------------------------------------------------------------------------

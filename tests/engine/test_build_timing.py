@@ -4,6 +4,7 @@ stand-in VM that counts calls: no TVM)."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,10 +32,7 @@ class CountingVM:
     def time_evaluator(self, name: str, dev: object, *, number: int, repeat: int, min_repeat_ms: int):  # type: ignore[no-untyped-def]
         self.evaluator = {"number": number, "repeat": repeat}
 
-        class Result:
-            results = [0.002, 0.001, 0.003]
-
-        return lambda *args: Result()
+        return lambda *args: SimpleNamespace(results=[0.002, 0.001, 0.003])
 
 
 @pytest.mark.parametrize(("one_call_s", "calls"), [(UNTUNED_TIMING_S / 2.5, 2), (UNTUNED_TIMING_S * 3, 1)])
