@@ -17,7 +17,8 @@ from tunefleet.vocab import LAYOUTS
 
 @dataclass(frozen=True)
 class Recipe:
-    """How a model becomes fused TIR: the conv2d layout and whether weights may be prepacked.
+    """How a model becomes fused TIR: the conv2d layout, whether weights may be prepacked and
+    whether transcendental functions use TVM's fast approximations.
 
     ``name`` is what the database keeps with each model-workload link, so a model extracted under
     another recipe is known to need re-extracting (its workloads hash differently).
@@ -27,17 +28,23 @@ class Recipe:
     """``"NHWC"``: conv2d (and the ops that follow it) converted to NHWC; None: as given."""
     prepack: bool = False
     """Weights marked layout-free, so tuned schedules may read them in a packed layout."""
+    fast_math: bool = False
+    """float32 ``erf`` (GELU), ``exp`` (softmax), ``tanh`` as TVM's vectorisable polynomial
+    approximations (``topi.fast_erf`` / ``fast_exp`` / ``fast_tanh``) instead of a libm call per
+    element, which no schedule can vectorise."""
 
     @property
     def name(self) -> str:
-        return f"{(self.layout or 'native').lower()}{'+prepack' if self.prepack else ''}"
+        return (f"{(self.layout or 'native').lower()}{'+prepack' if self.prepack else ''}"
+                f"{'+fastmath' if self.fast_math else ''}")
 
     @classmethod
     def from_name(cls, name: str) -> Recipe:
-        layout, _, extra = name.partition("+")
-        if layout not in ("nhwc", "native") or extra not in ("", "prepack"):
-            raise ConfigError(f"unknown extraction recipe {name!r} (e.g. 'nhwc+prepack', 'native')")
-        return cls(None if layout == "native" else layout.upper(), extra == "prepack")
+        layout, *extras = name.split("+")
+        known = [e for e in ("prepack", "fastmath") if e in extras]
+        if layout not in ("nhwc", "native") or extras != known:
+            raise ConfigError(f"unknown extraction recipe {name!r} (e.g. 'nhwc+prepack+fastmath', 'native')")
+        return cls(None if layout == "native" else layout.upper(), "prepack" in extras, "fastmath" in extras)
 
 
 def _kind(target: Any) -> str:
@@ -50,12 +57,12 @@ def _kind(target: Any) -> str:
 
 def recipe_for(target: Any, layout: str | None = None) -> Recipe:
     """The recipe for a target (dict form, kind name or ``tvm.target.Target``): CPU (llvm) targets
-    convert conv2d to NHWC (unless ``layout`` says ``"native"``) and prepack weights, TVM's own CPU
-    recipe; GPU targets keep the frontend's layout and unpacked weights (their schedules stage
-    weights through shared memory instead)."""
+    convert conv2d to NHWC (unless ``layout`` says ``"native"``), prepack weights (TVM's own CPU
+    recipe) and use fast math; GPU targets keep the frontend's layout, unpacked weights (their
+    schedules stage weights through shared memory instead) and their own math intrinsics."""
     if layout is not None and layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; one of {', '.join(LAYOUTS)}")
     cpu = _kind(target) == "llvm"
     if layout is None:
         layout = "NHWC" if cpu else "native"
-    return Recipe(None if layout == "native" else layout, prepack=cpu)
+    return Recipe(None if layout == "native" else layout, prepack=cpu, fast_math=cpu)

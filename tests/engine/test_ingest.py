@@ -77,7 +77,7 @@ def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # 
     db = Database.from_settings(engine_settings)
     seed_hardware_classes(db, engine_settings)
     assert {h.name: class_recipe(h).name for h in db.hardware_classes()} == {
-        "x86": "nhwc+prepack", "arm": "nhwc+prepack", "gpu": "native"}
+        "x86": "nhwc+prepack+fastmath", "arm": "nhwc+prepack+fastmath", "gpu": "native"}
     native = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
                            hardware={"x86": {"layout": "native"}})
     seed_hardware_classes(db, native)

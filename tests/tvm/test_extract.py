@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tvm
 import tvm_ffi
@@ -216,15 +217,17 @@ def test_hashes_are_stable_across_processes(mlp_workloads: list[ExtractedWorkloa
 
 
 def test_recipes(cpu_target: Any, mlp_mod: Any, mlp_params: dict[str, Any]) -> None:
-    assert recipe_for(cpu_target) == Recipe("NHWC", prepack=True)
-    assert recipe_for(cpu_target).name == "nhwc+prepack"
-    assert recipe_for(cpu_target, "native") == Recipe(None, prepack=True)
+    assert recipe_for(cpu_target) == Recipe("NHWC", prepack=True, fast_math=True)
+    assert recipe_for(cpu_target).name == "nhwc+prepack+fastmath"
+    assert recipe_for(cpu_target, "native") == Recipe(None, prepack=True, fast_math=True)
     assert recipe_for({"kind": "cuda", "arch": "sm_80"}) == Recipe(None, prepack=False)
-    assert Recipe.from_name("nhwc+prepack") == Recipe("NHWC", True) and Recipe.from_name("native") == Recipe()
+    for recipe in (Recipe("NHWC", True, True), Recipe("NHWC", True), Recipe(None, False, True), Recipe()):
+        assert Recipe.from_name(recipe.name) == recipe
     with pytest.raises(ConfigError, match="unknown layout"):
         recipe_for(cpu_target, "NCHW4c")
-    with pytest.raises(ConfigError, match="unknown extraction recipe"):
-        Recipe.from_name("nchw")
+    for bad in ("nchw", "nhwc+fastmath+prepack", "nhwc+prepack+prepack", "nhwc+fast"):
+        with pytest.raises(ConfigError, match="unknown extraction recipe"):
+            Recipe.from_name(bad)
     # Prepacking is part of a workload's identity: the same MLP hashes differently without it.
     packed = {w.structural_hash for w in extract_workloads(mlp_mod, cpu_target, mlp_params)}
     plain = {w.structural_hash for w in extract_workloads(mlp_mod, cpu_target, mlp_params, recipe=Recipe())}
@@ -246,3 +249,38 @@ def test_nhwc_leaves_layout_transforms_only_at_the_boundary(cpu_target: Any) -> 
     transposes = [gv.name_hint for gv in fused.get_global_vars() if "transpose" in gv.name_hint]
     assert len(transposes) <= 2, transposes
     assert "layout_transform" not in fused["main"].script()
+
+
+def test_fast_math_replaces_libm_calls_and_keeps_the_outputs(cpu_target: Any) -> None:
+    """GELU, its tanh form and softmax: with ``fast_math`` no ``erf``/``exp``/``tanh`` call is
+    left in the TIR (LLVM would call libm per element), and the build agrees with the exact,
+    unconverted model."""
+    from tvm.script import relax as R
+
+    from tunefleet.tvm.build import build_with_database
+
+    @tvm.script.ir_module
+    class Gelus:
+        @R.function
+        def main(x: R.Tensor((4, 64), "float32"), w: R.Tensor((64, 64), "float32")) -> R.Tensor((4, 64), "float32"):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                g = R.nn.gelu(y)
+                t = R.nn.gelu_tanh(g)
+                s = R.nn.softmax(t, axis=-1)
+                R.output(s)
+            return s
+
+    params = {"w": np.random.default_rng(0).standard_normal((64, 64)).astype("float32") * 0.1}
+    exact_recipe, fast_recipe = Recipe("NHWC", True), Recipe("NHWC", True, fast_math=True)
+    for recipe, calls_left in ((exact_recipe, True), (fast_recipe, False)):
+        tir = prepare_for_tuning(Gelus, cpu_target, params, recipe=recipe).script()
+        assert any(f"T.{fn}(" in tir for fn in ("erf", "exp", "tanh")) is calls_left, recipe.name
+    assert {w.op_kind for w in extract_workloads(Gelus, cpu_target, params, recipe=fast_recipe)} == {"softmax", "dense/matmul"}
+
+    dev = tvm.cpu()
+    x = tvm.runtime.tensor(np.random.default_rng(1).standard_normal((4, 64)).astype("float32") * 3, dev)
+    exact = relax.VirtualMachine(tvm.compile(prepare_for_build(Gelus, cpu_target, params), target=cpu_target), dev)
+    fast = relax.VirtualMachine(build_with_database(Gelus, cpu_target, ms.database.MemoryDatabase(), params=params,
+                                                    recipe=fast_recipe).executable, dev)
+    np.testing.assert_allclose(fast["main"](x).numpy(), exact["main"](x).numpy(), rtol=1e-5, atol=1e-6)

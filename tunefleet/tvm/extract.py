@@ -51,6 +51,11 @@ Which passes run between the frontend's graph and the fused TIR is the *extracti
   measuring such a schedule needs the packed argument shapes
   (``ArgInfo.from_entry_func(mod, remove_preproc=True)``, see :mod:`tunefleet.tvm.traces`).
 
+* ``fast_math`` (CPU classes) runs ``FastMathTransform`` (softmax, exp, erf, tanh) and
+  legalises ``nn.gelu`` / ``nn.gelu_tanh`` with ``fast_erf`` / ``fast_tanh`` (float32 only):
+  polynomial approximations that vectorise, where LLVM otherwise calls libm once per element.
+  The build checks its outputs against the exact, unconverted model.
+
 Stock ``compile_relax`` cannot build prepacked records (it goes from ``FuseTIR`` straight to
 ``MetaScheduleApplyDatabase``): :func:`tunefleet.tvm.build.build_with_database` runs this
 module's passes, applies the database, then ``SplitLayoutRewritePreproc`` + ``FoldConstant``
@@ -386,7 +391,8 @@ def prepare_for_tuning(
     mod = prepare_for_build(mod, target, params, func_name=func_name, recipe=recipe)
     passes = [
         *_library_dispatch_passes(target),
-        relax.transform.LegalizeOps(),
+        *([relax.transform.FastMathTransform()] if recipe.fast_math else []),
+        relax.transform.LegalizeOps(customize_legalize_map=_FAST_LEGALIZE if recipe.fast_math else None),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -395,6 +401,47 @@ def prepare_for_tuning(
     ]
     with target, tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential(passes)(mod)
+
+
+def _fast_gelu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``relax.nn.gelu`` as TVM legalises it, with ``fast_erf`` for float32.
+
+    ``FastMathTransform`` rewrites ``relax.erf`` but not ``relax.nn.gelu``, whose own
+    legalisation calls ``topi.erf``: a libm call per element."""
+    from tvm import te, tirx, topi
+
+    def gelu(x: te.Tensor) -> te.Tensor:
+        half = tirx.const(0.5, x.dtype)
+        return x * (half + topi.fast_erf(x * tirx.const(0.5**0.5, x.dtype)) * half)
+
+    if str(call.ty.dtype) != "float32":  # TVM's own (it computes float16 through float32)
+        return _tvm_legalization("relax.nn.gelu")(bb, call)
+    return bb.call_te(gelu, call.args[0], primfunc_name_hint="gelu")
+
+
+def _fast_gelu_tanh(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``relax.nn.gelu_tanh`` as TVM legalises it, with ``fast_tanh`` for float32."""
+    import math
+
+    from tvm import te, tirx, topi
+
+    def gelu_tanh(x: te.Tensor) -> te.Tensor:
+        half, one = tirx.const(0.5, x.dtype), tirx.const(1.0, x.dtype)
+        inner = tirx.const(math.sqrt(2.0 / math.pi), x.dtype) * x * (one + tirx.const(0.044715, x.dtype) * x * x)
+        return half * x * (one + topi.fast_tanh(inner))
+
+    if str(call.ty.dtype) != "float32":
+        return _tvm_legalization("relax.nn.gelu_tanh")(bb, call)
+    return bb.call_te(gelu_tanh, call.args[0], primfunc_name_hint="gelu_tanh")
+
+
+def _tvm_legalization(op_name: str) -> Any:
+    """TVM's registered legalisation of an op."""
+    return tvm.ir.Op.get(op_name).get_attr("FLegalize")
+
+
+_FAST_LEGALIZE = {"relax.nn.gelu": _fast_gelu, "relax.nn.gelu_tanh": _fast_gelu_tanh}
+"""The fast-math recipe's legalisations, beside ``FastMathTransform`` (softmax, exp, erf, tanh)."""
 
 
 def classify_op_kind(task_name: str, mod: IRModule | None = None) -> str:
