@@ -232,6 +232,9 @@ def test_recipes(cpu_target: Any, mlp_mod: Any, mlp_params: dict[str, Any]) -> N
     packed = {w.structural_hash for w in extract_workloads(mlp_mod, cpu_target, mlp_params)}
     plain = {w.structural_hash for w in extract_workloads(mlp_mod, cpu_target, mlp_params, recipe=Recipe())}
     assert packed.isdisjoint(plain)
+    # Fast math changes only workloads with erf/exp/tanh/softmax: the MLP's stay the same.
+    exact = {w.structural_hash for w in extract_workloads(mlp_mod, cpu_target, mlp_params, recipe=Recipe("NHWC", True))}
+    assert exact == packed
 
 
 def test_nhwc_leaves_layout_transforms_only_at_the_boundary(cpu_target: Any) -> None:
