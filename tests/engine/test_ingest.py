@@ -81,7 +81,7 @@ def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # 
     native = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
                            hardware={"x86": {"layout": "native"}})
     seed_hardware_classes(db, native)
-    assert class_recipe(db.hardware_class("x86")).name == "native+prepack"
+    assert class_recipe(db.hardware_class("x86")).name == "native+prepack+fastmath"
     bad = load_settings(home=engine_settings.home, hardware={"x86": {"layout": "NCHW"}})
     with pytest.raises(ConfigError, match="layout 'NCHW'; one of NHWC, native"):
         configured_classes(bad)
