@@ -143,7 +143,7 @@ class RunProgress:
             while not self._stop.wait(self.interval_s):
                 try:
                     self._show(self.read(db))
-                except Exception:
+                except Exception:  # a busy database (a long write) must not end the display
                     logging.getLogger(__name__).debug("progress not read this time", exc_info=True)
         finally:
             db.close()
