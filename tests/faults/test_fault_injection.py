@@ -209,6 +209,11 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                         print(f"  t={time.monotonic() - started:5.1f}s database connections dropped")
                     elif kind in ("export", "retrain") and not db.count_measurements():
                         schedule.insert(0, kind)  # nothing to export yet: try again at the next fault time
+                    elif kind == "retrain" and len({m.workload_id for m in db.measurements()
+                                                    if m.mean_run_s is not None}) < 2:
+                        # A cost model holds whole workloads out: it needs two measured ones (seed 161903
+                        # retrained with one and failed on that, not on the outage). Try again later.
+                        schedule.insert(0, kind)
                     elif kind == "export":
                         err = _outage_during(store, s3_proxy, lambda st: dataset.export(db, st, hardware="x86"))
                         faults.export_outages += bool(err)
