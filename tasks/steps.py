@@ -25,10 +25,6 @@ from tunefleet.vocab import EXPORT_TAG, RETRY_BACKOFF_S, RETRY_JITTER, TRANSIENT
 
 log = logging.getLogger("tunefleet.tasks")
 
-RETRIES = TRANSIENT_RETRIES
-"""Task retries for transient failures; with the backoff below they span about 75 s (5+10+20+40)."""
-
-
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn``: retry connection losses and lease conflicts only."""
     try:
@@ -39,7 +35,7 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 
 _RETRY = {
-    "retries": RETRIES,
+    "retries": TRANSIENT_RETRIES,
     "retry_delay_seconds": exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
     "retry_jitter_factor": RETRY_JITTER,
     "retry_condition_fn": retry_if_transient,

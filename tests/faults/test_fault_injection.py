@@ -188,7 +188,8 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                 fleet.start()
             while True:
                 open_shards = [s for s in shards.list_shards(db) if s.state in ("pending", "leased")]
-                seen.update({m.id: m.trace_sha256 for m in db.measurements()})
+                polled = db.measurements()
+                seen.update({m.id: m.trace_sha256 for m in polled})
                 if not open_shards:
                     break
                 assert time.monotonic() - started < RUN_LIMIT_S, f"shards still open: {open_shards}\n{fleet.logs()}"
@@ -207,10 +208,9 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                         pg_proxy.resume()
                         faults.drops += 1
                         print(f"  t={time.monotonic() - started:5.1f}s database connections dropped")
-                    elif kind in ("export", "retrain") and not db.count_measurements():
+                    elif kind in ("export", "retrain") and not polled:
                         schedule.insert(0, kind)  # nothing to export yet: try again at the next fault time
-                    elif kind == "retrain" and len({m.workload_id for m in db.measurements()
-                                                    if m.mean_run_s is not None}) < 2:
+                    elif kind == "retrain" and len({m.workload_id for m in polled if m.mean_run_s is not None}) < 2:
                         # A cost model holds whole workloads out: it needs two measured ones (seed 161903
                         # retrained with one and failed on that, not on the outage). Try again later.
                         schedule.insert(0, kind)

@@ -301,8 +301,8 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     A worker keeps going through faults that are not a shard's: a transient error (a lost database
     connection) is logged in one line and waited out with ``backoff``, then the worker leases
     again, taking its own shard back with no attempt spent (up to
-    :data:`~tunefleet.vocab.TRANSIENT_RETRIES` in a row, then the error is raised); a lost lease (the shard cancelled, or expired and taken) moves
-    on to the next shard; a builder or runner that cannot start is started again, and after
+    :data:`~tunefleet.vocab.TRANSIENT_RETRIES` in a row, then the error is raised); a lost lease
+    (the shard cancelled, or expired and taken) moves on to the next shard; a builder or runner that cannot start is started again, and after
     :data:`START_FAILURES` failures in a row :class:`WorkerStartError` says why. Pending shards it
     cannot lease yet (their workload searched by another worker, or backing off after a lost lease)
     are waited for, not left behind.

@@ -73,6 +73,7 @@ would otherwise become their own (useless) tuning tasks. Weight *values* never r
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ from typing import Any
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, te, tirx, topi
 from tvm.relax import pipeline as relax_pipeline
 from tvm.ir import IRModule
 from tvm.s_tir import meta_schedule as ms
@@ -408,7 +409,6 @@ def _fast_gelu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
     ``FastMathTransform`` rewrites ``relax.erf`` but not ``relax.nn.gelu``, whose own
     legalisation calls ``topi.erf``: a libm call per element."""
-    from tvm import te, tirx, topi
 
     def gelu(x: te.Tensor) -> te.Tensor:
         half = tirx.const(0.5, x.dtype)
@@ -421,9 +421,6 @@ def _fast_gelu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 def _fast_gelu_tanh(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``relax.nn.gelu_tanh`` as TVM legalises it, with ``fast_tanh`` for float32."""
-    import math
-
-    from tvm import te, tirx, topi
 
     def gelu_tanh(x: te.Tensor) -> te.Tensor:
         half, one = tirx.const(0.5, x.dtype), tirx.const(1.0, x.dtype)
