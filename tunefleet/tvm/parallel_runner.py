@@ -452,7 +452,8 @@ class AdaptiveParallelRunner(PyRunner):
     alloc_repeat : int
         As for LocalRunner.
     f_alloc_argument, f_run_evaluator, f_cleanup : str or callable, optional
-        As for LocalRunner (a registered global function name or a picklable callable).
+        As for LocalRunner (a registered global function name or a picklable callable);
+        ``f_alloc_argument`` defaults to :func:`tunefleet.tvm.runner.alloc_arguments`.
     seed : int
         Seed of the calibration sample.
     on_degree : callable, optional
@@ -482,9 +483,9 @@ class AdaptiveParallelRunner(PyRunner):
         startup_timeout_s: float = 300.0,
     ) -> None:
         super().__init__()
-        if evaluator_config is None and target is not None:
-            from tunefleet.tvm.runner import default_evaluator_config
+        from tunefleet.tvm.runner import alloc_arguments, default_evaluator_config
 
+        if evaluator_config is None and target is not None:
             evaluator_config = default_evaluator_config(target)
         self.evaluator_config = EvaluatorConfig._normalized(evaluator_config)
         try:
@@ -509,7 +510,7 @@ class AdaptiveParallelRunner(PyRunner):
         self.probe_every = int(probe_every)
         self.timeout_s = float(timeout_s)
         self.alloc_repeat = int(alloc_repeat)
-        self.f_alloc_argument = f_alloc_argument
+        self.f_alloc_argument = f_alloc_argument or alloc_arguments
         self.f_run_evaluator = f_run_evaluator
         self.f_cleanup = f_cleanup
         self.seed = int(seed)

@@ -1,7 +1,9 @@
 """Factory for the MetaSchedule runner tunefleet measures candidates with.
 
 One serial ``ms.runner.LocalRunner`` (a single persistent Popen worker that loads each built
-artifact and times it with ``time_evaluator``); a parallel runner comes later.
+artifact and times it with ``time_evaluator``); the parallel one is
+:mod:`tunefleet.tvm.parallel_runner`. Both fill a candidate's inputs with
+:func:`alloc_arguments`.
 
 Evaluator defaults
 ------------------
@@ -21,6 +23,15 @@ TVM's ``time_evaluator`` runs the kernel once to warm up, then ``repeat`` times 
   the same ``LocalRunner``: the device comes from each candidate's ``RunnerInput.device_type``,
   so it measures on GPU 0 of the node it runs on.
 
+Inputs
+------
+MetaSchedule's ``random_fill`` writes the bits of floats in [1, 10) into int32/int64 tensors,
+so an integer input holds values near 2**30 (int32) or 2**62 (int64). Read as indices, they
+are out of range: an embedding lookup (``take``, which TVM lowers without a bounds check)
+crashed the runner's worker on every candidate, and such a workload stayed on its default
+schedule. :func:`alloc_arguments` fills integer tensors with zeros instead, a valid index on
+any non-empty axis; floats keep ``random_fill``, whose values time as real data does.
+
 The ``LocalRunner`` constructor starts its worker and checks it (that worker imports TVM:
 seconds); create the runner once per tuning session.
 """
@@ -38,7 +49,7 @@ from tunefleet.tvm.targets import make_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["default_evaluator_config", "make_runner"]
+__all__ = ["alloc_arguments", "default_evaluator_config", "make_runner"]
 
 _CPU_DEFAULTS: dict[str, Any] = {
     "number": 1,
@@ -52,6 +63,27 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "min_repeat_ms": 10,
     "enable_cpu_cache_flush": False,
 }
+
+
+def alloc_arguments(device: Any, args_info: Any, alloc_repeat: int) -> list[list[Any]]:
+    """MetaSchedule's ``default_alloc_argument``, with integer tensors zero-filled.
+
+    Runs in the runner's worker (LocalRunner's or the parallel runner's), which imports this
+    module by name. Why zeros: see "Inputs" in the module docstring.
+    """
+    import numpy as np
+    import tvm
+    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
+
+    random_fill = tvm.get_global_func("tvm.contrib.random.random_fill")
+
+    def fill(tensor: Any) -> None:
+        if str(tensor.dtype).startswith(("int", "uint")):
+            tensor.copyfrom(np.zeros(tuple(tensor.shape), dtype=str(tensor.dtype)))
+        else:
+            random_fill(tensor)
+
+    return alloc_argument_common(fill, device, args_info, alloc_repeat)
 
 
 def _is_cpu(target: Target) -> bool:
@@ -145,4 +177,5 @@ def make_runner(
         evaluator_config=config,
         cooldown_sec=cooldown_s,
         alloc_repeat=alloc_repeat,
+        f_alloc_argument=alloc_arguments,
     )
