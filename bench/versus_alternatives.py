@@ -29,7 +29,8 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
    three layers in PyTorch with the zoo's weights (the max abs diff shows they agree).
 3. Machine peak: fp32 BLAS sgemm (numpy float32 matmul, 2048^3 by default) on the same threads
    (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS are set before numpy is imported; the
-   thread count OpenBLAS reports is printed), in GFLOP/s.
+   thread count OpenBLAS reports is printed), in GFLOP/s: the fastest of 10, measured after the
+   tuning run and again after each phase's timings, the faster kept.
 4. The ten workloads with the largest latency share (weight x best mean run time on the class),
    read from the database: name, op kind, weight, best latency, share of the model's summed
    latency, GFLOP/s and fraction of the sgemm peak; and the tuning wall time, candidates measured
@@ -141,8 +142,9 @@ def blas_threads() -> int | None:
     return None
 
 
-def sgemm_peak(n: int, repeat: int = 5) -> dict[str, Any]:
-    """fp32 GFLOP/s of numpy's BLAS on an n x n x n matmul (median of ``repeat`` after one warm-up)."""
+def sgemm_peak(n: int, repeat: int = 10) -> dict[str, Any]:
+    """fp32 GFLOP/s of numpy's BLAS on an n x n x n matmul: the fastest of ``repeat`` after one
+    warm-up. A peak, so the fastest: a busy moment slows some repeats, never speeds one up."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -154,8 +156,9 @@ def sgemm_peak(n: int, repeat: int = 5) -> dict[str, Any]:
         t = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t)
-    seconds = statistics.median(times)
-    return {"n": n, "seconds": seconds, "gflops": 2.0 * n ** 3 / seconds / 1e9, "blas_threads": blas_threads()}
+    seconds = min(times)
+    return {"n": n, "seconds": seconds, "median_seconds": statistics.median(times),
+            "gflops": 2.0 * n ** 3 / seconds / 1e9, "blas_threads": blas_threads()}
 
 
 # -- the model and its alternatives ----------------------------------------------------------------
@@ -532,6 +535,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds)
         phase["ratios"] = print_latency(phase, skipped, setup, threads)
+        # The first peak was measured as the tuning run's processes exited (one mobilenet_v2 run
+        # got 113 against 258 GFLOP/s): measure again after the timings, keep the faster.
+        again = sgemm_peak(args.sgemm_n)
+        if again["gflops"] > peak["gflops"]:
+            print(f"fp32 peak measured again after the timings: {again['gflops']:.1f} GFLOP/s "
+                  f"(first {peak['gflops']:.1f})", flush=True)
+            peak = out["sgemm"] = again
         report = workload_shares(db, phase["model_id"], args.hardware, peak["gflops"])
         phase["workload_report"] = report
         print_workloads(report, peak["gflops"], phase["measure"]["latency"]["tunefleet tuned"]["ms"])
