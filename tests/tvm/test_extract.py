@@ -287,3 +287,47 @@ def test_fast_math_replaces_libm_calls_and_keeps_the_outputs(cpu_target: Any) ->
     fast = relax.VirtualMachine(build_with_database(Gelus, cpu_target, ms.database.MemoryDatabase(), params=params,
                                                     recipe=fast_recipe).executable, dev)
     np.testing.assert_allclose(fast["main"](x).numpy(), exact["main"](x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_nhwc_converts_relu6_and_tf_padding_without_transposes(cpu_target: Any) -> None:
+    """ReLU6 (``clip``) and a zero ``pad`` before a convolution (TF-style padding, as in
+    transformers' MobileNetV2): ``ConvertLayout`` alone sends each through NCHW and back, a
+    transpose pair per block. After the rewrite only the model's own input and output are
+    transposed, the pad is in the depthwise convolution's padding, and the outputs equal the
+    unconverted model's."""
+    from tvm.script import relax as R
+
+    from tunefleet.tvm.build import build_with_database
+
+    @tvm.script.ir_module
+    class Block:
+        @R.function
+        def main(x: R.Tensor((1, 8, 16, 16), "float32"), w: R.Tensor((8, 8, 3, 3), "float32"),
+                 dw: R.Tensor((8, 1, 3, 3), "float32")) -> R.Tensor((1, 8, 8, 8), "float32"):
+            with R.dataflow():
+                a = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+                b = R.clip(a, R.prim_value(0.0), R.prim_value(6.0))
+                c = R.nn.pad(b, [0, 0, 0, 0, 0, 1, 0, 1], "constant", 0.0)
+                d = R.nn.conv2d(c, dw, strides=[2, 2], groups=8)
+                R.output(d)
+            return d
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((8, 8, 3, 3)).astype("float32"),
+              "dw": rng.standard_normal((8, 1, 3, 3)).astype("float32")}
+    recipe = Recipe("NHWC", prepack=True)
+    prepared = prepare_for_build(Block, cpu_target, params, recipe=recipe).script()
+    assert "R.clip" not in prepared and "R.nn.pad" not in prepared
+    assert "padding=[0, 0, 1, 1]" in prepared
+    fused = prepare_for_tuning(Block, cpu_target, params, recipe=recipe)
+    transposes = [gv.name_hint for gv in fused.get_global_vars() if "transpose" in gv.name_hint]
+    assert len(transposes) == 2, transposes  # NCHW input -> NHWC, NHWC output -> NCHW
+
+    dev = tvm.cpu()
+    x = tvm.runtime.tensor(rng.standard_normal((1, 8, 16, 16)).astype("float32"), dev)
+    native = relax.VirtualMachine(tvm.compile(prepare_for_build(Block, cpu_target, params), target=cpu_target), dev)
+    nhwc = relax.VirtualMachine(build_with_database(Block, cpu_target, ms.database.MemoryDatabase(), params=params,
+                                                    recipe=recipe).executable, dev)
+    expected = native["main"](x).numpy()
+    assert np.abs(expected).max() > 1
+    np.testing.assert_allclose(nhwc["main"](x).numpy(), expected, rtol=1e-5, atol=1e-4)
