@@ -535,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds)
         phase["ratios"] = print_latency(phase, skipped, setup, threads)
-        # The first peak was measured as the tuning run's processes exited (one mobilenet_v2 run
-        # got 113 against 258 GFLOP/s): measure again after the timings, keep the faster.
+        # The first peak was measured as the tuning run's processes exited, which can halve it
+        # (docs/performance.md, mobilenet_v2 +60): measure again after the timings, keep the faster.
         again = sgemm_peak(args.sgemm_n)
         if again["gflops"] > peak["gflops"]:
             print(f"fp32 peak measured again after the timings: {again['gflops']:.1f} GFLOP/s "

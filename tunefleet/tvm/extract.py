@@ -366,9 +366,9 @@ def _ready_for_layout_conversion(mod: IRModule) -> IRModule:
 
     ``ConvertLayout`` has no layout rule for ``clip`` (PyTorch's ReLU6, ``hardtanh``) or
     ``nn.pad``: it puts the tensor back into NCHW for them and into NHWC again after, a pair
-    of transposes per occurrence. TF-style padding (transformers' MobileNetV2, a zero ``pad``
-    before every convolution) after a ReLU6 then cost mobilenet_v2 27% of its summed workload
-    latency in transposes. So, before converting:
+    of transposes per occurrence, which in transformers' MobileNetV2 (TF-style padding: a zero
+    ``pad`` after each ReLU6, before the next convolution) is every block (figures in
+    docs/performance.md). So, before converting:
 
     * ``clip(x, lo, hi)`` with constant bounds becomes ``maximum(minimum(x, hi), lo)``, what
       TOPI's ``clip`` computes, as broadcasts with scalars, which follow any layout;

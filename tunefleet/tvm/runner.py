@@ -42,7 +42,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import tvm
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
 from tvm.target import Target
 
 from tunefleet.tvm.targets import make_target
@@ -71,10 +74,6 @@ def alloc_arguments(device: Any, args_info: Any, alloc_repeat: int) -> list[list
     Runs in the runner's worker (LocalRunner's or the parallel runner's), which imports this
     module by name. Why zeros: see "Inputs" in the module docstring.
     """
-    import numpy as np
-    import tvm
-    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
-
     random_fill = tvm.get_global_func("tvm.contrib.random.random_fill")
 
     def fill(tensor: Any) -> None:
