@@ -8,6 +8,7 @@ database, TVM and Prefect are imported by the commands that need them. A
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -601,33 +602,47 @@ def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
     import os
     import signal
 
-    from tunefleet.engine.worker import owner_token, worker_owner
+    from tunefleet.engine.worker import owner_token
 
     owner_token()  # made now, before any child starts, so the children's owners share it
 
     def stop(signum: int, frame: object) -> None:
-        import psutil
-
-        from tunefleet.db import Database
-
-        children = psutil.Process().children(recursive=True)
-        owners = [worker_owner(pid) for pid in (os.getpid(), *(c.pid for c in children))]
+        # Whatever fails in here, the process exits: an exception escaping a signal handler is
+        # raised into whatever the main thread runs, which may retry instead of stopping.
         try:
-            db = Database.from_settings(settings, check_schema=False)
-            released = f"{sum(len(db.release_leases(owner)) for owner in owners)} shard lease(s) given back"
-        except Exception as exc:  # noqa: BLE001 - the leases then expire on their own
-            from tunefleet.config import mask_secrets
-
-            released = f"leases not given back ({mask_secrets(str(exc).splitlines()[0])}); they expire by themselves"
-        for child in children:
-            child.terminate()
-        _, alive = psutil.wait_procs(children, timeout=5)
-        for child in alive:
-            child.kill()
-        print(f"tunefleet: stopped; {released}; resume with: {resume}", file=sys.stderr, flush=True)
-        os._exit(130)
+            _stop_children_and_give_back(settings, resume)
+        finally:
+            os._exit(130)
 
     signal.signal(signal.SIGINT, stop)
+
+
+def _stop_children_and_give_back(settings: Settings, resume: str) -> None:
+    """Ctrl-C's work before the exit: give this process tree's leases back, stop the children."""
+    import os
+
+    import psutil
+
+    from tunefleet.db import Database
+    from tunefleet.engine.worker import worker_owner
+
+    children = psutil.Process().children(recursive=True)
+    owners = [worker_owner(pid) for pid in (os.getpid(), *(c.pid for c in children))]
+    try:
+        db = Database.from_settings(settings, check_schema=False)
+        released = f"{sum(len(db.release_leases(owner)) for owner in owners)} shard lease(s) given back"
+    except Exception as exc:  # noqa: BLE001 - the leases then expire on their own
+        from tunefleet.config import mask_secrets
+
+        released = f"leases not given back ({mask_secrets(str(exc).splitlines()[0])}); they expire by themselves"
+    for child in children:
+        with contextlib.suppress(psutil.Error):  # a child may exit between listing and signalling
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    print(f"tunefleet: stopped; {released}; resume with: {resume}", file=sys.stderr, flush=True)
 
 
 def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: dict[str, Any], log: Path) -> int:
