@@ -302,10 +302,10 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     connection) is logged in one line and waited out with ``backoff``, then the worker leases
     again, taking its own shard back with no attempt spent (up to
     :data:`~tunefleet.vocab.TRANSIENT_RETRIES` in a row, then the error is raised); a lost lease
-    (the shard cancelled, or expired and taken) moves on to the next shard; a builder or runner that cannot start is started again, and after
-    :data:`START_FAILURES` failures in a row :class:`WorkerStartError` says why. Pending shards it
-    cannot lease yet (their workload searched by another worker, or backing off after a lost lease)
-    are waited for, not left behind.
+    (the shard cancelled, or expired and taken) moves on to the next shard; a builder or runner
+    that cannot start is started again, and after :data:`START_FAILURES` failures in a row
+    :class:`WorkerStartError` says why. Pending shards it cannot lease yet (their workload searched
+    by another worker, or backing off after a lost lease) are waited for, not left behind.
     """
     owner = worker_owner()
     started = time.monotonic()

@@ -115,6 +115,7 @@ from tvm.target import Target
 from tunefleet.errors import TunefleetError
 from tunefleet.tvm.builder import ensure_forkserver
 from tunefleet.tvm.ffi_errors import keeps_failure
+from tunefleet.tvm.runner import alloc_arguments, default_evaluator_config
 
 logger = logging.getLogger(__name__)
 
@@ -483,8 +484,6 @@ class AdaptiveParallelRunner(PyRunner):
         startup_timeout_s: float = 300.0,
     ) -> None:
         super().__init__()
-        from tunefleet.tvm.runner import alloc_arguments, default_evaluator_config
-
         if evaluator_config is None and target is not None:
             evaluator_config = default_evaluator_config(target)
         self.evaluator_config = EvaluatorConfig._normalized(evaluator_config)
