@@ -7,7 +7,7 @@
 # NOT BUILT IN CI: no Docker engine runs on the development machines or in CI, so this file has
 # never been built or run here. It follows the README's install (`pip install '.[torch,kubernetes]'`,
 # non-editable) and is reviewed by hand; tests/helm checks only that the chart's default image
-# matches tunefleet.k8s.DEFAULT_IMAGE.
+# matches tunefleet.cluster.job_templates.DEFAULT_IMAGE.
 #
 #   docker build -t tunefleet:0.1.0 .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/tunefleet:0.1.0 --push .

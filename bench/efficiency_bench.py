@@ -26,7 +26,7 @@ machine, the arms in turn:
   measurements (``warm_start_min_agreement=0``, :class:`tunefleet.engine.learned.FleetCostModel`);
 * ``on-noaudit``, ``filter-noaudit`` (also with ``-cold``) — filtering never stops: without the
   audit that stops it in a shard whose measurements the model does not rank
-  (``filter_min_agreement=0``, :mod:`tunefleet.filter_audit`).
+  (``filter_min_agreement=0``, :mod:`tunefleet.learning.filter_audit`).
 
 The fleet's trained cost model: before the arms, a "prior" fleet tunes other shapes of the zoo's
 tiny models (``--prior``, never the benchmarked workloads), exports them and trains the x86 cost
@@ -118,7 +118,7 @@ def _latency_main(model: str, sqlite: str | None, json_dir: str | None) -> int:
 
 def _meter(settings: Any) -> Any:
     from tunefleet.hardware import builtin_classes
-    from tunefleet.energy import probe
+    from tunefleet.energy.meters import probe
 
     spec = builtin_classes(settings)[HW]
     return probe(spec["target"], watts_per_core=spec["watts_per_core"], idle_watts=spec["idle_watts"])
@@ -204,11 +204,13 @@ PRIOR = "mlp:batch_size=4,mlp:batch_size=16,small-cnn:image_size=16,small-cnn:im
 
 def prior_fleet(home: Path, spec: str, trials: int, per_iter: int, seed: int) -> dict[str, Any]:
     """Tune other shapes of the zoo models in ``home``, export, train the x86 cost model, make it current."""
-    from tunefleet import costmodel, dataset, shards
+    from tunefleet.learning import costmodel
+    from tunefleet.learning import dataset
+    from tunefleet.planning import shard_queue
     from tunefleet.models.ingest import ingest
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.worker import drain
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
 
     home.mkdir(parents=True, exist_ok=True)
     _, db, store = open_home(home)
@@ -219,7 +221,7 @@ def prior_fleet(home: Path, spec: str, trials: int, per_iter: int, seed: int) ->
         kwargs = {key: int(value)} if key else {}
         m = ingest(db, store, zoo, name=f"prior-{zoo}-{key}{value}", **kwargs).model
         extract(db, store, m, HW)
-        shards.plan(db, HW, target_trials=trials, model=m.id)
+        shard_queue.plan(db, HW, target_trials=trials, model=m.id)
     summary = drain(db, HW, TuneOptions(seed=seed, trials_per_iter=per_iter), store=None)
     version = dataset.export(db, store, hardware=HW)
     res = costmodel.retrain(db, store, HW, holdout_fraction=0.25, seed=seed)
@@ -257,13 +259,13 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
                   patience: int = 3, filter_fraction: float = 0.5, parallel: bool = False) -> dict[str, Any]:
     import shutil
 
-    from tunefleet import shards
-    from tunefleet.accounting import energy_report
+    from tunefleet.planning import shard_queue
+    from tunefleet.energy.accounting import energy_report
     from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
     from tunefleet.models.ingest import ingest
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.worker import drain
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
 
     keep_warm = arm.endswith("-keepwarm")  # the warm start is never dropped (before its audit)
     arm = arm.removesuffix("-keepwarm")
@@ -283,7 +285,7 @@ def tunefleet_arm(models: list[str], arm: str, trials: int, per_iter: int, seed:
         for name in models:
             m = ingest(db, store, name).model
             extract(db, store, m, HW)
-            shards.plan(db, HW, target_trials=trials, model=m.id)
+            shard_queue.plan(db, HW, target_trials=trials, model=m.id)
             ids.append(m.id)
         options = TuneOptions(seed=seed, trials_per_iter=per_iter, warm_start=warm,
                               warm_start_min_agreement=0.0 if keep_warm else DEFAULT_MIN_AGREEMENT, **eff)

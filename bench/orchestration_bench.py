@@ -60,7 +60,7 @@ def child_main(out: Path, shards: int, trials: int, seed: int) -> int:
     from prefect.runtime import flow_run, task_run
 
     import tunefleet.tasks.steps as task_steps
-    from tunefleet.flows.steps import tune
+    from tunefleet.flows.step_flows import tune
 
     t_imported = time.time()
     bodies: list[dict[str, Any]] = []
@@ -104,12 +104,12 @@ def child_main(out: Path, shards: int, trials: int, seed: int) -> int:
 
 def prepare(env: dict[str, str], shards: int, trials: int) -> tuple[int, int]:
     """Ingest ``mlp``, extract for x86, plan shards; returns (shards planned, workloads)."""
-    from tunefleet import shards as shard_mod
+    from tunefleet.planning import shard_queue
     from tunefleet.config import load_settings
     from tunefleet.db import Database
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
     from tunefleet.store import open_store
 
     settings = load_settings(home=Path(env["TUNEFLEET_HOME"]), database_url=env["TUNEFLEET_DATABASE_URL"])
@@ -120,7 +120,7 @@ def prepare(env: dict[str, str], shards: int, trials: int) -> tuple[int, int]:
         model = ingest(db, store, "mlp").model
         found = extract(db, store, model, HARDWARE)
         per_workload = math.ceil(shards / found.workloads)
-        planned, _ = shard_mod.plan(db, HARDWARE, target_trials=trials * per_workload, shard_trials=trials,
+        planned, _ = shard_queue.plan(db, HARDWARE, target_trials=trials * per_workload, shard_trials=trials,
                                     model=model.id)
         return len(planned), found.workloads
     finally:
@@ -130,7 +130,7 @@ def prepare(env: dict[str, str], shards: int, trials: int) -> tuple[int, int]:
 def run_child(server: Any, env: dict[str, str], out: Path, log: Path, shards: int, trials: int, seed: int,
               poll_s: float) -> tuple[int, float, float]:
     """Run the flow in a subprocess, printing progress; returns (exit code, spawn epoch, wall seconds)."""
-    from tunefleet import shards as shard_mod
+    from tunefleet.planning import shard_queue
     from tunefleet.config import load_settings
     from tunefleet.db import Database
 
@@ -148,7 +148,7 @@ def run_child(server: Any, env: dict[str, str], out: Path, log: Path, shards: in
             time.sleep(0.5)
             if time.monotonic() >= next_report:
                 next_report += poll_s
-                done = len(shard_mod.list_shards(db, hardware=HARDWARE, state="done"))
+                done = len(shard_queue.list_shards(db, hardware=HARDWARE, state="done"))
                 print(f"  {time.monotonic() - t0:7.0f} s: {done}/{shards} shards done, "
                       f"{db.count_measurements()} measurements", flush=True)
     except BaseException:

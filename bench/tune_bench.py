@@ -106,14 +106,14 @@ def tunefleet_arm(model: str, loaded: Any, target: Any, trials: int, per_iter: i
                   threads: int) -> dict[str, float]:
     from tvm.s_tir import meta_schedule as ms
 
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
     from tunefleet.config import load_settings
     from tunefleet.db import Database
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.worker import Tuner, drain
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
     from tunefleet.store import open_store
     from tunefleet.tvm.bridge import FleetDatabase
     from tunefleet.tvm.builder import PersistentBuilder
@@ -126,7 +126,7 @@ def tunefleet_arm(model: str, loaded: Any, target: Any, trials: int, per_iter: i
         start = time.perf_counter()
         m = ingest(db, store, model).model
         extract(db, store, m, "x86")
-        shards.plan(db, "x86", target_trials=trials, model=m.id)
+        shard_queue.plan(db, "x86", target_trials=trials, model=m.id)
         builder = _timed_builder(PersistentBuilder(max_workers=threads))
         with ms.Profiler() as prof:
             summary = drain(db, "x86", tuner=Tuner(db, "x86", TuneOptions(seed=seed, trials_per_iter=per_iter), builder=builder))
@@ -140,7 +140,7 @@ def tunefleet_arm(model: str, loaded: Any, target: Any, trials: int, per_iter: i
 
 
 def torch_eager_ms(loaded: Any, threads: int) -> float | None:
-    from tunefleet import alternatives
+    from tunefleet.delivery import alternatives
 
     if loaded.torch_module is None:
         return None

@@ -66,9 +66,9 @@ TOP_WORKLOADS = 10
 # -- phases: the CLI as a user runs it -------------------------------------------------------------
 
 def tunefleet_command() -> list[str]:
-    """The ``tunefleet`` console script of this interpreter's environment, else ``python -m tunefleet.cli``."""
+    """The ``tunefleet`` console script of this interpreter's environment, else ``python -m tunefleet.cli.main``."""
     script = Path(sys.executable).parent / "tunefleet"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "tunefleet.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "tunefleet.cli.main"]
 
 
 def run_phase(name: str, args: argparse.Namespace, amount: list[str], output_dir: Path,
@@ -253,10 +253,10 @@ def tuned_runner(library: str, inputs_np: list[Any]) -> Any:
 
 def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, float]]:
     """(name -> zero-argument call, name -> why not measured, setup seconds) for the alternatives
-    (eager and onnxruntime as ``tunefleet build`` times them: :mod:`tunefleet.alternatives`)."""
+    (eager and onnxruntime as ``tunefleet build`` times them: :mod:`tunefleet.delivery.alternatives`)."""
     import torch
 
-    from tunefleet import alternatives as alt
+    from tunefleet.delivery import alternatives as alt
 
     calls: dict[str, Any] = {"torch eager": alt.torch_eager_call(module, inputs_np, threads)}
     skipped: dict[str, str] = {}

@@ -47,7 +47,7 @@ def _open(home: Path) -> tuple[Any, Any, Any]:
 
 def _workload(db: Any, store: Any, model: str, size: int, task: str, which: int) -> Any:
     """The model's ``which``-th workload (fewest FLOPs first) whose fused-op sequence is ``task``."""
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
     from tunefleet.models.ingest import ingest
     from tunefleet.vocab import task_name_key
 
@@ -70,12 +70,12 @@ def _tune(db: Any, workload_id: int, trials: int, per_iter: int, seed: int, warm
 
     import numpy as np
 
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.shard import ShardKit, run_shard
 
     (created,) = db.add_shards(db.hardware_class("x86").id, [(workload_id, trials, 1.0)])
-    shard = shards.lease(db, "x86", "bench", shard_id=created.id)
+    shard = shard_queue.lease(db, "x86", "bench", shard_id=created.id)
     rounds: list[float | None] = []
     searched: list[float | None] = []
     first_shas: set[str] = set()
@@ -127,7 +127,7 @@ def main() -> int:
 
     logging.basicConfig(level=logging.WARNING)
     from tunefleet.tvm.traces import candidate, trace_sha256_of
-    from tunefleet.warm_shapes import MAX_SEEDS, shape_seeds
+    from tunefleet.planning.warm_shapes import MAX_SEEDS, shape_seeds
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"

@@ -64,18 +64,18 @@ def open_home(home: Path, *, db_file: Path | None = None, store_path: Path | Non
 
 
 def tune_all(db: Any, store: Any, models: list[str], trials: int, seed: int) -> dict[str, int]:
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
     from tunefleet.models.ingest import ingest
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.worker import drain
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
 
     ids = {}
     for name in models:
         m = ingest(db, store, name).model
         extract(db, store, m, HW)
         ids[name] = m.id
-    created, _ = shards.plan(db, HW, target_trials=trials)
+    created, _ = shard_queue.plan(db, HW, target_trials=trials)
     if created:
         t0 = time.perf_counter()
         print(f"tuning {len(created)} shards ({sum(s.trials for s in created)} trials)...", flush=True)
@@ -86,7 +86,7 @@ def tune_all(db: Any, store: Any, models: list[str], trials: int, seed: int) -> 
 
 
 def metrics_table(table: Any, heldout: set[str], seed: int) -> tuple[str, dict[str, Any]]:
-    from tunefleet import costmodel
+    from tunefleet.learning import costmodel
 
     train_t, test_t = costmodel.split_by_workload(table, heldout=heldout)
     rows: dict[str, dict[str, Any]] = {}
@@ -129,8 +129,8 @@ def copy_without(home: Path, src_db: Path, workload_ids: list[int], name: str) -
 
 def zero_shot(home: Path, db: Any, store: Any, heldout_models: list[str], heldout: set[str],
               verify: int, seed: int) -> None:
-    from tunefleet.deliver import build_model
-    from tunefleet.zeroshot import predict_workloads
+    from tunefleet.delivery.build import build_model
+    from tunefleet.delivery.zeroshot import predict_workloads
 
     hw = db.hardware_class(HW)
     ids = [db.workload(h).id for h in sorted(heldout)]
@@ -167,7 +167,7 @@ def zero_shot(home: Path, db: Any, store: Any, heldout_models: list[str], heldou
 
 
 def warm_start(home: Path, db: Any, store: Any, heldout: set[str], n: int, trials: int, seed: int) -> None:
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.worker import drain
 
@@ -180,7 +180,7 @@ def warm_start(home: Path, db: Any, store: Any, heldout: set[str], n: int, trial
         with tempfile.TemporaryDirectory(dir=home) as tmp:
             copy = copy_without(Path(tmp), home / "tunefleet.db", ids, arm)
             _, adb, _ = open_home(Path(tmp), db_file=copy, store_path=store.root)
-            shards.plan(adb, HW, target_trials=trials)
+            shard_queue.plan(adb, HW, target_trials=trials)
             t0 = time.perf_counter()
             drain(adb, HW, TuneOptions(seed=seed, warm_start=arm == "warm"), store=store)
             seconds[arm] = time.perf_counter() - t0
@@ -222,7 +222,8 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
 
-    from tunefleet import costmodel, dataset
+    from tunefleet.learning import costmodel
+    from tunefleet.learning import dataset
 
     train_models = [m for m in args.train.split(",") if m]
     heldout_models = [m for m in args.heldout.split(",") if m]

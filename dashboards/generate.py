@@ -8,7 +8,7 @@ Every dashboard has a ``datasource`` variable (any Prometheus) and a ``hardware`
 (multi-select, "All" = ``.*``). Panel ids are explicit and unique across all three dashboards
 (energy 1xx, cost 2xx, tuning 3xx) so links and alerts that name a panel keep working.
 
-The metrics come from :class:`tunefleet.metrics.FleetMetrics`. Shard jobs push one Pushgateway
+The metrics come from :class:`tunefleet.energy.metrics.FleetMetrics`. Shard jobs push one Pushgateway
 group each, so every counter exists once per shard: panels always aggregate
 (``sum by (hardware, ...)``) instead of showing raw series.
 

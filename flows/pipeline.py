@@ -10,7 +10,7 @@ again each run (it is spending, not a target). ``account`` follows ``tune``; the
 ``retrain`` steps slot in after it as further subflows.
 
 With a ``budget`` (the default, ``TUNEFLEET_BUDGET``), there is no plan step of its own: the
-tune step plans the models' budget in rounds as it tunes (:func:`tunefleet.budget.plan_round`),
+tune step plans the models' budget in rounds as it tunes (:func:`tunefleet.planning.rounds.plan_round`),
 and a duration is the wall time of the whole flow, from ``started_at`` to the end of the build.
 """
 
@@ -23,8 +23,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from tunefleet.errors import NotSupportedError, ParameterError, TunefleetError
-from tunefleet.flows import steps as step_flows
-from tunefleet.flows.steps import artifact_key, check_budget, check_hardware, check_positive, tune_options
+from tunefleet.flows import step_flows
+from tunefleet.flows.step_flows import artifact_key, check_budget, check_hardware, check_positive, tune_options
 
 
 def tune_through_deployments(hardware: list[str], parameters: dict[str, Any],
@@ -90,7 +90,7 @@ def pipeline(
                    seq_len=seq_len)
     parsed = check_budget(budget, trials)
     if parsed is None and trials is None:
-        from tunefleet.allocation import Budget
+        from tunefleet.budget import Budget
         from tunefleet.context import shared_context
 
         parsed = Budget.parse(shared_context().settings.budget)  # TUNEFLEET_BUDGET
@@ -125,7 +125,7 @@ def pipeline(
             for i, hw in enumerate(hardware):
                 share = parsed
                 if parsed.seconds is not None and len(hardware) > 1:  # one after another: an equal share each
-                    from tunefleet.allocation import Budget
+                    from tunefleet.budget import Budget
 
                     left = started + parsed.seconds - time.time()
                     share = Budget(seconds=max(1.0, left / (len(hardware) - i)))

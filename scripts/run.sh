@@ -11,7 +11,7 @@ VENV=${TUNEFLEET_VENV:-$repo/.venv}
 # Install once (an editable install follows the clone's code); TUNEFLEET_REINSTALL=1 installs again,
 # e.g. after a pull that changed the dependencies. torch==2.13.0 is the CPU wheel these machines
 # carry (see pyproject.toml's comment).
-if [ "${TUNEFLEET_REINSTALL:-0}" = "1" ] || ! "$VENV/bin/python" -c "import tunefleet.cli" >/dev/null 2>&1; then
+if [ "${TUNEFLEET_REINSTALL:-0}" = "1" ] || ! "$VENV/bin/python" -c "import tunefleet.cli.main" >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip install -q -e "$repo[torch]"
 fi
 exec "$VENV/bin/tunefleet" run "$@"

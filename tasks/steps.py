@@ -1,7 +1,7 @@
 """One thin Prefect task per pipeline step over the ``tunefleet`` core.
 
-The logic lives in :mod:`tunefleet.extraction`, :mod:`tunefleet.engine`, :mod:`tunefleet.shards`,
-:mod:`tunefleet.deliver` and :mod:`tunefleet.models.ingest`; these tasks only add what Prefect is for: retries with backoff
+The logic lives in :mod:`tunefleet.models.workloads`, :mod:`tunefleet.engine`, :mod:`tunefleet.planning.shard_queue`,
+:mod:`tunefleet.delivery.build` and :mod:`tunefleet.models.ingest`; these tasks only add what Prefect is for: retries with backoff
 for transient failures (a lost database or S3 connection, a lease conflict — never a corrupt
 model or an invalid target), names, and plain-dict results. Every task opens the process's
 shared :class:`~tunefleet.context.Context` from the environment (``TUNEFLEET_*``), so the same
@@ -57,7 +57,7 @@ def extract(model_id: int, hardware: str) -> dict[str, Any]:
     """Extract and store a model's workloads for one hardware class."""
     from dataclasses import asdict
 
-    from tunefleet.extraction import extract as extract_workloads
+    from tunefleet.models.workloads import extract as extract_workloads
 
     ctx = shared_context()
     return asdict(extract_workloads(ctx.db, ctx.store, ctx.db.model(model_id), hardware))
@@ -67,21 +67,21 @@ def extract(model_id: int, hardware: str) -> dict[str, Any]:
 def plan(hardware: str, trials: int | None, model_ids: list[int] | None = None, shard_trials: int = 64,
          budget: str | None = None) -> dict[str, Any]:
     """Cut the untuned shortfall of the models' workloads (all workloads if none given) into shards
-    (``trials`` per workload), or split a trial ``budget`` over them at once (:func:`tunefleet.budget.plan_round`)."""
-    from tunefleet import shards
+    (``trials`` per workload), or split a trial ``budget`` over them at once (:func:`tunefleet.planning.rounds.plan_round`)."""
+    from tunefleet.planning import shard_queue
 
     ctx = shared_context()
     created: list[Any] = []
     workloads: set[int] = set()
     if budget is not None:
-        from tunefleet.budget import plan_once
+        from tunefleet.planning.rounds import plan_once
 
         res = plan_once(ctx.db, hardware, budget, model_ids, shard_trials=shard_trials,
                         batch=ctx.options().trials_per_iter)
         return {"hardware": hardware, "new_shards": len(res.shards), "new_trials": sum(s.trials for s in res.shards),
                 "workloads": len(res.workloads), "budget": budget, "stop": res.stop}
     for model_id in model_ids or [None]:
-        new, view = shards.plan(ctx.db, hardware, target_trials=trials, shard_trials=shard_trials, model=model_id)
+        new, view = shard_queue.plan(ctx.db, hardware, target_trials=trials, shard_trials=shard_trials, model=model_id)
         created += new
         workloads.update(v.workload_id for v in view)
     return {"hardware": hardware, "new_shards": len(created), "new_trials": sum(s.trials for s in created),
@@ -122,13 +122,13 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
 
 @task(name="plan_round", **_RETRY)
 def plan_round(rounds: dict[str, Any]) -> dict[str, Any]:
-    """Plan the next round of a model-level budget (``rounds``: :meth:`tunefleet.engine.rounds.Rounds.spec`).
+    """Plan the next round of a model-level budget (``rounds``: :meth:`tunefleet.planning.rounds.Rounds.spec`).
 
     Returns ``{"pending", "rounds"}``: the budget's shards now pending (0: the rounds are over,
     and the new spec's ``stopped`` says why) and the rounds' new spec (round number, the deadline
     moved by the build's reserve measured again, the trials spent so far).
     """
-    from tunefleet.engine.rounds import Rounds
+    from tunefleet.planning.rounds import Rounds
 
     state = Rounds.from_spec(rounds)
     pending = state.refill(shared_context().db)
@@ -138,8 +138,8 @@ def plan_round(rounds: dict[str, Any]) -> dict[str, Any]:
 @task(name="end_rounds", **_RETRY)
 def end_rounds(rounds: dict[str, Any], stopped: str | None) -> dict[str, Any]:
     """The rounds of a budget are over (``stopped``: why): cancel what a deadline left pending and
-    return :meth:`tunefleet.engine.rounds.Rounds.summary`."""
-    from tunefleet.engine.rounds import Rounds
+    return :meth:`tunefleet.planning.rounds.Rounds.summary`."""
+    from tunefleet.planning.rounds import Rounds
 
     state = Rounds.from_spec(rounds)
     state.stopped = stopped
@@ -151,7 +151,7 @@ def end_rounds(rounds: dict[str, Any], stopped: str | None) -> dict[str, Any]:
 @task(name="account", **_RETRY)
 def account(model_ids: list[int] | None = None, hardware: list[str] | None = None) -> list[dict[str, Any]]:
     """Energy, money and wasted share per model x hardware class; pushes the fleet gauges if configured."""
-    from tunefleet.accounting import energy_report, publish_fleet_metrics
+    from tunefleet.energy.accounting import energy_report, publish_fleet_metrics
 
     ctx = shared_context()
     report = energy_report(ctx.db)  # one pass over the measurements serves the rows and the gauges
@@ -159,7 +159,7 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
             and (hardware is None or r.hardware in hardware)]
     gateway = ctx.settings.metrics_pushgateway
     if gateway:
-        from tunefleet.metrics import FleetMetrics
+        from tunefleet.energy.metrics import FleetMetrics
 
         metrics = FleetMetrics()
         publish_fleet_metrics(ctx.db, metrics, report)
@@ -170,7 +170,7 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
 @task(name="export", tags=[EXPORT_TAG], **_RETRY)
 def export(hardware: str | None = None) -> dict[str, Any] | None:
     """Export the measurements not in any dataset version yet as the next Parquet version."""
-    from tunefleet.dataset import export as export_dataset
+    from tunefleet.learning.dataset import export as export_dataset
 
     ctx = shared_context()
     version = export_dataset(ctx.db, ctx.store, hardware=hardware)
@@ -183,7 +183,7 @@ def export(hardware: str | None = None) -> dict[str, Any] | None:
 @task(name="retrain", **_RETRY)
 def retrain(hardware: str, objective: str = "reg:squarederror", seed: int = 0) -> dict[str, Any]:
     """Train a cost model on every dataset version of a class; promote it only if it beats the current one."""
-    from tunefleet.costmodel import retrain as retrain_model
+    from tunefleet.learning.costmodel import retrain as retrain_model
 
     ctx = shared_context()
     res = retrain_model(ctx.db, ctx.store, hardware, objective=objective, seed=seed)
@@ -200,7 +200,7 @@ def build(model_id: int, hardware: str, output: str | None = None, zero_shot: bo
     With ``zero_shot``, workloads never measured on the class get the current cost model's best
     proposal (stored as predictions); ``verify`` measures the top K proposals of each here.
     """
-    from tunefleet.deliver import build_model
+    from tunefleet.delivery.build import build_model
 
     ctx = shared_context()
     tuner = ctx.tuner(hardware) if verify else None

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tunefleet import alternatives
+from tunefleet.delivery import alternatives
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,7 @@ def _imports(folder: Path) -> list[tuple[str, int, str]]:
     return out
 
 
-_ENTRY_POINTS = ("tunefleet.cli", "tunefleet.deploy", "tunefleet.testing")
+_ENTRY_POINTS = ("tunefleet.cli", "tunefleet.cluster.deploy", "tunefleet.testing")
 
 
 @pytest.mark.parametrize(("folder", "forbidden"), [

@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from tunefleet.allocation import Budget
+from tunefleet.budget import Budget
 from tunefleet.errors import ConfigError, ParameterError
 from tunefleet.vocab import (
     DEFAULT_LEASE_S,

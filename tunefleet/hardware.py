@@ -18,7 +18,7 @@ from tunefleet.vocab import LAYOUTS
 if TYPE_CHECKING:
     from tunefleet.config import Settings
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass
+    from tunefleet.db.tables import HardwareClass
 
 # Assumed figures (W per busy core, idle W, W per GPU, price per node-hour in currency units).
 BUILTIN_FIGURES: dict[str, dict[str, Any]] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-# -- shard states (the lease state machine: tunefleet.shards) -----------------------------------
+# -- shard states (the lease state machine: tunefleet.planning.shard_queue) -----------------------------------
 PENDING, LEASED, DONE, FAILED, CANCELLED = "pending", "leased", "done", "failed", "cancelled"
 STATES = (PENDING, LEASED, DONE, FAILED, CANCELLED)
 

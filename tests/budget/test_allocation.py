@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tunefleet.allocation import (
-    Budget,
-    WorkloadHistory,
-    allocate,
-    build_reserve_s,
-    format_duration,
-)
+from tunefleet.budget import Budget, format_duration
 from tunefleet.errors import ParameterError
+from tunefleet.planning.allocation import WorkloadHistory, allocate, build_reserve_s
 from tunefleet.vocab import UNTUNED_TIMING_S
 
 

@@ -10,13 +10,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tunefleet import budget, shards
-from tunefleet.allocation import Budget
+from tunefleet.budget import Budget
 from tunefleet.db import Database, NewMeasurement
+from tunefleet.energy import priorities
 from tunefleet.engine.options import TuneOptions
-from tunefleet.engine.rounds import Deadline, Rounds
 from tunefleet.engine.shard import ShardResult
 from tunefleet.engine.worker import drain
+from tunefleet.planning import rounds as round_planning
+from tunefleet.planning import shard_queue
+from tunefleet.planning.rounds import Deadline, Rounds
 from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_JSON, DONE, LEASED, PENDING
 
 # workload name -> (weight, best run time it tends to, trials it takes to get there)
@@ -46,7 +48,7 @@ class FakeTuner:
                   ) -> ShardResult | None:
         if deadline is not None and deadline.reason():
             return None
-        shard = shards.lease(db, "x86", owner, shard_id=shard_id)
+        shard = shard_queue.lease(db, "x86", owner, shard_id=shard_id)
         if shard is None:
             return None
         self.leased.append(shard.id)
@@ -60,7 +62,7 @@ class FakeTuner:
                                        shard_id=shard.id, build_s=0.5))
             self.clock.t += 1.0
         db.commit_measurements(rows)
-        shards.complete(db, shard.id, owner)
+        shard_queue.complete(db, shard.id, owner)
         return ShardResult(shard.id, DONE, len(rows), 0, 0, None, float(len(rows)))
 
 
@@ -95,7 +97,7 @@ def test_rounds_refill_the_queue_and_stop_at_the_trial_budget_exactly(db: tuple[
     assert (summary.budget["trials"], summary.budget["rounds"], summary.budget["stopped"]) == (
         100, rounds.rounds, "trial budget spent")
     assert rounds.rounds >= 4
-    planned = shards.list_shards(database)
+    planned = shard_queue.list_shards(database)
     assert {s.state for s in planned} == {DONE} and sum(s.trials for s in planned) == 100
     assert [s.history[0]["round"] for s in planned][:3] == [1, 1, 1]  # the minimums, in one round
     assert all(s.history[0]["budget"] == "100" for s in planned)
@@ -113,10 +115,10 @@ def test_rounds_stop_at_the_deadline_and_cancel_the_rest_of_the_round(db: tuple[
     summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(clock), refill=rounds)  # type: ignore[arg-type]
     assert summary.stopped == rounds.stopped == "deadline: reached"
     assert 60 <= sum(_per_workload(database).values()) < 60 + 8 * 4  # at most the shard in flight goes over
-    states = {s.state for s in shards.list_shards(database)}
+    states = {s.state for s in shard_queue.list_shards(database)}
     assert PENDING not in states and LEASED not in states
     assert summary.budget is not None and summary.budget["kind"] == "duration" and summary.budget["seconds"] >= 60
-    cut = [s for s in shards.list_shards(database) if s.state == CANCELLED]
+    cut = [s for s in shard_queue.list_shards(database) if s.state == CANCELLED]
     assert all(s.history[-1]["event"] == "cancel" for s in cut)
 
 
@@ -141,12 +143,12 @@ def test_a_round_that_measured_nothing_ends_the_rounds(db: tuple[Database, int])
     clock = Clock()
     rounds = Rounds("x86", [model], Budget(seconds=600), started_at=time.time() - 10, min_trials=8, batch=8)
     assert rounds.refill(database) == 3
-    for shard in shards.list_shards(database):  # every shard of the round ends before its first batch
-        shards.lease(database, "x86", "w", shard_id=shard.id)
-        shards.complete(database, shard.id, "w", event="done-short")
+    for shard in shard_queue.list_shards(database):  # every shard of the round ends before its first batch
+        shard_queue.lease(database, "x86", "w", shard_id=shard.id)
+        shard_queue.complete(database, shard.id, "w", event="done-short")
     assert rounds.refill(database) == 0
     assert rounds.stopped == "round 1 measured nothing: its shards ended before their first batch"
-    assert len(shards.list_shards(database)) == 3 and clock() == 1_000.0  # nothing planned again
+    assert len(shard_queue.list_shards(database)) == 3 and clock() == 1_000.0  # nothing planned again
 
 
 def test_rounds_cross_processes_as_plain_data(db: tuple[Database, int]) -> None:
@@ -161,20 +163,20 @@ def test_rounds_cross_processes_as_plain_data(db: tuple[Database, int]) -> None:
 def test_a_preempted_round_shard_gives_its_trials_back_to_the_budget(db: tuple[Database, int]) -> None:
     database, model = db
     hw = database.hardware_class("x86")
-    res = budget.plan_round(database, "x86", [model], Budget(trials=24), Rounds("x86", [model], Budget(trials=1)).since,
+    res = round_planning.plan_round(database, "x86", [model], Budget(trials=24), Rounds("x86", [model], Budget(trials=1)).since,
                             min_trials=8)
     assert (res.round, res.plan.trials, res.outstanding, res.spent) == (1, 24, 24, 0)
     first = res.shards[0]
-    assert budget.reallocate(database, "x86", 5, from_workload_id=first.workload_id, from_shard_id=first.id) == []
-    assert sum(s.trials for s in shards.list_shards(database)) == 24  # nothing handed on: the next round has them
+    assert priorities.reallocate(database, "x86", 5, from_workload_id=first.workload_id, from_shard_id=first.id) == []
+    assert sum(s.trials for s in shard_queue.list_shards(database)) == 24  # nothing handed on: the next round has them
     flat = database.add_shards(hw.id, [(first.workload_id, 8, 1.0)])[0]  # a flat plan's shard hands them on
-    assert budget.reallocate(database, "x86", 5, from_workload_id=first.workload_id, from_shard_id=flat.id) != []
+    assert priorities.reallocate(database, "x86", 5, from_workload_id=first.workload_id, from_shard_id=flat.id) != []
 
 
 def test_a_wall_time_round_is_cut_to_the_trials_that_fit_before_the_deadline(db: tuple[Database, int]) -> None:
     database, model = db
     since = Rounds("x86", [model], Budget(trials=1), started_at=time.time() - 3600).since
-    first = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
+    first = round_planning.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
                               time_left_s=500)  # no pace yet: the minimums, whatever the time
     assert first.plan.trials == 24
     tuner = FakeTuner(Clock())
@@ -184,17 +186,17 @@ def test_a_wall_time_round_is_cut_to_the_trials_that_fit_before_the_deadline(db:
     with database.session() as s:  # the 24 trials took 120 s of wall time
         from sqlalchemy import update
 
-        from tunefleet.db.models import Measurement, utcnow
+        from tunefleet.db.tables import Measurement, utcnow
 
         s.execute(update(Measurement).values(created_at=utcnow() - dt.timedelta(seconds=120)))
-    roomy = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8, dry=True)
-    tight = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
+    roomy = round_planning.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8, dry=True)
+    tight = round_planning.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
                               time_left_s=60, dry=True)  # 5 s a trial: 12 fit
     assert roomy.plan.trials == 3 * 8 and 10 <= tight.plan.trials <= 12
-    over = budget.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
+    over = round_planning.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
                              time_left_s=2, dry=True)
     assert over.plan.grants == () and over.stop == "deadline: about 0 trial(s) fit in the 2s left, not enough for another round"
-    assert hw and shards.list_shards(database, state="pending") == []  # dry: nothing planned
+    assert hw and shard_queue.list_shards(database, state="pending") == []  # dry: nothing planned
 
 
 def test_a_worker_waits_for_a_shard_whose_workload_another_worker_searches(
@@ -202,18 +204,18 @@ def test_a_worker_waits_for_a_shard_whose_workload_another_worker_searches(
     """The queue's last shards belong to a workload another worker is searching: this worker waits
     for them (one search per workload at a time) instead of leaving them behind."""
     database, _ = db
-    shards.plan(database, "x86", target_trials=8, shard_trials=4)  # two shards per workload
-    theirs = shards.lease(database, "x86", "other")
+    shard_queue.plan(database, "x86", target_trials=8, shard_trials=4)  # two shards per workload
+    theirs = shard_queue.lease(database, "x86", "other")
     assert theirs is not None
     waits: list[float] = []
 
     def other_worker_finishes(seconds: float) -> None:
         waits.append(seconds)
         if len(waits) == 1:
-            shards.complete(database, theirs.id, "other", generation=theirs.lease_generation)
+            shard_queue.complete(database, theirs.id, "other", generation=theirs.lease_generation)
 
     monkeypatch.setattr("tunefleet.engine.worker._wait", other_worker_finishes)
     summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(Clock()))  # type: ignore[arg-type]
     assert len(waits) == 1
-    assert summary.shards_done == len(shards.list_shards(database)) - 1
-    assert {s.state for s in shards.list_shards(database)} == {DONE}
+    assert summary.shards_done == len(shard_queue.list_shards(database)) - 1
+    assert {s.state for s in shard_queue.list_shards(database)} == {DONE}

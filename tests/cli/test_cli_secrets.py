@@ -90,14 +90,14 @@ def test_database_errors_mask_the_password(tmp_path, url: str) -> None:  # type:
 
 def test_every_error_line_is_masked(tunefleet_home, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """Whatever a TunefleetError says, the line the CLI prints carries no password."""
-    from tunefleet import cli
+    from tunefleet.cli import main as cli_main
     from tunefleet.errors import TunefleetError
 
     def leaky(args, settings):  # type: ignore[no-untyped-def]
         raise TunefleetError("cannot reach postgresql://u:hunter2@db/x?password=hunter2 (dsn password=hunter2)")
 
-    monkeypatch.setattr(cli, "cmd_config_show", leaky)
-    assert cli.main(["config", "show"]) == 2
+    monkeypatch.setattr(cli_main, "cmd_config_show", leaky)
+    assert cli_main.main(["config", "show"]) == 2
     err = capsys.readouterr().err
     assert SECRET not in err and "postgresql://u:***@db/x?password=***" in error_line(err)
 
@@ -128,7 +128,7 @@ def gateway() -> Iterator[tuple[str, list[dict[str, str]]]]:
 
 
 def test_pushgateway_credentials_authenticate_and_stay_out_of_errors(gateway) -> None:  # type: ignore[no-untyped-def]
-    from tunefleet.metrics import FleetMetrics, PushgatewayError
+    from tunefleet.energy.metrics import FleetMetrics, PushgatewayError
     from tunefleet.testing.ports import free_port
 
     address, seen = gateway

@@ -8,8 +8,8 @@ import logging
 
 from rich.console import Console
 
+from tunefleet.cli.progress import RunProgress, Snapshot
 from tunefleet.config import load_settings
-from tunefleet.progress import RunProgress, Snapshot
 from tunefleet.vocab import STAGE_LOG_KEY
 
 SNAP = Snapshot(workloads=3, workloads_done=2, measured=41, errors=1, trials_left=10, latency_ratio=0.25)
@@ -33,10 +33,10 @@ def test_a_stage_log_record_changes_the_line_and_prints_it_at_once(tunefleet_hom
     with progress:
         progress._show(SNAP)
         progress._show(SNAP)  # nothing new: not printed again (a log file stays short)
-        logging.getLogger("tunefleet.deliver").info("building mlp", extra={STAGE_LOG_KEY: "building the tuned model"})
-        logging.getLogger("tunefleet.deliver").info("a record without a stage")
+        logging.getLogger("tunefleet.delivery.build").info("building mlp", extra={STAGE_LOG_KEY: "building the tuned model"})
+        logging.getLogger("tunefleet.delivery.build").info("a record without a stage")
         progress._show(SNAP)
-    logging.getLogger("tunefleet.deliver").info("after the run", extra={STAGE_LOG_KEY: "elsewhere"})
+    logging.getLogger("tunefleet.delivery.build").info("after the run", extra={STAGE_LOG_KEY: "elsewhere"})
     lines = out.getvalue().splitlines()
     assert [line.split(" | ")[0] for line in lines] == ["tuning 2/3 workloads", "building the tuned model (2/3 workloads tuned)"]
     assert progress.stage == "building the tuned model"  # the handler left with the run

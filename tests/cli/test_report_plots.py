@@ -13,12 +13,12 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from tunefleet.accounting import EnergyRow, energy_report
-from tunefleet.cli import main
+from tunefleet.cli.main import main
+from tunefleet.cli.plots import energy_figure, tuning_figure
 from tunefleet.config import load_settings
 from tunefleet.db import Database, NewMeasurement
+from tunefleet.energy.accounting import EnergyRow, energy_report
 from tunefleet.errors import NotFoundError, NotSupportedError
-from tunefleet.plots import energy_figure, tuning_figure
 from tunefleet.vocab import FILTERED
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

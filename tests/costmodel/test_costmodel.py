@@ -12,10 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tunefleet import costmodel, dataset
-from tunefleet.costmodel import CostModelError
 from tunefleet.db import Database
 from tunefleet.errors import TunefleetError
+from tunefleet.learning import costmodel, dataset
+from tunefleet.learning.costmodel import CostModelError
 from tunefleet.store import LocalStore
 from tunefleet.tvm.targets import host_cpu_target
 
@@ -173,7 +173,7 @@ def test_retrain_promotion(db_url: str, tmp_path, table: pa.Table) -> None:  # t
     db = _db(db_url)
     store = LocalStore(tmp_path / "artifacts")
     hw_id = db.hardware_class("x86").id
-    assert costmodel.load_model(db, store, "x86") is None
+    assert costmodel.load_cost_model(db, store, "x86") is None
 
     # Even with no current model, one that ranks no better than chance is not made current.
     useless = costmodel.retrain(db, store, "x86", table=table, holdout_fraction=0.3, num_boost_round=1,
@@ -192,7 +192,7 @@ def test_retrain_promotion(db_url: str, tmp_path, table: pa.Table) -> None:  # t
     assert set(m["baselines"]) == {"random", "untrained"} and m["current_on_heldout"] is None
 
     # Round trip through the store: identical predictions.
-    loaded = costmodel.load_model(db, store, "x86")
+    loaded = costmodel.load_cost_model(db, store, "x86")
     assert loaded is not None and loaded.objective == "reg:squarederror"
     np.testing.assert_array_equal(loaded.predict(table), first.model.predict(table))
 

@@ -11,15 +11,18 @@ import logging
 import numpy as np
 import pytest
 
-from tunefleet import costmodel, dataset, shards
-from tunefleet.deliver import best, build_model
+from tunefleet.learning import costmodel
+from tunefleet.learning import dataset
+from tunefleet.planning import shard_queue
+from tunefleet.delivery.best import best
+from tunefleet.delivery.build import build_model
 from tunefleet.errors import NotFoundError, NotSupportedError
 from tunefleet.models.ingest import ingest
 from tunefleet.engine.learned import _normalised
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import Tuner, drain
-from tunefleet.extraction import extract
-from tunefleet.zeroshot import predict_workloads
+from tunefleet.models.workloads import extract
+from tunefleet.delivery.zeroshot import predict_workloads
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +31,7 @@ def _train_current(db, store) -> costmodel.RetrainResult:  # type: ignore[no-unt
     """Tune mlp a little, export, retrain; make the new model current even if the guard refused it."""
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    shards.plan(db, "x86", target_trials=10, model=model.id)
+    shard_queue.plan(db, "x86", target_trials=10, model=model.id)
     assert drain(db, "x86", TuneOptions(seed=0, trials_per_iter=5)).shards_failed == 0
     assert dataset.export(db, store) is not None
     result = costmodel.retrain(db, store, "x86", holdout_fraction=0.34, num_boost_round=20)
@@ -43,7 +46,7 @@ def _train_current(db, store) -> costmodel.RetrainResult:  # type: ignore[no-unt
 def _prediction_count(db) -> int:  # type: ignore[no-untyped-def]
     from sqlalchemy import func, select
 
-    from tunefleet.db.models import Prediction
+    from tunefleet.db.tables import Prediction
 
     with db.session() as s:
         return int(s.scalar(select(func.count(Prediction.id))) or 0)
@@ -110,7 +113,7 @@ def test_warm_start_uses_current_model(engine, caplog: pytest.LogCaptureFixture)
         loaded = tuner.cost_model(db)
         assert loaded is not None and loaded.cost_model_id == trained.cost_model_id
         assert Tuner(db, "x86", TuneOptions(warm_start=False), store=store).cost_model(db) is None
-        shards.plan(db, "x86", target_trials=16)  # top up: new shards
+        shard_queue.plan(db, "x86", target_trials=16)  # top up: new shards
         with caplog.at_level(logging.INFO, logger="tunefleet.engine"):
             result = tuner.tune_next(db, "warm-test", TuneOptions(trials_per_iter=3, seed=0))
         assert result is not None and result.state == "done" and result.measured > 0

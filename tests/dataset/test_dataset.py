@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tunefleet import dataset
-from tunefleet.dataset import DatasetError
+from tunefleet.learning import dataset
+from tunefleet.learning.dataset import DatasetError
 from tunefleet.db import Database, NewMeasurement
 from tunefleet.errors import ConflictError, NotFoundError, TunefleetError
 from tunefleet.store import ArtifactStore, LocalStore, S3Store
@@ -183,7 +183,7 @@ def test_export_per_hardware_class(db_url: str, tmp_path, mlp_workloads) -> None
 def _late_row(ids: dict[str, Any], w: Any, trace: str, run_s: float, repeat: int) -> dict[str, Any]:
     """Column values of one measurement written by hand (a commit outside the tunefleet commit path)."""
     from tunefleet.db.database import sha256_text
-    from tunefleet.db.models import utcnow
+    from tunefleet.db.tables import utcnow
 
     return {"workload_id": ids["wl"][0], "hardware_class_id": ids["hw"]["x86"], "trace_json": trace,
             "trace_sha256": sha256_text(trace), "attempt": repeat, "args_info": w.args_info,
@@ -194,7 +194,7 @@ def _late_row(ids: dict[str, Any], w: Any, trace: str, run_s: float, repeat: int
 def test_late_commit_with_a_lower_id_is_exported_next(db_url: str, tmp_path, mlp_workloads) -> None:  # type: ignore[no-untyped-def]
     """A measurement committed after an export read its rows, with an id below the ones it
     exported, is in the next version (nothing is skipped for good)."""
-    from tunefleet.db.models import Measurement
+    from tunefleet.db.tables import Measurement
 
     db = Database(db_url)
     store = LocalStore(tmp_path / "artifacts")
@@ -354,13 +354,13 @@ def dt_parse(text: str) -> Any:
 # -- slow: measurements from a real tiny tuning run ------------------------------------------------
 @pytest.mark.slow
 def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
     from tunefleet.config import load_settings
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.worker import drain
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
 
     settings = load_settings(home=tmp_path / "home", database_url=db_url)
     db = Database.from_settings(settings)
@@ -368,7 +368,7 @@ def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-u
     store = LocalStore(settings.effective_store_path)
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    shards.plan(db, "x86", target_trials=4, model=model.id)
+    shard_queue.plan(db, "x86", target_trials=4, model=model.id)
     assert drain(db, "x86", TuneOptions(seed=0, trials_per_iter=4)).shards_failed == 0
 
     v1 = dataset.export(db, store)
@@ -381,7 +381,7 @@ def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-u
     _check_rows(t1, db, first_export=True)
     assert dataset.export(db, store) is None
 
-    shards.plan(db, "x86", target_trials=6, model=model.id)  # top up: a few more trials per workload
+    shard_queue.plan(db, "x86", target_trials=6, model=model.id)  # top up: a few more trials per workload
     assert drain(db, "x86", TuneOptions(seed=1, trials_per_iter=2)).shards_failed == 0
     v2 = dataset.export(db, store)
     assert v2 is not None and v2.parents == [1] and v2.row_count == db.count_measurements() - n1 > 0

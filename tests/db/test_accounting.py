@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tunefleet import shards
-from tunefleet.accounting import ShardAccountant, add_shard_energy, energy_report, shard_state_counts
 from tunefleet.db import Database, NewMeasurement
-from tunefleet.energy import EnergyMeter, EnergyReading
+from tunefleet.energy.accounting import ShardAccountant, add_shard_energy, energy_report, shard_state_counts
+from tunefleet.energy.meters import EnergyMeter, EnergyReading
+from tunefleet.planning import shard_queue
 
 
 class ScriptedMeter(EnergyMeter):
@@ -76,7 +76,7 @@ def test_report_splits_shared_workloads_by_weight(db: Database) -> None:
     db.link_model_workload(a.id, shared.id, 1)
     db.link_model_workload(b.id, shared.id, 3)
     db.link_model_workload(a.id, only_a.id, 2)
-    created, _ = shards.plan(db, "x86", target_trials=4)
+    created, _ = shard_queue.plan(db, "x86", target_trials=4)
     hw = db.hardware_class("x86")
     for shard in created:
         wl = db.workload(shard.workload_id)

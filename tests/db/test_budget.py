@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tunefleet import budget, shards
 from tunefleet.db import Database, NewMeasurement
 from tunefleet.db.database import FILTERED
-from tunefleet.preemption import PreemptionPolicy, new_state, observe_round, stop_reason
+from tunefleet.energy import priorities
+from tunefleet.planning import shard_queue
+from tunefleet.planning.preemption import PreemptionPolicy, new_state, observe_round, stop_reason
 
 
 # -- the plateau policy -----------------------------------------------------------------------
@@ -56,7 +57,7 @@ def db(db_url: str) -> Iterator[Database]:
     for i, (h, w) in enumerate([("aa", 1), ("bb", 4), ("cc", 1), ("dd", 1)]):
         wl, _ = database.add_workload(structural_hash=h, name=f"w{i}", op_kind="dense", flops=1.0, tir_json="{}")
         database.link_model_workload(m.id, wl.id, w)
-    shards.plan(database, "x86", target_trials=8)
+    shard_queue.plan(database, "x86", target_trials=8)
     yield database
     database.close()
 
@@ -75,7 +76,7 @@ def test_outlook_is_weight_times_rate_over_joules(db: Database) -> None:
     wl_ids = {h: db.workload(h).id for h in ("aa", "bb", "cc", "dd")}
     hw = db.hardware_class("x86")
     db.commit_measurements([NewMeasurement(wl_ids["aa"], hw.id, "aa-f", None, error_kind=FILTERED, energy_j=0.0)])
-    views = budget.outlooks(db, "x86", window=4)
+    views = priorities.outlooks(db, "x86", window=4)
     a, b, c, d = (views[wl_ids[h]] for h in ("aa", "bb", "cc", "dd"))
     assert a.trials == 5  # the filtered candidate is not a trial here
     assert a.rate_s_per_trial == pytest.approx(6e-3 / 4) and a.joules_per_trial == pytest.approx(2.0)
@@ -85,9 +86,9 @@ def test_outlook_is_weight_times_rate_over_joules(db: Database) -> None:
     assert c.joules_per_trial == pytest.approx(2.0)  # its own mean
     assert d.joules_per_trial == pytest.approx(2.0)  # the class mean: never measured
 
-    budget.reprioritise(db, "x86")
+    priorities.reprioritise(db, "x86")
     order = []
-    while (sh := shards.lease(db, "x86", "w")) is not None:
+    while (sh := shard_queue.lease(db, "x86", "w")) is not None:
         order.append(db.workload(sh.workload_id).structural_hash)
     assert order[:2] == ["cc", "dd"]  # unexplored first (equal weights)
     assert order[2:] == ["aa", "bb"]  # then by expected gain per joule: bb has the weight but gains nothing
@@ -125,7 +126,7 @@ def test_outlooks_computed_in_the_database_match_the_definition(db: Database) ->
         db.commit_measurements([NewMeasurement(wl.id, hw.id, f"m{i}", None if mean is None else [mean],
                                                error_kind=None if mean is not None else "run", energy_j=1.5)])
     for window in (1, 4, 16, 500):
-        views = budget.outlooks(db, "x86", window=window)
+        views = priorities.outlooks(db, "x86", window=window)
         for h, means in history.items():
             trials, best, rate = _outlook_by_definition(means, window)
             got = views[db.workload(h).id]
@@ -143,25 +144,25 @@ def test_reallocate_gives_unused_trials_to_improving_workloads(db: Database) -> 
     st = new_state(dd.id, hw.id, 2e-3)
     st.preempted = True
     db.save_tuning_state(st)
-    granted = budget.reallocate(db, "x86", 24, from_workload_id=dd.id, from_shard_id=None, min_chunk=8)
+    granted = priorities.reallocate(db, "x86", 24, from_workload_id=dd.id, from_shard_id=None, min_chunk=8)
     got = {db.workload(g.workload_id).structural_hash: g.trials for g in granted}
     # aa gains 4 ms x weight 1 per J, bb 1 ms x weight 4 per J: equal expected gain, equal shares
     assert got == {"aa": 12, "bb": 12}
     # both still have their planned pending shard (8 trials): the trials are added to it, no new shard
     assert all(g.extended for g in granted)
-    by_id = {s.id: s for s in shards.list_shards(db, hardware="x86")}
+    by_id = {s.id: s for s in shard_queue.list_shards(db, hardware="x86")}
     assert len(by_id) == 4 and all(by_id[g.shard_id].trials == 8 + 12 for g in granted)
     assert all(by_id[g.shard_id].history[-1]["event"] == "reallocated" for g in granted)
     assert db.tuning_state(dd.id, hw.id).freed_trials == 24
     # a preempted workload is never a recipient, and planning skips it; a recipient whose shard is
     # leased (no pending one left) gets a new shard
     bb_shard = next(s for s in by_id.values() if s.workload_id == db.workload("bb").id)
-    assert shards.lease(db, "x86", "w", shard_id=bb_shard.id) is not None
-    again = budget.reallocate(db, "x86", 8, from_workload_id=db.workload("aa").id, min_chunk=8)
+    assert shard_queue.lease(db, "x86", "w", shard_id=bb_shard.id) is not None
+    again = priorities.reallocate(db, "x86", 8, from_workload_id=db.workload("aa").id, min_chunk=8)
     assert [(db.workload(g.workload_id).structural_hash, g.trials, g.extended) for g in again] == [("bb", 8, False)]
-    new = next(s for s in shards.list_shards(db, hardware="x86") if s.id == again[0].shard_id)
+    new = next(s for s in shard_queue.list_shards(db, hardware="x86") if s.id == again[0].shard_id)
     assert (new.state, new.trials, new.history[0]["event"]) == ("pending", 8, "reallocated")
-    _, view = shards.plan(db, "x86", target_trials=100)
+    _, view = shard_queue.plan(db, "x86", target_trials=100)
     assert {v.structural_hash: v.new_trials for v in view}["dd"] == 0
     assert [v.preempted for v in view if v.structural_hash == "dd"] == [True]
 
@@ -169,4 +170,4 @@ def test_reallocate_gives_unused_trials_to_improving_workloads(db: Database) -> 
 def test_nothing_improving_means_nothing_spent(db: Database) -> None:
     for h in ("aa", "bb", "cc", "dd"):
         _measure(db, h, [5e-3, 5e-3])
-    assert budget.reallocate(db, "x86", 16, from_workload_id=db.workload("aa").id) == []
+    assert priorities.reallocate(db, "x86", 16, from_workload_id=db.workload("aa").id) == []

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import event
 
-from tunefleet import shards
 from tunefleet.db import Database, NewMeasurement
 from tunefleet.db.shards import InFlightRow, LeaseFence
 from tunefleet.errors import StaleLeaseError
+from tunefleet.planning import shard_queue
 from tunefleet.vocab import CRASH
 
 
@@ -52,22 +52,22 @@ def test_stale_owner_commit_is_refused_and_stores_nothing(db: Database, n: int) 
     sid = _shard(db)
     _expire(db, sid, "a")
     stale = LeaseFence(sid, "a", db.shard(sid).lease_generation)
-    taken = shards.lease(db, "x86", "b", shard_id=sid)  # requeues a's expired lease, then leases it
+    taken = shard_queue.lease(db, "x86", "b", shard_id=sid)  # requeues a's expired lease, then leases it
     assert taken is not None and taken.lease_generation == stale.generation + 1
     with pytest.raises(StaleLeaseError, match=f"shard {sid}: commit of {n} measurement.*no longer current"):
         db.commit_measurements(_rows(db, sid, n), fence=stale)
     assert db.count_measurements(shard_id=sid) == 0
     assert db.commit_measurements(_rows(db, sid, n), fence=LeaseFence(sid, "b", taken.lease_generation)) == n
     # a reclaim by the same owner string fences out whatever the earlier holder still does
-    again = shards.lease(db, "x86", "b", shard_id=sid, reclaim=True)
+    again = shard_queue.lease(db, "x86", "b", shard_id=sid, reclaim=True)
     assert again is not None and again.lease_generation == taken.lease_generation + 1
     with pytest.raises(StaleLeaseError):
         db.commit_measurements(_rows(db, sid, 2, start=n), fence=LeaseFence(sid, "b", taken.lease_generation))
-    with pytest.raises(shards.LeaseLostError):
-        shards.heartbeat(db, sid, "b", generation=taken.lease_generation)
-    with pytest.raises(shards.LeaseLostError):
-        shards.complete(db, sid, "b", generation=taken.lease_generation)
-    shards.complete(db, sid, "b", generation=again.lease_generation)
+    with pytest.raises(shard_queue.LeaseLostError):
+        shard_queue.heartbeat(db, sid, "b", generation=taken.lease_generation)
+    with pytest.raises(shard_queue.LeaseLostError):
+        shard_queue.complete(db, sid, "b", generation=taken.lease_generation)
+    shard_queue.complete(db, sid, "b", generation=again.lease_generation)
     assert db.count_measurements(shard_id=sid) == n
 
 
@@ -84,7 +84,7 @@ def test_a_heartbeat_that_extends_the_lease_wins_against_a_concurrent_requeue(db
 
     event.listen(db.engine, "before_cursor_execute", heartbeat_first)
     try:
-        assert shards.requeue_expired(db) == []
+        assert shard_queue.requeue_expired(db) == []
     finally:
         event.remove(db.engine, "before_cursor_execute", heartbeat_first)
         other.close()
@@ -96,16 +96,16 @@ def test_a_heartbeat_that_extends_the_lease_wins_against_a_concurrent_requeue(db
 def test_a_worker_clock_an_hour_off_neither_expires_others_nor_keeps_its_own(
         db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     mine, theirs = _shard(db), _shard(db, workload="bb")
-    fresh = shards.lease(db, "x86", "honest", lease_s=60, shard_id=theirs)
+    fresh = shard_queue.lease(db, "x86", "honest", lease_s=60, shard_id=theirs)
     assert fresh is not None
     ahead = lambda: _real_now() + dt.timedelta(hours=1)
-    for module in ("tunefleet.db.models", "tunefleet.db.shards", "tunefleet.shards"):
+    for module in ("tunefleet.db.tables", "tunefleet.db.shards", "tunefleet.planning.shard_queue"):
         monkeypatch.setattr(f"{module}.utcnow", ahead, raising=False)
-    skewed = shards.lease(db, "x86", "skewed", lease_s=60, shard_id=mine)  # requeues what it thinks expired
+    skewed = shard_queue.lease(db, "x86", "skewed", lease_s=60, shard_id=mine)  # requeues what it thinks expired
     assert skewed is not None
     assert db.shard(theirs).state == "leased" and db.shard(theirs).lease_owner == "honest"
     for sid in (mine, theirs):
-        shards.heartbeat(db, sid, db.shard(sid).lease_owner or "", lease_s=60)
+        shard_queue.heartbeat(db, sid, db.shard(sid).lease_owner or "", lease_s=60)
         expires = db.shard(sid).lease_expires_at
         assert expires is not None and expires < _real_now() + dt.timedelta(seconds=120), "judged on its own clock"
 
@@ -117,7 +117,7 @@ def test_a_candidate_in_flight_alone_at_a_second_death_is_recorded_as_a_crash(db
     # first death: a batch of three in flight; the lease is lost, not an attempt, no crash yet
     _expire(db, sid, "w1")
     db.set_in_flight(LeaseFence(sid, "w1", 1), batch)
-    assert shards.requeue_expired(db) == [sid]
+    assert shard_queue.requeue_expired(db) == [sid]
     got = db.shard(sid)
     assert (got.state, got.leases, got.lost_leases) == ("pending", 0, 1)
     assert [s.trace_sha256 for s in db.suspects(sid)] == [r.trace_sha256 for r in batch]
@@ -132,7 +132,7 @@ def test_a_candidate_in_flight_alone_at_a_second_death_is_recorded_as_a_crash(db
     assert [s.trace_sha256 for s in db.suspects(sid)] == ["b" * 64, "c" * 64]
     # ... and its worker dies with "b" alone in flight: "b" is a crash, the shard goes on
     db.set_in_flight(fence, batch[1:2])
-    assert shards.requeue_expired(db) == [sid]
+    assert shard_queue.requeue_expired(db) == [sid]
     crash = [m for m in db.measurements() if m.shard_id == sid and m.error_kind == CRASH]
     assert [(m.trace_sha256, m.trace_json, m.mean_run_s) for m in crash] == [("b" * 64, "trace-b", None)]
     assert "died 2 times" in (crash[0].error_msg or "")
@@ -145,5 +145,5 @@ def test_a_candidate_in_flight_alone_at_a_second_death_is_recorded_as_a_crash(db
     now = _real_now() + dt.timedelta(seconds=10)
     done = db.lease_shard(hw, "w3", lease_s=60, shard_id=sid, now=now)
     assert done is not None
-    shards.complete(db, sid, "w3", generation=done.lease_generation)
+    shard_queue.complete(db, sid, "w3", generation=done.lease_generation)
     assert db.suspects(sid) == []

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from tunefleet import budget, shards
-from tunefleet.allocation import Budget
+from tunefleet.budget import Budget
 from tunefleet.db import Database
-from tunefleet.db.models import utcnow
+from tunefleet.db.tables import utcnow
+from tunefleet.planning import rounds as round_planning
+from tunefleet.planning import shard_queue
 from tunefleet.vocab import CANCELLED
 
 
@@ -74,8 +75,8 @@ def _planned(db: Database) -> int:
 
 def test_two_plans_at_once_plan_each_shortfall_once(dbs: tuple[Database, Database]) -> None:
     a, b = dbs
-    errors = _pause_after(a, "planning_view", lambda: shards.plan(b, "x86", target_trials=16, shard_trials=8))
-    shards.plan(a, "x86", target_trials=16, shard_trials=8)
+    errors = _pause_after(a, "planning_view", lambda: shard_queue.plan(b, "x86", target_trials=16, shard_trials=8))
+    shard_queue.plan(a, "x86", target_trials=16, shard_trials=8)
     _join(a)
     assert not errors
     assert _planned(a) == 3 * 16
@@ -88,8 +89,8 @@ def test_two_budget_rounds_at_once_plan_one_round(dbs: tuple[Database, Database]
     a, b = dbs
     since = utcnow()
     parsed = Budget.parse(spec, name="budget")
-    errors = _pause_after(a, "budget_view", lambda: budget.plan_round(b, "x86", [1], parsed, since))
-    first = budget.plan_round(a, "x86", [1], parsed, since)
+    errors = _pause_after(a, "budget_view", lambda: round_planning.plan_round(b, "x86", [1], parsed, since))
+    first = round_planning.plan_round(a, "x86", [1], parsed, since)
     _join(a)
     assert not errors
     assert first.shards

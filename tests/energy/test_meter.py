@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tunefleet import energy
-from tunefleet.energy import (
+from tunefleet.energy import meters
+from tunefleet.energy.meters import (
     Availability,
     CompositeMeter,
     EnergyReading,
@@ -160,14 +160,14 @@ def test_rapl_share_is_clipped_to_one_and_zero_without_machine_time(powercap: Pa
 
 def test_rapl_permission_denied_is_not_available(powercap: Path, monkeypatch: pytest.MonkeyPatch,
                                                  fresh_probe: None) -> None:
-    real_read = energy._read_int
+    real_read = meters._read_int
 
     def root_only(path: Path) -> int:  # what kernels >= 5.10 do for non-root readers
         if path.name == "energy_uj":
             raise PermissionError(13, "Permission denied", str(path))
         return real_read(path)
 
-    monkeypatch.setattr(energy, "_read_int", root_only)
+    monkeypatch.setattr(meters, "_read_int", root_only)
     status = RaplMeter.available(powercap)
     assert not status
     assert "permission denied" in status.reason
@@ -294,12 +294,12 @@ def test_fake_nvml_reader_needs_device_indices() -> None:
 
 
 def _energy_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "tunefleet.energy" and "energy source" in r.getMessage()]
+    return [r for r in caplog.records if r.name == "tunefleet.energy.meters" and "energy source" in r.getMessage()]
 
 
 def test_probe_without_rapl_is_estimate_and_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                         fresh_probe: None) -> None:
-    caplog.set_level(logging.INFO, logger="tunefleet.energy")
+    caplog.set_level(logging.INFO, logger="tunefleet.energy.meters")
     absent = tmp_path / "powercap"
     meters = [probe("llvm", watts_per_core=12.0, idle_watts=30.0, powercap_root=absent) for _ in range(3)]
     assert all(isinstance(m, EstimateMeter) and m.source == "estimate" for m in meters)
@@ -311,11 +311,11 @@ def test_probe_without_rapl_is_estimate_and_logged_once(tmp_path: Path, caplog: 
 
 
 def test_probe_on_this_machine(caplog: pytest.LogCaptureFixture, fresh_probe: None) -> None:
-    caplog.set_level(logging.INFO, logger="tunefleet.energy")
+    caplog.set_level(logging.INFO, logger="tunefleet.energy.meters")
     meter = probe(watts_per_core=12.0, idle_watts=30.0)
     probe(watts_per_core=12.0, idle_watts=30.0)
     expected = "rapl" if RaplMeter.available() else "estimate"
-    if not Path(energy.DEFAULT_POWERCAP_ROOT).exists():
+    if not Path(meters.DEFAULT_POWERCAP_ROOT).exists():
         assert expected == "estimate"  # this VM: no /sys/class/powercap
     assert meter.source == expected
     assert len(_energy_records(caplog)) == 1
@@ -327,7 +327,7 @@ def test_probe_on_this_machine(caplog: pytest.LogCaptureFixture, fresh_probe: No
 
 def test_probe_cuda_without_nvml_estimates_the_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture, fresh_probe: None) -> None:
-    caplog.set_level(logging.INFO, logger="tunefleet.energy")
+    caplog.set_level(logging.INFO, logger="tunefleet.energy.meters")
     monkeypatch.setattr(NvmlMeter, "available", classmethod(lambda cls: Availability(False, "no NVML: faked")))
     meter = probe({"kind": "cuda", "arch": "sm_90"}, watts_per_core=12.0, idle_watts=60.0,
                   watts_per_gpu=300.0, gpu_count=2, powercap_root=tmp_path / "none")

@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 import psutil
 import pytest
 
-from tunefleet.energy import ProcessTreeCpu
+from tunefleet.energy.meters import ProcessTreeCpu
 
 
 def _in_a_fresh_process(body: Callable[[], None]) -> None:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tunefleet.allocation import Budget
+from tunefleet.budget import Budget
 from tunefleet.config import load_settings
 from tunefleet.db import Database
 from tunefleet.engine.options import TuneOptions
-from tunefleet.engine.rounds import Deadline, Rounds
 from tunefleet.engine.worker import Tuner, drain
-from tunefleet.extraction import extract
 from tunefleet.hardware import seed_hardware_classes
 from tunefleet.models.ingest import ingest
+from tunefleet.models.workloads import extract
+from tunefleet.planning.rounds import Deadline, Rounds
 from tunefleet.store import LocalStore
 from tunefleet.vocab import DONE
 

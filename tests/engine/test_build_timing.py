@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunefleet.deliver import _time_vm
+from tunefleet.delivery.build import _time_vm
 from tunefleet.vocab import UNTUNED_TIMING_S
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tunefleet.filter_audit import FilterAudit, agreement
+from tunefleet.learning.filter_audit import FilterAudit, agreement
 
 
 def test_agreement_counts_pairs_ordered_right_and_ties_half() -> None:

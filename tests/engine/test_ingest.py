@@ -71,8 +71,8 @@ def test_builtin_hardware_classes_are_seeded(engine) -> None:  # type: ignore[no
 def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # type: ignore[no-untyped-def]
     from tunefleet.config import load_settings
     from tunefleet.errors import ConfigError
-    from tunefleet.extraction import class_recipe
     from tunefleet.hardware import configured_classes, seed_hardware_classes
+    from tunefleet.models.workloads import class_recipe
 
     db = Database.from_settings(engine_settings)
     seed_hardware_classes(db, engine_settings)
@@ -93,7 +93,7 @@ def test_an_onnx_model_build_report_times_onnxruntime_on_it(engine, tmp_path) ->
     """A model ingested as ONNX is timed in onnxruntime as ingested, next to the (here untuned) build."""
     import torch
 
-    from tunefleet.deliver import build_model
+    from tunefleet.delivery.build import build_model
 
     _, db, store = engine
     path = tmp_path / "tiny.onnx"

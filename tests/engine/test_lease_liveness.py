@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from tunefleet import shards
 from tunefleet.engine import heartbeat as heartbeat_module
 from tunefleet.engine.heartbeat import Heartbeat
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.shard import ShardKit, run_shard
 from tunefleet.engine.worker import OWNER_TOKEN_ENV, worker_owner
 from tunefleet.errors import HeartbeatStoppedError
+from tunefleet.planning import shard_queue
 from tunefleet.vocab import DEFAULT_TRACE_JSON, DEFAULT_TRACE_SHA256
 
 
@@ -54,7 +54,7 @@ def test_any_exception_that_kills_the_heartbeat_is_raised_to_the_tuning_thread(m
     def broken(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("no route to a bug")
 
-    monkeypatch.setattr(heartbeat_module.shards, "heartbeat", broken)
+    monkeypatch.setattr(heartbeat_module.shard_queue, "heartbeat", broken)
     hb = Heartbeat(None, 7, "w", lease_s=30, generation=1)  # type: ignore[arg-type]
     hb._stop = _Ticks(3)  # type: ignore[assignment]
     hb._run()  # the thread's body, run here: it must end by recording its cause, not by dying silently
@@ -67,8 +67,8 @@ def test_any_exception_that_kills_the_heartbeat_is_raised_to_the_tuning_thread(m
 def test_a_resumed_shard_measures_its_suspects_alone_and_a_dead_heartbeat_stops_the_search(
         engine, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     from tunefleet.db.shards import InFlightRow, LeaseFence
-    from tunefleet.extraction import extract
     from tunefleet.models.ingest import ingest
+    from tunefleet.models.workloads import extract
 
     _, db, store = engine
     model = ingest(db, store, "mlp").model
@@ -84,8 +84,8 @@ def test_a_resumed_shard_measures_its_suspects_alone_and_a_dead_heartbeat_stops_
                      [InFlightRow(DEFAULT_TRACE_SHA256, DEFAULT_TRACE_JSON), InFlightRow("f" * 64, DEFAULT_TRACE_JSON)])
     db.set_in_flight(LeaseFence(suspect.id, "dead", dead.lease_generation), [InFlightRow(DEFAULT_TRACE_SHA256,
                                                                                          DEFAULT_TRACE_JSON)])
-    shards.requeue_expired(db)
-    leased = shards.lease(db, "x86", "w", shard_id=suspect.id)
+    shard_queue.requeue_expired(db)
+    leased = shard_queue.lease(db, "x86", "w", shard_id=suspect.id)
     assert leased is not None and [s.trace_sha256 for s in db.suspects(suspect.id)] == [DEFAULT_TRACE_SHA256]
     batches: list[list[str]] = []
     options = TuneOptions(seed=0, trials_per_iter=3, warm_start_shapes=False, transfer=False)
@@ -101,7 +101,7 @@ def test_a_resumed_shard_measures_its_suspects_alone_and_a_dead_heartbeat_stops_
         return self
 
     monkeypatch.setattr(Heartbeat, "__enter__", dead_heartbeat)
-    leased = shards.lease(db, "x86", "w", shard_id=stuck.id)
+    leased = shard_queue.lease(db, "x86", "w", shard_id=stuck.id)
     assert leased is not None
     with pytest.raises(HeartbeatStoppedError, match=f"heartbeat of shard {stuck.id} stopped"):
         run_shard(db, leased, "w", options, ShardKit())

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tunefleet import shards
 from tunefleet.config import load_settings
 from tunefleet.db import Database
-from tunefleet.deliver import best, build_model
+from tunefleet.delivery.best import best
+from tunefleet.delivery.build import build_model
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import drain
-from tunefleet.extraction import extract
 from tunefleet.hardware import seed_hardware_classes
 from tunefleet.models.ingest import ingest
+from tunefleet.models.workloads import extract
+from tunefleet.planning import shard_queue
 from tunefleet.store import LocalStore
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
     hw = db.hardware_class("x86")
     workloads = db.workloads(model.id, hw.id)
     assert any(wl.op_kind == "conv2d" for wl, _ in workloads)
-    shards.plan(db, "x86", target_trials=8, model=model.id)
+    shard_queue.plan(db, "x86", target_trials=8, model=model.id)
     summary = drain(db, "x86", TuneOptions(seed=0, trials_per_iter=8))
     assert summary.shards_failed == 0
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from tunefleet import shards
+from tunefleet.planning import shard_queue
 from tunefleet.db import NewMeasurement
-from tunefleet.db.models import HardwareClass
-from tunefleet.deliver import best, build_model
+from tunefleet.db.tables import HardwareClass
+from tunefleet.delivery.best import best
+from tunefleet.delivery.build import build_model
 from tunefleet.errors import NotFoundError
 from tunefleet.models.ingest import ingest
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import drain, verify_transfer
-from tunefleet.extraction import extract
-from tunefleet.transfer import builds_for, compatibility, transfer_best
+from tunefleet.models.workloads import extract
+from tunefleet.planning.transfer import builds_for, compatibility, transfer_best
 from tunefleet.tvm.targets import host_cpu_target
 
 BOGUS_TRACE = '[[["NoSuchInstruction",[],[],["b0"]]],[]]'
@@ -41,7 +42,7 @@ def test_transfer_returns_only_schedules_that_build(engine) -> None:  # type: ig
     settings, db, store = engine
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    shards.plan(db, "x86", target_trials=6, model=model.id)
+    shard_queue.plan(db, "x86", target_trials=6, model=model.id)
     assert drain(db, "x86", TuneOptions(seed=0, trials_per_iter=6)).shards_failed == 0
     x86 = db.hardware_class("x86")
     twin = db.upsert_hardware_class("x86b", host_cpu_target(1), "x86b", capabilities=dict(x86.capabilities))
@@ -82,7 +83,7 @@ def test_transfer_returns_only_schedules_that_build(engine) -> None:  # type: ig
     # new shards of x86b measure the transferred schedule first (the verified workload is already measured);
     # planning needs the model's workloads on x86b (links are per class: extraction recipes)
     extract(db, store, model, "x86b")
-    shards.plan(db, "x86b", target_trials=2, model=model.id)
+    shard_queue.plan(db, "x86b", target_trials=2, model=model.id)
     assert drain(db, "x86b", TuneOptions(seed=0, trials_per_iter=2)).shards_failed == 0
     for other, _ in db.workloads(model.id, x86.id)[1:]:
         source = db.best_measurements(other.id, x86.id, 1)[0]

@@ -10,13 +10,14 @@ import time
 
 import pytest
 
-from tunefleet import shards
+from tunefleet.planning import shard_queue
 from tunefleet.db.database import sha256_text
-from tunefleet.deliver import best, build_model, export_json_database, metaschedule_database
+from tunefleet.delivery.best import best, export_json_database, metaschedule_database
+from tunefleet.delivery.build import build_model
 from tunefleet.models.ingest import ingest
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import drain
-from tunefleet.extraction import extract
+from tunefleet.models.workloads import extract
 
 pytestmark = pytest.mark.slow
 EMPTY_TRACE_SHA = sha256_text("[[],[]]")
@@ -27,7 +28,7 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     model = ingest(db, store, "mlp").model
     ex = extract(db, store, model, "x86")
     assert ex.workloads == 3
-    created, _ = shards.plan(db, "x86", target_trials=12, model=model.id)
+    created, _ = shard_queue.plan(db, "x86", target_trials=12, model=model.id)
     assert len(created) == 3
     summary = drain(db, "x86", TuneOptions(seed=0, trials_per_iter=6))
     assert (summary.shards_done, summary.shards_failed) == (3, 0)
@@ -39,7 +40,7 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
         top = best(db, wl.structural_hash, "x86")[0]
         assert top.untuned_s is not None and top.mean_run_s <= top.untuned_s
         assert db.best_measurements(wl.id, "arm") == []  # target-aware: nothing for another class
-    assert shards.plan(db, "x86", target_trials=12, model=model.id)[0] == []
+    assert shard_queue.plan(db, "x86", target_trials=12, model=model.id)[0] == []
 
     report = build_model(db, store, model, "x86", output=tmp_path / "mlp.so")
     assert (report.workloads, report.tuned_workloads, report.default_workloads) == (3, 3, 0)
@@ -75,14 +76,14 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
     settings, db, store = engine
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    (shard, *_), _ = shards.plan(db, "x86", target_trials=30, model=model.id)
-    for other in shards.list_shards(db):
+    (shard, *_), _ = shard_queue.plan(db, "x86", target_trials=30, model=model.id)
+    for other in shard_queue.list_shards(db):
         if other.id != shard.id:
-            shards.cancel(db, [other.id])
+            shard_queue.cancel(db, [other.id])
 
     env = {**os.environ, "TUNEFLEET_HOME": str(settings.home), "TUNEFLEET_DATABASE_URL": settings.effective_database_url}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tunefleet.cli", "tune", "--hardware", "x86", "--lease-s", "4",
+        [sys.executable, "-m", "tunefleet.cli.main", "tune", "--hardware", "x86", "--lease-s", "4",
          "--trials-per-iter", "5", "--seed", "1"],
         env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
@@ -95,7 +96,7 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
     worker.wait(30)
     before = _committed(db, shard.id)
     assert 10 <= len(before) < 30
-    assert shards.get_shard(db, shard.id).state == "leased"
+    assert shard_queue.get_shard(db, shard.id).state == "leased"
 
     time.sleep(4.5)  # the dead worker's lease expires
     seen: list[str] = []
@@ -106,6 +107,6 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
     assert set(before) <= set(after), "a committed measurement was lost"
     assert not set(seen) & set(before.values()), "run 2 measured a candidate run 1 had committed"
     assert len(seen) == 30 - len(before) and len(after) == 30
-    final = shards.get_shard(db, shard.id)
+    final = shard_queue.get_shard(db, shard.id)
     assert final.state == "done" and (final.leases, final.lost_leases) == (1, 1)  # a lost lease is no attempt
     assert [h["event"] for h in final.history][:3] == ["planned", "leased", "lease-expired"]

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tunefleet import shards
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.policies import ShapeWarmStart
 from tunefleet.engine.shard import ShardRun, run_shard
-from tunefleet.extraction import extract
 from tunefleet.models.ingest import ingest
+from tunefleet.models.workloads import extract
+from tunefleet.planning import shard_queue
+from tunefleet.planning.warm_shapes import shape_seeds
 from tunefleet.vocab import task_name_key
-from tunefleet.warm_shapes import shape_seeds
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def _shard(db, workload_id: int, trials: int):  # type: ignore[no-untyped-def]
     """A pending x86 shard of one workload, leased by worker "w"."""
     (created,) = db.add_shards(db.hardware_class("x86").id, [(workload_id, trials, 1.0)])
-    return shards.lease(db, "x86", "w", shard_id=created.id)
+    return shard_queue.lease(db, "x86", "w", shard_id=created.id)
 
 
 def test_a_new_workload_first_measures_the_schedules_of_its_other_shapes(engine) -> None:  # type: ignore[no-untyped-def]

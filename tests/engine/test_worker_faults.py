@@ -17,13 +17,13 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
-from tunefleet import shards
 from tunefleet.db import Database
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import START_FAILURES, Backoff, Tuner, drain
 from tunefleet.errors import WorkerStartError
-from tunefleet.extraction import extract
 from tunefleet.models.ingest import ingest
+from tunefleet.models.workloads import extract
+from tunefleet.planning import shard_queue
 from tunefleet.testing.tcp_proxy import TcpProxy
 from tunefleet.vocab import CANCELLED, DONE, PENDING
 
@@ -58,8 +58,8 @@ def test_drain_survives_a_database_drop_in_a_callback_and_a_lost_lease(engine, d
     settings, db, store = engine
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    planned, _ = shards.plan(db, "x86", target_trials=4, shard_trials=4, model=model.id)
-    shards.cancel(db, [planned[-1].id])  # two shards are enough
+    planned, _ = shard_queue.plan(db, "x86", target_trials=4, shard_trials=4, model=model.id)
+    shard_queue.cancel(db, [planned[-1].id])  # two shards are enough
 
     with contextlib.ExitStack() as stack:
         url = make_url(db_url)
@@ -84,7 +84,7 @@ def test_drain_survives_a_database_drop_in_a_callback_and_a_lost_lease(engine, d
                 faulted.update(shard=shard_id, armed=True)
             elif shard_id != faulted["shard"] and "cancelled" not in faulted:
                 faulted["cancelled"] = shard_id
-                shards.cancel(db, [shard_id])
+                shard_queue.cancel(db, [shard_id])
 
         summary = drain(worker_db, "x86", TuneOptions(seed=0, trials_per_iter=2, warm_start_shapes=False),
                         on_batch=on_batch, backoff=NO_WAIT)

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from tunefleet import shards
 from tunefleet.db import Database
 from tunefleet.errors import TransientError
+from tunefleet.planning import shard_queue
 from tunefleet.testing.postgres import PostgresServer
 from tunefleet.testing.seaweedfs import SeaweedFSServer, unique_bucket_name
 from tunefleet.testing.tcp_proxy import TcpProxy
@@ -78,7 +78,7 @@ class Fleet:
         self.last_start = time.monotonic()
         log = open(self.log_dir / f"worker-{self.started}.log", "wb")  # noqa: SIM115 - kept open by the child
         self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tunefleet.cli", "tune", "--hardware", "x86", "--lease-s", str(LEASE_S),
+            [sys.executable, "-m", "tunefleet.cli.main", "tune", "--hardware", "x86", "--lease-s", str(LEASE_S),
              "--trials-per-iter", "4", "--seed", str(self.seed + self.started)],
             env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT))
 
@@ -131,11 +131,11 @@ def _outage_during(store: Any, proxy: TcpProxy, work: Any) -> str:
 
 
 def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: SeaweedFSServer, tmp_path: Path) -> None:
-    from tunefleet import costmodel, dataset
     from tunefleet.config import load_settings
-    from tunefleet.extraction import extract
     from tunefleet.hardware import seed_hardware_classes
+    from tunefleet.learning import costmodel, dataset
     from tunefleet.models.ingest import ingest
+    from tunefleet.models.workloads import extract
     from tunefleet.store import open_store
 
     seed = int(os.environ.get("TUNEFLEET_FAULT_SEED", "0")) or random.SystemRandom().randrange(1, 10**6)
@@ -170,7 +170,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         store = open_store(settings)
         model = ingest(db, store, "mlp").model
         extract(db, store, model, "x86")
-        planned, _ = shards.plan(db, "x86", target_trials=40, shard_trials=8, model=model.id)
+        planned, _ = shard_queue.plan(db, "x86", target_trials=40, shard_trials=8, model=model.id)
         assert len(planned) >= 12
 
         fleet = Fleet(env, tmp_path, seed)
@@ -187,7 +187,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
             for _ in range(WORKERS):
                 fleet.start()
             while True:
-                open_shards = [s for s in shards.list_shards(db) if s.state in ("pending", "leased")]
+                open_shards = [s for s in shard_queue.list_shards(db) if s.state in ("pending", "leased")]
                 polled = db.measurements()
                 seen.update({m.id: m.trace_sha256 for m in polled})
                 if not open_shards:
@@ -235,7 +235,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         assert not schedule, f"the shards ended before these faults were injected: {schedule}"
         assert (faults.kills, faults.drops, faults.export_outages, faults.retrain_outages) == (3, 3, 1, 1), \
             faults.transient_seen
-        final = shards.list_shards(db)
+        final = shard_queue.list_shards(db)
         bad = [(s.id, s.state, s.error) for s in final
                if s.state != "done" or (s.history[-1]["event"] == "done-short" and s.history[-1].get("cause") != "exhausted")]
         assert not bad, f"shards not done: {bad}\n{fleet.logs()}"

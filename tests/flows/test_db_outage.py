@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tunefleet import shards
+from tunefleet.planning import shard_queue
 from tunefleet.config import load_settings
 from tunefleet.db import Database
 from tunefleet.testing.postgres import PostgresServer
@@ -31,10 +31,10 @@ def test_tuning_survives_a_database_outage(flow_env, pg_server: PostgresServer, 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
-    from tunefleet.flows.steps import tune
+    from tunefleet.flows.step_flows import tune
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
     from tunefleet.store import open_store
 
     name = pg_server.create_database()
@@ -50,7 +50,7 @@ def test_tuning_survives_a_database_outage(flow_env, pg_server: PostgresServer, 
         model = ingest(db, store, "mlp").model
         extract(db, store, model, "x86")
         # Batches of 32 rows: PostgreSQL's COPY path (raw driver connection) meets the outage too.
-        planned, _ = shards.plan(db, "x86", target_trials=BATCH, shard_trials=BATCH, model=model.id)
+        planned, _ = shard_queue.plan(db, "x86", target_trials=BATCH, shard_trials=BATCH, model=model.id)
         db.close()
 
         seen: dict[str, object] = {}
@@ -77,7 +77,7 @@ def test_tuning_survives_a_database_outage(flow_env, pg_server: PostgresServer, 
     before = seen["before"]
     assert isinstance(before, dict) and before.items() <= after.items(), "a committed measurement was lost"
     for shard in planned:
-        state = shards.get_shard(direct, shard.id)
+        state = shard_queue.get_shard(direct, shard.id)
         assert state.state == "done"
         per_shard = [m.trace_sha256 for m in direct.measurements() if m.shard_id == shard.id]
         assert len(per_shard) >= shard.trials and len(set(per_shard)) == len(per_shard)

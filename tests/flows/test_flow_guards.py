@@ -6,7 +6,7 @@ import pytest
 
 from tunefleet.errors import ParameterError
 from tunefleet.flows.pipeline import pipeline
-from tunefleet.flows.steps import tune
+from tunefleet.flows.step_flows import tune
 
 
 def test_tuning_parameters_are_refused_before_any_work(flow_env) -> None:  # type: ignore[no-untyped-def]

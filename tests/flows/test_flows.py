@@ -8,9 +8,9 @@ from prefect.states import Completed, Failed
 from tunefleet.errors import DatabaseUnavailableError, NotFoundError, NotSupportedError
 from tunefleet.flows.pipeline import pipeline
 from tunefleet.errors import ParameterError
-from tunefleet.flows.steps import plan, tune
+from tunefleet.flows.step_flows import plan, tune
 from tunefleet.models.frontends import ModelFormatError
-from tunefleet.shards import LeaseLostError
+from tunefleet.planning.shard_queue import LeaseLostError
 from tunefleet.tasks import steps
 
 
@@ -48,9 +48,9 @@ def test_transient_failure_is_retried_deterministic_one_is_not(flow_env, monkeyp
     from prefect import flow
 
     import tunefleet.models.ingest
-    import tunefleet.extraction
+    import tunefleet.models.workloads
 
-    real_extract = tunefleet.extraction.extract
+    real_extract = tunefleet.models.workloads.extract
     calls = {"n": 0}
 
     def flaky_extract(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -59,7 +59,7 @@ def test_transient_failure_is_retried_deterministic_one_is_not(flow_env, monkeyp
             raise DatabaseUnavailableError("database failed: server closed the connection unexpectedly")
         return real_extract(*args, **kwargs)
 
-    monkeypatch.setattr(tunefleet.extraction, "extract", flaky_extract)
+    monkeypatch.setattr(tunefleet.models.workloads, "extract", flaky_extract)
 
     @flow
     def extract_twice() -> dict:  # type: ignore[type-arg]
@@ -139,7 +139,7 @@ def test_pipeline_tunes_once_and_records_a_summary_artifact(flow_env, tmp_path) 
 @pytest.mark.slow
 def test_retrain_flow_ends_with_zero_shot_builds(flow_env) -> None:  # type: ignore[no-untyped-def]
     from tunefleet.context import shared_context
-    from tunefleet.flows.steps import retrain
+    from tunefleet.flows.step_flows import retrain
 
     pipeline(models=["mlp"], hardware=["x86"], trials=8, trials_per_iter=4, seed=0, build=False)
     first = retrain(hardware=["x86"])[0]
@@ -160,7 +160,7 @@ def test_retrain_flow_ends_with_zero_shot_builds(flow_env) -> None:  # type: ign
 def _model_id(db, version: int) -> int:  # type: ignore[no-untyped-def]
     from sqlalchemy import select
 
-    from tunefleet.db.models import CostModel
+    from tunefleet.db.tables import CostModel
 
     with db.session() as s:
         return int(s.scalar(select(CostModel.id).where(CostModel.version == version)))

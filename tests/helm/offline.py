@@ -144,10 +144,10 @@ def containers(pod_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 @functools.cache
 def pools_script() -> ModuleType:
-    """``tunefleet.k8s_pools``: what the deploy Jobs run (``python -m tunefleet.k8s_pools``)."""
-    import tunefleet.k8s_pools
+    """``tunefleet.cluster.pools``: what the deploy Jobs run (``python -m tunefleet.cluster.pools``)."""
+    import tunefleet.cluster.pools
 
-    return tunefleet.k8s_pools
+    return tunefleet.cluster.pools
 
 
 def pools_spec(objs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -159,22 +159,22 @@ def pools_spec(objs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def flow_run_jobs(spec: Mapping[str, Any], namespace: str) -> dict[str, dict[str, Any]]:
     """The Job a flow run of each class gets once the deploy Job has configured the pools,
-    rendered with the Prefect Kubernetes worker's own code (tunefleet.k8s.render_job)."""
-    from tunefleet import k8s
+    rendered with the Prefect Kubernetes worker's own code (tunefleet.cluster.job_templates.render_job)."""
+    from tunefleet.cluster import job_templates
 
     templates = pools_script().build_templates(spec, namespace)
-    return {hw: k8s.render_job(t, flow_run_name=f"tune-{hw}-run", deployment_name=f"tune-{hw}")
+    return {hw: job_templates.render_job(t, flow_run_name=f"tune-{hw}-run", deployment_name=f"tune-{hw}")
             for hw, t in templates.items()}
 
 
 def validate_strict(objs: list[dict[str, Any]], versions: tuple[str, ...] = KUBE_VERSIONS) -> int:
     """kubernetes-validate --strict for every object and version; returns the checks run."""
-    from tunefleet import k8s
+    from tunefleet.cluster import job_templates
 
     count = 0
     for version in versions:
         for obj in objs:
-            k8s.validate_manifest(obj, kubernetes_version=version)
+            job_templates.validate_manifest(obj, kubernetes_version=version)
             count += 1
     return count
 

@@ -344,12 +344,12 @@ def test_hooks_migrate_before_and_deploy_after_offline() -> None:
     deploy = objs[("Job", "tunefleet-deploy")]
     assert deploy["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     script = deploy["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-    assert "tunefleet deploy --pool-type kubernetes $(python -m tunefleet.k8s_pools hardware-args)" in script
-    assert script.index("k8s_pools wait") < script.index("tunefleet deploy") < script.index("k8s_pools apply")
+    assert "tunefleet deploy --pool-type kubernetes $(python -m tunefleet.cluster.pools hardware-args)" in script
+    assert script.index("cluster.pools wait") < script.index("tunefleet deploy") < script.index("cluster.pools apply")
     mounts = deploy["spec"]["template"]["spec"]["volumes"]
     assert {"name": "pools", "configMap": {"name": "tunefleet-pools"}} in mounts
     pools = objs[("ConfigMap", "tunefleet-pools")]["data"]
-    assert set(pools) == {"pools.json"}  # the code comes from the image (tunefleet.k8s_pools), not a ConfigMap
+    assert set(pools) == {"pools.json"}  # the code comes from the image (tunefleet.cluster.pools), not a ConfigMap
     off = by_kind_name(objects(render(merge(REQUIRED, {"hooks": {"migrate": {"enabled": False}, "deploy": {"enabled": False}}}))))
     assert not [k for k in off if k[0] == "Job" or k[1] == "tunefleet-migrate"]
 
@@ -483,10 +483,10 @@ def test_lint_reports_invalid_values_offline() -> None:
 # -- image and the pool script -------------------------------------------------------------------
 
 def test_default_image_matches_tunefleet_k8s_and_dockerfile_offline() -> None:
-    from tunefleet import k8s
+    from tunefleet.cluster import job_templates
 
     image = chart_defaults()["image"]
-    assert f"{image['repository']}:{image['tag']}" == k8s.DEFAULT_IMAGE
+    assert f"{image['repository']}:{image['tag']}" == job_templates.DEFAULT_IMAGE
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "python:3.11-slim" in dockerfile and "USER 10001" in dockerfile
     assert "NOT BUILT IN CI" in dockerfile

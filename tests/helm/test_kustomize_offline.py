@@ -113,7 +113,7 @@ def test_kustomize_equals_the_charts_core_offline(path: str) -> None:
 
 def test_kustomize_pools_configmap_carries_only_the_spec_offline() -> None:
     data = by_kind_name(built("base"))[("ConfigMap", "tunefleet-pools")]["data"]
-    assert set(data) == {"pools.json"}  # the code comes from the image (tunefleet.k8s_pools)
+    assert set(data) == {"pools.json"}  # the code comes from the image (tunefleet.cluster.pools)
 
 
 def test_kustomize_secrets_only_by_reference_offline() -> None:

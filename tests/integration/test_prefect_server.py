@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tunefleet import shards
+from tunefleet.planning import shard_queue
 from tunefleet.config import load_settings
 from tunefleet.db import Database
 from tunefleet.testing.postgres import PostgresServer
@@ -40,7 +40,7 @@ def fleet(pg_server: PostgresServer, server: PrefectServer, tmp_path: Path) -> I
     """tunefleet's environment for workers and the CLI: its own PostgreSQL database, a local store."""
     name = pg_server.create_database()
     env = {"TUNEFLEET_HOME": str(tmp_path / "home"), "TUNEFLEET_DATABASE_URL": pg_server.url(name)}
-    out = subprocess.run([sys.executable, "-m", "tunefleet.cli", "deploy", "--hardware", "x86"],
+    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy", "--hardware", "x86"],
                          env=server.env(**env), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "tune/tune-x86" in out.stdout and "pipeline/pipeline" in out.stdout
@@ -94,7 +94,7 @@ def test_pipeline_deployment_runs_on_a_process_worker(server: PrefectServer, fle
         assert all(r.state.is_scheduled() for r in runs if r not in children)
     db = _db(fleet)
     try:
-        listed = shards.list_shards(db, hardware="x86")
+        listed = shard_queue.list_shards(db, hardware="x86")
         assert len(listed) == 3 and {s.state for s in listed} == {"done"}
         assert db.count_measurements() >= 3
     finally:
@@ -104,7 +104,7 @@ def test_pipeline_deployment_runs_on_a_process_worker(server: PrefectServer, fle
 def test_worker_killed_mid_shard_next_run_resumes(server: PrefectServer, fleet: dict[str, str]) -> None:
     from tunefleet.hardware import seed_hardware_classes
     from tunefleet.models.ingest import ingest
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
     from tunefleet.store import open_store
 
     settings = load_settings(home=Path(fleet["TUNEFLEET_HOME"]), database_url=fleet["TUNEFLEET_DATABASE_URL"])
@@ -113,8 +113,8 @@ def test_worker_killed_mid_shard_next_run_resumes(server: PrefectServer, fleet: 
     store = open_store(settings)
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    (shard, *others), _ = shards.plan(db, "x86", target_trials=20, shard_trials=20, model=model.id)
-    shards.cancel(db, [s.id for s in others])  # one shard keeps the test short
+    (shard, *others), _ = shard_queue.plan(db, "x86", target_trials=20, shard_trials=20, model=model.id)
+    shard_queue.cancel(db, [s.id for s in others])  # one shard keeps the test short
     lease_s = 8.0
     params = {"hardware": "x86", "lease_s": lease_s, "trials_per_iter": 4, "seed": 0}
 
@@ -127,7 +127,7 @@ def test_worker_killed_mid_shard_next_run_resumes(server: PrefectServer, fleet: 
         worker.kill()  # SIGKILL to the worker, its flow-run process and its builder processes
     before = {m.id: m.trace_sha256 for m in db.measurements() if m.shard_id == shard.id}
     assert 4 <= len(before) < 20
-    assert shards.get_shard(db, shard.id).state == "leased"
+    assert shard_queue.get_shard(db, shard.id).state == "leased"
 
     time.sleep(lease_s + 1)  # the dead worker's lease runs out
     with server.worker("tunefleet-x86", env=fleet) as worker:
@@ -136,7 +136,7 @@ def test_worker_killed_mid_shard_next_run_resumes(server: PrefectServer, fleet: 
         assert final.state.is_completed(), worker.log_tail()
 
     after = {m.id: m.trace_sha256 for m in db.measurements() if m.shard_id == shard.id}
-    resumed = shards.get_shard(db, shard.id)
+    resumed = shard_queue.get_shard(db, shard.id)
     assert resumed.state == "done" and (resumed.leases, resumed.lost_leases) == (1, 1)  # a lost lease is no attempt
     assert "lease-expired" in [h["event"] for h in resumed.history]
     assert before.items() <= after.items(), "a committed measurement was lost"
@@ -150,9 +150,9 @@ def test_deploy_kubernetes_pool_renders_valid_jobs_and_refuses_a_type_change(
         server: PrefectServer, fleet: dict[str, str]) -> None:
     """`tunefleet deploy --pool-type kubernetes` on the real server; the Job is rendered and validated
     offline from what the server stored (no Kubernetes API server can run here)."""
-    from tunefleet.k8s import render_job, validate_manifest
+    from tunefleet.cluster.job_templates import render_job, validate_manifest
 
-    out = subprocess.run([sys.executable, "-m", "tunefleet.cli", "deploy", "--pool-type", "kubernetes",
+    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy", "--pool-type", "kubernetes",
                           "--hardware", "gpu", "--concurrency", "2"],
                          env=server.env(**fleet), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -169,7 +169,7 @@ def test_deploy_kubernetes_pool_renders_valid_jobs_and_refuses_a_type_change(
     assert pod["nodeSelector"]["tunefleet.io/hardware"] == "gpu"
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
 
-    again = subprocess.run([sys.executable, "-m", "tunefleet.cli", "deploy", "--pool-type", "process",
+    again = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy", "--pool-type", "process",
                             "--hardware", "gpu"], env=server.env(**fleet), capture_output=True, text=True, timeout=300)
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
@@ -182,7 +182,7 @@ def test_deploy_without_a_server_is_one_line(fleet: dict[str, str]) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(fleet, PREFECT_API_URL="http://127.0.0.1:9/api", PREFECT_HOME=fleet["TUNEFLEET_HOME"])
-    out = subprocess.run([sys.executable, "-m", "tunefleet.cli", "deploy"], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith(

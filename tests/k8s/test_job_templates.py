@@ -1,7 +1,7 @@
 """Kubernetes work pools: the Job every deployment would create, rendered and validated offline.
 
 No API server and no Prefect server run here. Jobs are rendered with prefect-kubernetes' own
-worker code (``tunefleet.k8s.render_job``) and validated against the Kubernetes 1.30 OpenAPI
+worker code (``tunefleet.cluster.job_templates.render_job``) and validated against the Kubernetes 1.30 OpenAPI
 schemas with ``kubernetes-validate`` in strict mode (unknown fields are errors).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tunefleet import k8s
+from tunefleet.cluster import job_templates
 from tunefleet.errors import ConfigError, NotSupportedError, TunefleetError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ DEPLOYMENTS: list[dict[str, Any]] = yaml.safe_load(PREFECT_YAML.read_text())["de
 
 @pytest.fixture(scope="module")
 def templates() -> dict[str, dict[str, Any]]:
-    return k8s.default_templates()
+    return job_templates.default_templates()
 
 
 def pod_spec(job: dict[str, Any]) -> dict[str, Any]:
@@ -38,21 +38,21 @@ def container(job: dict[str, Any]) -> dict[str, Any]:
 
 def render_deployment(deployment: dict[str, Any], templates: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The Job a flow run of ``deployment`` gets from its work pool, found by the pool's name."""
-    by_pool = {k8s.pool_name(hw): template for hw, template in templates.items()}
+    by_pool = {job_templates.pool_name(hw): template for hw, template in templates.items()}
     pool = deployment["work_pool"]
     assert pool["name"] in by_pool, f"{deployment['name']}: no template for work pool {pool['name']}"
-    return k8s.render_job(by_pool[pool["name"]], pool.get("job_variables"),
+    return job_templates.render_job(by_pool[pool["name"]], pool.get("job_variables"),
                           flow_run_name=f"{deployment['name']}-run", deployment_name=deployment["name"],
                           flow_name=deployment["entrypoint"].rsplit(".", 1)[-1])
 
 
 def test_committed_work_pool_templates_match_default_templates(templates) -> None:  # type: ignore[no-untyped-def]
     committed = {path.stem: json.loads(path.read_text()) for path in sorted(WORK_POOLS.glob("*.json"))}
-    assert committed == templates, "k8s/work-pools/ is stale: run python -m tunefleet.k8s export k8s/work-pools"
+    assert committed == templates, "k8s/work-pools/ is stale: run python -m tunefleet.cluster.job_templates export k8s/work-pools"
 
 
 def test_export_writes_the_committed_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    assert k8s.main(["export", str(tmp_path)]) == 0
+    assert job_templates.main(["export", str(tmp_path)]) == 0
     for name in ("x86", "arm", "gpu"):
         assert (tmp_path / f"{name}.json").read_bytes() == (WORK_POOLS / f"{name}.json").read_bytes()
 
@@ -63,7 +63,7 @@ def test_templates_pass_prefect_server_validation_offline(templates) -> None:  #
     from prefect.utilities.schema_tools import validate
 
     for hw, template in templates.items():
-        pool = WorkPoolCreate(name=k8s.pool_name(hw), type="kubernetes", base_job_template=template)
+        pool = WorkPoolCreate(name=job_templates.pool_name(hw), type="kubernetes", base_job_template=template)
         assert pool.base_job_template == template
         variables = template["variables"]
         defaults = {k: v["default"] for k, v in variables["properties"].items()
@@ -90,9 +90,9 @@ def test_template_variables(templates) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
 def test_rendered_job_validates_offline_strict(deployment, templates) -> None:  # type: ignore[no-untyped-def]
     job = render_deployment(deployment, templates)
-    hw = deployment["work_pool"]["name"].removeprefix(k8s.POOL_PREFIX)
+    hw = deployment["work_pool"]["name"].removeprefix(job_templates.POOL_PREFIX)
 
-    k8s.validate_manifest(job)
+    job_templates.validate_manifest(job)
 
     assert job["metadata"]["generateName"] == f"{deployment['name']}-run-"
     assert job["metadata"]["namespace"] == "tunefleet"
@@ -121,16 +121,16 @@ def test_rendered_job_validates_offline_strict(deployment, templates) -> None:  
 
 def test_every_hardware_class_has_a_deployment() -> None:
     pools = {d["work_pool"]["name"] for d in DEPLOYMENTS}
-    assert {k8s.pool_name(hw) for hw in ("x86", "arm", "gpu")} <= pools
+    assert {job_templates.pool_name(hw) for hw in ("x86", "arm", "gpu")} <= pools
 
 
 def test_stock_template_job_fails_strict_validation_offline() -> None:
     """Why tunefleet moves completions/parallelism: the stock Job has them in the pod spec."""
     from prefect_kubernetes.worker import KubernetesWorker
 
-    job = k8s.render_job(KubernetesWorker.get_default_base_job_template())
+    job = job_templates.render_job(KubernetesWorker.get_default_base_job_template())
     with pytest.raises(TunefleetError, match=r"spec\.template\.spec: .*'completions', 'parallelism'"):
-        k8s.validate_manifest(job)
+        job_templates.validate_manifest(job)
 
 
 def test_job_counts_sit_on_the_job_spec_and_the_worker_accepts_them_offline(templates) -> None:  # type: ignore[no-untyped-def]
@@ -150,16 +150,16 @@ def test_job_counts_sit_on_the_job_spec_and_the_worker_accepts_them_offline(temp
     spec = broken["job_configuration"]["job_manifest"]["spec"]
     del spec["completions"], spec["parallelism"]
     with pytest.raises(TunefleetError, match="worker rejects .*missing required attributes"):
-        k8s.render_job(broken)
+        job_templates.render_job(broken)
 
 
 def test_job_variables_override_changes_rendered_job_offline(templates) -> None:  # type: ignore[no-untyped-def]
     selector = {"tunefleet.io/hardware": "x86", "kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": "c7i.4xlarge"}
-    job = k8s.render_job(templates["x86"], {"cpu_request": "8", "memory_request": "16Gi",
+    job = job_templates.render_job(templates["x86"], {"cpu_request": "8", "memory_request": "16Gi",
                                             "node_selector": selector, "env": {"TUNEFLEET_X": "1"},
                                             "image": "registry.example/tunefleet:0.2.0"})
-    k8s.validate_manifest(job)
+    job_templates.validate_manifest(job)
     ctr = container(job)
     assert ctr["resources"]["requests"] == {"cpu": "8", "memory": "16Gi"}
     assert ctr["resources"]["limits"] == {"memory": "16Gi"}
@@ -168,22 +168,22 @@ def test_job_variables_override_changes_rendered_job_offline(templates) -> None:
     env = {e["name"]: e["value"] for e in ctr["env"]}
     assert env["TUNEFLEET_X"] == "1" and env["PREFECT_LOGGING_EXTRA_LOGGERS"] == "tunefleet"
 
-    default = k8s.render_job(templates["x86"])
+    default = job_templates.render_job(templates["x86"])
     assert container(default)["resources"]["requests"]["cpu"] == "2"
     assert pod_spec(default)["nodeSelector"] != selector
 
 
 def test_gpu_limit_override_offline(templates) -> None:  # type: ignore[no-untyped-def]
-    two = k8s.render_job(templates["gpu"], {"gpu_limit": 2})
-    k8s.validate_manifest(two)
+    two = job_templates.render_job(templates["gpu"], {"gpu_limit": 2})
+    job_templates.validate_manifest(two)
     assert container(two)["resources"]["limits"]["nvidia.com/gpu"] == 2
 
 
 def test_invalid_job_variables_are_rejected_offline(templates) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(TunefleetError, match="cpu_request"):
-        k8s.render_job(templates["x86"], {"cpu_request": 8})
+        job_templates.render_job(templates["x86"], {"cpu_request": 8})
     with pytest.raises(TunefleetError, match="tolerations"):
-        k8s.render_job(templates["x86"], {"tolerations": [{"key": "a", "colour": "red"}]})
+        job_templates.render_job(templates["x86"], {"tolerations": [{"key": "a", "colour": "red"}]})
 
 
 @pytest.mark.parametrize(("mutate", "expected"), [
@@ -192,24 +192,24 @@ def test_invalid_job_variables_are_rejected_offline(templates) -> None:  # type:
     (lambda job: pod_spec(job).__setitem__("tolerations", {"key": "x"}), r"spec\.template\.spec\.tolerations"),
 ], ids=["unknown-field", "wrong-type", "wrong-shape"])
 def test_invalid_manifest_fails_validation_offline(mutate, expected, templates) -> None:  # type: ignore[no-untyped-def]
-    job = k8s.render_job(templates["x86"])
+    job = job_templates.render_job(templates["x86"])
     mutate(job)
     with pytest.raises(TunefleetError, match=expected) as info:
-        k8s.validate_manifest(job)
+        job_templates.validate_manifest(job)
     message = str(info.value)
     assert "\n" not in message and message.startswith("Job/tunefleet-run-* is invalid for Kubernetes 1.30")
 
 
 def test_validate_manifest_needs_kind_and_known_version() -> None:
     with pytest.raises(TunefleetError, match="apiVersion and kind"):
-        k8s.validate_manifest({"metadata": {"name": "x"}})
+        job_templates.validate_manifest({"metadata": {"name": "x"}})
     with pytest.raises(ConfigError, match="does not support version 9.99"):
-        k8s.validate_manifest({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
+        job_templates.validate_manifest({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
                               kubernetes_version="9.99")
 
 
 def test_generate_name_only_object_validates_offline() -> None:
-    k8s.validate_manifest({"apiVersion": "v1", "kind": "Namespace", "metadata": {"generateName": "tf-"}})
+    job_templates.validate_manifest({"apiVersion": "v1", "kind": "Namespace", "metadata": {"generateName": "tf-"}})
 
 
 @pytest.mark.parametrize("path", ["namespace.yaml", "rbac.yaml"])
@@ -217,7 +217,7 @@ def test_cluster_manifests_validate_offline_strict(path) -> None:  # type: ignor
     docs = [doc for doc in yaml.safe_load_all((ROOT / "k8s" / "base" / path).read_text()) if doc]
     assert docs
     for doc in docs:
-        k8s.validate_manifest(doc)
+        job_templates.validate_manifest(doc)
 
 
 def test_rbac_grants_what_the_worker_uses(templates) -> None:  # type: ignore[no-untyped-def]
@@ -242,24 +242,24 @@ def test_rbac_grants_what_the_worker_uses(templates) -> None:  # type: ignore[no
 
 
 def test_any_hardware_class_gets_a_template() -> None:
-    riscv = k8s.base_job_template("riscv", arch="riscv64")
+    riscv = job_templates.base_job_template("riscv", arch="riscv64")
     props = riscv["variables"]["properties"]
     assert props["node_selector"]["default"] == {"tunefleet.io/hardware": "riscv", "kubernetes.io/arch": "riscv64"}
     assert props["gpu_limit"]["default"] is None
-    fpga = k8s.base_job_template("fpga", node_pool="fpga-f1")
+    fpga = job_templates.base_job_template("fpga", node_pool="fpga-f1")
     assert fpga["variables"]["properties"]["node_selector"]["default"]["kubernetes.io/arch"] == "amd64"
-    job = k8s.render_job(fpga)
+    job = job_templates.render_job(fpga)
     assert pod_spec(job)["nodeSelector"]["tunefleet.io/hardware"] == "fpga-f1"
     assert {"key": "tunefleet.io/hardware", "operator": "Equal", "value": "fpga-f1",
             "effect": "NoSchedule"} in pod_spec(job)["tolerations"]
     assert job["metadata"]["labels"]["tunefleet.io/hardware"] == "fpga"
     assert job["spec"]["template"]["metadata"]["labels"]["tunefleet.io/hardware"] == "fpga"
     assert job["metadata"]["labels"]["prefect.io/work-pool-name"] == "tunefleet-fpga"
-    k8s.validate_manifest(job)
-    a100 = k8s.render_job(k8s.base_job_template("a100", gpus=8))
+    job_templates.validate_manifest(job)
+    a100 = job_templates.render_job(job_templates.base_job_template("a100", gpus=8))
     assert container(a100)["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert any(t["key"] == "nvidia.com/gpu" for t in pod_spec(a100)["tolerations"])
-    no_gpu = k8s.render_job(k8s.base_job_template("gpu", gpus=0))
+    no_gpu = job_templates.render_job(job_templates.base_job_template("gpu", gpus=0))
     assert "nvidia.com/gpu" not in container(no_gpu)["resources"]["limits"]
 
 
@@ -267,23 +267,23 @@ def test_any_hardware_class_gets_a_template() -> None:
                                     {"hardware": "gpu", "gpus": -1}, {"hardware": "a_b"}])
 def test_bad_template_arguments_raise_config_error(kwargs) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError):
-        k8s.base_job_template(**kwargs)
+        job_templates.base_job_template(**kwargs)
 
 
 def test_missing_optional_dependencies_raise_not_supported(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setitem(__import__("sys").modules, "prefect_kubernetes", None)
     with pytest.raises(NotSupportedError, match=r"install tunefleet\[kubernetes\]"):
-        k8s.base_job_template("x86")
+        job_templates.base_job_template("x86")
     monkeypatch.setitem(__import__("sys").modules, "kubernetes_validate", None)
     with pytest.raises(NotSupportedError, match=r"install tunefleet\[kubernetes\]"):
-        k8s.validate_manifest({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
+        job_templates.validate_manifest({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
 
 
 def test_render_job_inside_running_event_loop_offline(templates) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
     async def inside() -> dict[str, Any]:
-        return k8s.render_job(templates["arm"])
+        return job_templates.render_job(templates["arm"])
 
     job = asyncio.run(inside())
     assert pod_spec(job)["nodeSelector"]["kubernetes.io/arch"] == "arm64"
@@ -291,4 +291,4 @@ def test_render_job_inside_running_event_loop_offline(templates) -> None:  # typ
 
 def test_prefect_variable_references_cannot_render_offline(templates) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(NotSupportedError, match="cannot resolve Prefect blocks or variables"):
-        k8s.render_job(templates["x86"], {"image": "{{ prefect.variables.tunefleet_image }}"})
+        job_templates.render_job(templates["x86"], {"image": "{{ prefect.variables.tunefleet_image }}"})

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tunefleet.metrics import FleetMetrics
+from tunefleet.energy.metrics import FleetMetrics
 
 from .conftest import GENERATOR, REPO
 from .test_metrics import observe_everything

@@ -6,15 +6,15 @@ import time
 
 import pytest
 
-from tunefleet import shards
-from tunefleet.accounting import energy_report
+from tunefleet.planning import shard_queue
+from tunefleet.energy.accounting import energy_report
 from tunefleet.config import load_settings
 from tunefleet.db import Database
 from tunefleet.hardware import seed_hardware_classes
 from tunefleet.models.ingest import ingest
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import drain
-from tunefleet.extraction import extract
+from tunefleet.models.workloads import extract
 from tunefleet.store import open_store
 
 from .conftest import PrometheusServer, PushgatewayServer, assert_all_panels_return_data
@@ -40,7 +40,7 @@ def test_every_panel_returns_data_from_a_real_tuning_run(prometheus: PrometheusS
     store = open_store(settings)
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    shards.plan(db, "x86", target_trials=6, model=model.id)
+    shard_queue.plan(db, "x86", target_trials=6, model=model.id)
     summary = drain(db, "x86", TuneOptions(seed=0, trials_per_iter=2, metrics_pushgateway=pushgateway.address))
     assert summary.shards_done == 3 and summary.measured >= 6
 

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from tunefleet.energy.metrics import METRIC_NAMES, SHARD_DURATION_BUCKETS, SHARD_STATES, FleetMetrics, PushgatewayError
 from tunefleet.errors import TransientError, TunefleetError
-from tunefleet.metrics import METRIC_NAMES, SHARD_DURATION_BUCKETS, SHARD_STATES, FleetMetrics, PushgatewayError
 from tunefleet.testing.ports import free_port
 
 WORKLOAD = "0123456789abcdef" + "0" * 48

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tunefleet.metrics import SHARD_STATES, FleetMetrics
+from tunefleet.energy.metrics import SHARD_STATES, FleetMetrics
 
 from .conftest import PrometheusServer, PushgatewayServer, assert_all_panels_return_data, wait_until
 

@@ -215,7 +215,7 @@ def test_tune_tasks_with_persistent_builder_produces_records(
     import tvm
     from tvm import relax
 
-    from tunefleet.tvm.build import build_with_database
+    from tunefleet.tvm.compile import build_with_database
     from tunefleet.tvm.extract import workload_hash
     from tunefleet.tvm.runner import make_runner
 

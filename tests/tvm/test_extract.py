@@ -260,7 +260,7 @@ def test_fast_math_replaces_libm_calls_and_keeps_the_outputs(cpu_target: Any) ->
     unconverted model."""
     from tvm.script import relax as R
 
-    from tunefleet.tvm.build import build_with_database
+    from tunefleet.tvm.compile import build_with_database
 
     @tvm.script.ir_module
     class Gelus:
@@ -297,7 +297,7 @@ def test_nhwc_converts_relu6_and_tf_padding_without_transposes(cpu_target: Any) 
     unconverted model's."""
     from tvm.script import relax as R
 
-    from tunefleet.tvm.build import build_with_database
+    from tunefleet.tvm.compile import build_with_database
 
     @tvm.script.ir_module
     class Block:

@@ -79,7 +79,7 @@ def _results_ranked(prior: np.ndarray, *, agree: bool) -> list[Any]:
 def test_the_warm_start_is_dropped_once_the_fleet_model_misranks_the_measurements(cpu_target: Any, caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
 
-    from tunefleet.filter_audit import FilterAudit
+    from tunefleet.learning.filter_audit import FilterAudit
 
     ctx = _matmul_context(cpu_target)
     cands = _candidates(ctx, 128)
@@ -116,7 +116,7 @@ def test_the_warm_start_is_dropped_once_the_fleet_model_misranks_the_measurement
 
 
 def test_the_warm_start_is_judged_on_the_workloads_committed_measurements_first(cpu_target: Any) -> None:
-    from tunefleet.filter_audit import FilterAudit
+    from tunefleet.learning.filter_audit import FilterAudit
 
     ctx = _matmul_context(cpu_target)
     past = _candidates(ctx, 12)

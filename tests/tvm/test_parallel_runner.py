@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from tvm.s_tir import meta_schedule as ms
 
-from tunefleet.metrics import FleetMetrics
+from tunefleet.energy.metrics import FleetMetrics
 from tunefleet.tvm.builder import PersistentBuilder, import_tensor_intrinsics
 from tunefleet.tvm.parallel_runner import (
     AdaptiveParallelRunner,

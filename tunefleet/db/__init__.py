@@ -9,6 +9,7 @@ return (:class:`PlanRow`, :class:`BudgetView`, :class:`BudgetRow`, :class:`Trial
 
 from __future__ import annotations
 
+from tunefleet.db.connection import current_revision, downgrade, head_revision, upgrade
 from tunefleet.db.database import (
     BudgetRow,
     BudgetView,
@@ -22,7 +23,6 @@ from tunefleet.db.database import (
     TimelinePoint,
     TrialGrant,
 )
-from tunefleet.db.engine import current_revision, downgrade, head_revision, upgrade
 
 __all__ = [
     "BudgetRow",

@@ -20,7 +20,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunefleet.db.engine import (
+from tunefleet.db.connection import (
     db_error_class,
     describe_db_error,
     ensure_schema,

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from tunefleet.db.models import Measurement, utcnow
+from tunefleet.db.tables import Measurement, utcnow
 
 _JSON_COLUMNS = {"args_info", "run_secs"}
 

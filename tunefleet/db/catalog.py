@@ -10,7 +10,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from tunefleet.db._base import DatabaseBase
-from tunefleet.db.models import HardwareClass, Measurement, Model, ModelWorkload, Workload
+from tunefleet.db.tables import HardwareClass, Measurement, Model, ModelWorkload, Workload
 from tunefleet.errors import NotFoundError
 
 

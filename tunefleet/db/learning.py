@@ -10,7 +10,7 @@ from sqlalchemy import delete, func, insert, select, update
 
 from tunefleet.db._base import sha256_text
 from tunefleet.db.catalog import CatalogMixin, lock_hardware_classes
-from tunefleet.db.models import (
+from tunefleet.db.tables import (
     CostModel,
     Dataset,
     DatasetRow,

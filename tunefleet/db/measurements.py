@@ -12,8 +12,8 @@ from sqlalchemy import func, select, update
 
 from tunefleet.db._base import sha256_text
 from tunefleet.db.catalog import CatalogMixin
-from tunefleet.db.models import Measurement, TuningState, Workload
 from tunefleet.db.shards import LeaseFence, check_fence, clear_in_flight
+from tunefleet.db.tables import Measurement, TuningState, Workload
 from tunefleet.vocab import DEFAULT_TRACE_SHA256, task_name_key
 
 # Batches at least this large go through PostgreSQL's COPY path (see _pg_copy.py).
@@ -128,7 +128,7 @@ class MeasurementsMixin(CatalogMixin):
 
         ``workload`` is an id or a structural hash, ``hardware`` an id or a class name. One
         query walking ``ix_measurements_best`` in order; rows are read-only records with the
-        columns of :class:`~tunefleet.db.models.Measurement` as attributes.
+        columns of :class:`~tunefleet.db.tables.Measurement` as attributes.
         """
         hw_id = hardware if isinstance(hardware, int) else self._hardware_id(hardware)
         table = Measurement.__table__
@@ -239,7 +239,7 @@ class MeasurementsMixin(CatalogMixin):
             )
             return s.scalars(stmt).first()
 
-    # -- plateau state (tunefleet.preemption) ---------------------------------------------
+    # -- plateau state (tunefleet.planning.preemption) ---------------------------------------------
     def tuning_state(self, workload_id: int, hardware_class_id: int) -> TuningState | None:
         with self.session() as s:
             return s.get(TuningState, (workload_id, hardware_class_id))

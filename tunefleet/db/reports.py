@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 
 from tunefleet.db.catalog import CatalogMixin, model_links
-from tunefleet.db.models import HardwareClass, Measurement, Model, Shard, TuningState, Workload
+from tunefleet.db.tables import HardwareClass, Measurement, Model, Shard, TuningState, Workload
 from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_SHA256, FILTERED
 
 

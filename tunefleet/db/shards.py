@@ -3,7 +3,7 @@
 Every state change of a shard happens here, each a compare-and-set on its state (and owner,
 for a lease), so two workers can never both hold one shard on SQLite or PostgreSQL. Which
 transition to make (a lease rule, a planning cut, a reallocation choice) is decided by the
-callers in :mod:`tunefleet.shards` and :mod:`tunefleet.budget`.
+callers in :mod:`tunefleet.planning.shard_queue` and :mod:`tunefleet.planning.rounds`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy import DateTime, delete, exists, func, select, type_coerce, upda
 from sqlalchemy.orm import Session, aliased
 
 from tunefleet.db.catalog import CatalogMixin, lock_hardware_classes, model_links
-from tunefleet.db.models import InFlight, Measurement, Shard, TuningState, Workload, utcnow
+from tunefleet.db.tables import InFlight, Measurement, Shard, TuningState, Workload, utcnow
 from tunefleet.errors import ConflictError, NotFoundError, StaleLeaseError
 from tunefleet.vocab import CANCELLED, CRASH, DEFAULT_TRACE_SHA256, DONE, FAILED, FILTERED, LEASED, PENDING
 
@@ -125,7 +125,7 @@ class TrialGrant:
 
 @dataclass(frozen=True)
 class BudgetRow:
-    """What the budget allocator (:mod:`tunefleet.allocation`) needs to know of one workload of a
+    """What the budget allocator (:mod:`tunefleet.planning.allocation`) needs to know of one workload of a
     model on one hardware class."""
 
     workload_id: int

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 
-from tunefleet import shards
 from tunefleet.db import Database
 from tunefleet.errors import (
     DatabaseUnavailableError,
     HeartbeatStoppedError,
     LeaseLostError,
 )
+from tunefleet.planning import shard_queue
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Heartbeat:
     def beat(self) -> None:
         """One renewal; a lost connection is logged and left to the next tick."""
         try:
-            shards.heartbeat(self.db, self.shard_id, self.owner, lease_s=self.lease_s, generation=self.generation)
+            shard_queue.heartbeat(self.db, self.shard_id, self.owner, lease_s=self.lease_s, generation=self.generation)
         except DatabaseUnavailableError as exc:  # transient: the lease may still hold; try next tick
             log.warning("heartbeat for shard %d failed: %s", self.shard_id, exc)
 

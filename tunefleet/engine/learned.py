@@ -1,7 +1,7 @@
 """The fleet's trained cost model inside MetaSchedule, and measuring chosen schedules.
 
 * :class:`FleetCostModel` is a MetaSchedule ``CostModel`` scoring candidates with a tunefleet
-  :class:`~tunefleet.costmodel.TrainedModel` (the current model of a hardware class). Handed to
+  :class:`~tunefleet.learning.costmodel.TrainedModel` (the current model of a hardware class). Handed to
   ``ms.tune_tasks`` it *warm-starts* a shard: the evolutionary search is guided by everything
   the fleet measured from its first round, instead of random picks until MetaSchedule's own
   XGBModel has its 100 warm-up samples. It also refines itself online: a stock ``XGBModel``
@@ -27,10 +27,10 @@ from tunefleet.tvm.ffi_errors import keeps_failure
 from tunefleet.tvm.traces import candidate, mean_run_s, trace_sha256_of
 
 if TYPE_CHECKING:
-    from tunefleet.costmodel import TrainedModel
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass, Workload
-    from tunefleet.filter_audit import FilterAudit
+    from tunefleet.db.tables import HardwareClass, Workload
+    from tunefleet.learning.costmodel import TrainedModel
+    from tunefleet.learning.filter_audit import FilterAudit
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
     Parameters
     ----------
     model:
-        The trained model (``tunefleet.costmodel.load_model``).
+        The trained model (``tunefleet.learning.costmodel.load_cost_model``).
     online:
         A MetaSchedule ``XGBModel`` that learns the measurements as they arrive (a worker's
         :class:`~tunefleet.engine.worker.Tuner` shares one across its shards, as stock ``tune_tasks``
@@ -61,7 +61,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         [0, 1] within the batch. None (zero-shot) scores with the fleet model alone.
     audit:
         Judges the fleet model on this workload's measurements
-        (:class:`tunefleet.filter_audit.FilterAudit`): every measured candidate's fleet score is
+        (:class:`tunefleet.learning.filter_audit.FilterAudit`): every measured candidate's fleet score is
         checked against its run time after each round, and once the model orders fewer than
         ``audit.min_agreement`` of their pairs right it is dropped and the online model alone
         scores, as in stock MetaSchedule (:attr:`dropped` says why). The trained model has usually
@@ -128,7 +128,7 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         return [np.asarray(t.numpy(), dtype=np.float32) for t in self.extractor.extract_from(context, candidates)]
 
     def _prior_of(self, matrices: list[np.ndarray]) -> np.ndarray:
-        from tunefleet.costmodel import store_features
+        from tunefleet.learning.costmodel import store_features
 
         return self.model.predict_features(store_features(matrices))
 
@@ -189,7 +189,7 @@ def measure_traces(
     """
     import tempfile
 
-    from tunefleet.accounting import ShardAccountant
+    from tunefleet.energy.accounting import ShardAccountant
     from tunefleet.tvm.bridge import FleetDatabase
     from tunefleet.tvm.commit import CandidateCommitter, CommitCallback
     from tunefleet.tvm.search import FixedCandidates

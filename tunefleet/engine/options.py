@@ -16,7 +16,7 @@ from pydantic import ConfigDict, ValidationError
 
 from tunefleet.config import TuneKnobs
 from tunefleet.errors import ParameterError
-from tunefleet.preemption import PreemptionPolicy
+from tunefleet.planning.preemption import PreemptionPolicy
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings

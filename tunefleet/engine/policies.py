@@ -12,8 +12,8 @@ The points, in the order a shard meets them:
   the shard its own way here (:class:`Preemption` does), else the engine completes it.
 
 The engine knows the order; a policy knows one rule. The rules themselves live in the policy
-modules (:mod:`tunefleet.transfer`, :mod:`tunefleet.warm_shapes`, :mod:`tunefleet.preemption`,
-:mod:`tunefleet.budget`, :mod:`tunefleet.filter_audit`, :mod:`tunefleet.accounting`); these classes
+modules (:mod:`tunefleet.planning.transfer`, :mod:`tunefleet.planning.warm_shapes`, :mod:`tunefleet.planning.preemption`,
+:mod:`tunefleet.energy.priorities`, :mod:`tunefleet.learning.filter_audit`, :mod:`tunefleet.energy.accounting`); these classes
 only connect them.
 """
 
@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tunefleet.filter_audit import FilterAudit
+from tunefleet.learning.filter_audit import FilterAudit
 
 if TYPE_CHECKING:
-    from tunefleet.accounting import ShardAccountant
-    from tunefleet.costmodel import TrainedModel
     from tunefleet.db import Database, NewMeasurement
-    from tunefleet.db.models import HardwareClass, Shard, Workload
+    from tunefleet.db.tables import HardwareClass, Shard, Workload
+    from tunefleet.energy.accounting import ShardAccountant
     from tunefleet.engine.options import TuneOptions
-    from tunefleet.preemption import PreemptionPolicy
+    from tunefleet.learning.costmodel import TrainedModel
+    from tunefleet.planning.preemption import PreemptionPolicy
+    from tunefleet.planning.rounds import Deadline
     from tunefleet.tvm.commit import ShardProgress
 
 log = logging.getLogger(__name__)
@@ -92,12 +94,12 @@ class ShardPolicy:
 
 class Transfer(ShardPolicy):
     """A workload this class never measured first measures the best schedule of the most
-    compatible class that builds here (:func:`tunefleet.transfer.transfer_best`)."""
+    compatible class that builds here (:func:`tunefleet.planning.transfer.transfer_best`)."""
 
     def seeds(self, run: ShardRunView) -> list[str]:
         if run.known:
             return []
-        from tunefleet.transfer import transfer_best
+        from tunefleet.planning.transfer import transfer_best
 
         borrowed = transfer_best(run.db, run.wl.id, run.hw.name)
         if borrowed is None:
@@ -110,7 +112,7 @@ class Transfer(ShardPolicy):
 class ShapeWarmStart(ShardPolicy):
     """A workload this class never measured first measures the best schedules of the same
     operator at the closest other shapes measured here, fitted to its shape
-    (:func:`tunefleet.warm_shapes.shape_seeds`); at most half of the shard's trials."""
+    (:func:`tunefleet.planning.warm_shapes.shape_seeds`); at most half of the shard's trials."""
 
     def __init__(self) -> None:
         self.seeded = 0
@@ -118,7 +120,7 @@ class ShapeWarmStart(ShardPolicy):
     def seeds(self, run: ShardRunView) -> list[str]:
         if run.known:
             return []
-        from tunefleet.warm_shapes import MAX_SEEDS, shape_seeds
+        from tunefleet.planning.warm_shapes import MAX_SEEDS, shape_seeds
 
         found = shape_seeds(run.db, run.wl, run.hw, limit=min(MAX_SEEDS, run.remaining // 2))
         if found.tried:
@@ -129,13 +131,13 @@ class ShapeWarmStart(ShardPolicy):
 
 class Accounting(ShardPolicy):
     """Every committed candidate gets its share of the round's energy and its useful flag; the
-    shard's energy, node time and money are added to it at the end (:mod:`tunefleet.accounting`)."""
+    shard's energy, node time and money are added to it at the end (:mod:`tunefleet.energy.accounting`)."""
 
     def __init__(self) -> None:
         self.accountant: ShardAccountant | None = None
 
     def attach(self, run: ShardRunView) -> None:
-        from tunefleet.accounting import ShardAccountant
+        from tunefleet.energy.accounting import ShardAccountant
 
         self.accountant = acc = ShardAccountant(run.db, run.hw, run.wl, pushgateway=run.options.metrics_pushgateway,
                                                 shard_id=run.shard.id, lease=run.shard.leases)
@@ -148,16 +150,16 @@ class Accounting(ShardPolicy):
 
     def finish(self, run: ShardRunView) -> None:
         if self.accountant is not None:
-            from tunefleet.accounting import add_shard_energy
+            from tunefleet.energy.accounting import add_shard_energy
 
             add_shard_energy(run.db, run.shard.id, self.accountant.finish())
 
 
 class Preemption(ShardPolicy):
     """Trimmer's plateau preemption: every round updates the (workload, class)'s persisted plateau
-    state (:mod:`tunefleet.preemption`); once the policy says stop, the search ends, the shard is
+    state (:mod:`tunefleet.planning.preemption`); once the policy says stop, the search ends, the shard is
     done with a ``preempted`` event, and its unused trials go to the workloads still improving
-    (:func:`tunefleet.budget.reallocate`). A shard of an already preempted workload ends at once."""
+    (:func:`tunefleet.energy.priorities.reallocate`). A shard of an already preempted workload ends at once."""
 
     def __init__(self, policy: PreemptionPolicy) -> None:
         self.policy = policy
@@ -172,7 +174,7 @@ class Preemption(ShardPolicy):
         return self.state.reason or "preempted" if self.policy.enabled and self.state.preempted else None
 
     def start(self, run: ShardRunView) -> str | None:
-        from tunefleet.preemption import new_state
+        from tunefleet.planning.preemption import new_state
 
         db, wl, hw = run.db, run.wl, run.hw
         self._db = db
@@ -190,7 +192,7 @@ class Preemption(ShardPolicy):
         return self.reason
 
     def after_round(self, rows: list[NewMeasurement], note: Any) -> None:
-        from tunefleet.preemption import observe_round, stop_reason
+        from tunefleet.planning.preemption import observe_round, stop_reason
 
         means = [r.mean_run_s for r in rows if r.mean_run_s is not None]
         observe_round(self.state, min(means) if means else None, getattr(note, "joules", 0.0), self.weight,
@@ -204,14 +206,14 @@ class Preemption(ShardPolicy):
         unused = run.unused()
         if run.failure is not None or not self.reason or unused <= 0:  # (a plateau on the last round: simply done)
             return
-        from tunefleet import shards
-        from tunefleet.budget import reallocate
+        from tunefleet.energy.priorities import reallocate
+        from tunefleet.planning import shard_queue
 
         if run.progress.batches:
             log.info("shard %d preempted after %d round(s): %s; %d trial(s) unused", run.shard.id, self.state.rounds,
                      self.reason, unused)
         self.ended = self.reason
-        shards.complete(run.db, run.shard.id, run.owner, event="preempted", generation=run.shard.lease_generation,
+        shard_queue.complete(run.db, run.shard.id, run.owner, event="preempted", generation=run.shard.lease_generation,
                         reason=self.reason, unused_trials=unused)
         reallocate(run.db, run.hw.name, unused, from_workload_id=run.wl.id, from_shard_id=run.shard.id,
                    max_leases=run.shard.max_leases)
@@ -248,7 +250,7 @@ class Filter(ShardPolicy):
     the best ``fraction`` is measured; the rest are committed as ``filtered`` and spend their
     trial unmeasured. Filtering starts once the model ranks this workload's measured candidates
     (``min_agreement``; until then rounds are scored and measured in full) and stops for good when
-    it no longer does (:class:`~tunefleet.filter_audit.FilterAudit`; 0: from the first round,
+    it no longer does (:class:`~tunefleet.learning.filter_audit.FilterAudit`; 0: from the first round,
     never stopped)."""
 
     def __init__(self, trained: TrainedModel, fraction: float, min_agreement: float) -> None:
@@ -306,3 +308,30 @@ class Filter(ShardPolicy):
             log.info("filtering starts for %s: %s", self.task, self.audit.passed)
         if reason:
             log.info("filtering stops for %s: %s; every later candidate is measured", self.task, reason)
+
+
+class DeadlinePolicy(ShardPolicy):
+    """Stops a shard's search before a batch that would end after the deadline — expected to take
+    as long as the shard's previous batch (batches of one shard are alike; a shard's first batch
+    always runs, and the rounds near the deadline are planned small for that) — and the shard
+    then ends done-short (:class:`~tunefleet.engine.shard.ShardRun` records the reason)."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self.last_batch_s = 0.0
+        self._mark: float | None = None
+
+    def start(self, run: ShardRunView) -> str | None:
+        return self.deadline.reason()
+
+    def attach(self, run: ShardRunView) -> None:
+        self._mark = time.monotonic()
+
+    def before_round(self) -> str | None:
+        return self.deadline.reason(self.last_batch_s)
+
+    def after_round(self, rows: list[NewMeasurement], note: Any) -> None:
+        now = time.monotonic()
+        if self._mark is not None:
+            self.last_batch_s = now - self._mark
+        self._mark = now

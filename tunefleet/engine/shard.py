@@ -4,7 +4,7 @@
 extension points — tunefleet's database bridge (:class:`~tunefleet.tvm.bridge.FleetDatabase`),
 the resuming search (:class:`~tunefleet.tvm.search.ResumingSearch`), the one commit path
 (:class:`~tunefleet.tvm.commit.CommitCallback`) — and follows the rules in
-:mod:`tunefleet.engine.policies` (and a budget's deadline, :mod:`tunefleet.engine.rounds`). A
+:mod:`tunefleet.engine.policies` (and a budget's deadline, :mod:`tunefleet.planning.rounds`). A
 shard leased again after its worker died resumes: its budget is reduced by what it already
 committed, and no committed candidate is measured again. It ends done, done-short (its search
 stopped before its trials were spent — a deadline, or no new candidate left — with the reason in
@@ -21,20 +21,20 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tunefleet import shards
+from tunefleet.planning import shard_queue
 from tunefleet.engine.heartbeat import Heartbeat
 from tunefleet.engine.options import TuneOptions
-from tunefleet.engine.policies import (Accounting, Filter, Preemption, ShapeWarmStart, ShardPolicy, Transfer,
-                                       WarmStart)
-from tunefleet.engine.rounds import Deadline, DeadlinePolicy
+from tunefleet.engine.policies import (Accounting, DeadlinePolicy, Filter, Preemption, ShapeWarmStart, ShardPolicy,
+                                       Transfer, WarmStart)
+from tunefleet.planning.rounds import Deadline
 from tunefleet.errors import DatabaseError, TransientError, WorkerStartError
-from tunefleet.shards import LeaseLostError
+from tunefleet.planning.shard_queue import LeaseLostError
 from tunefleet.tvm.ffi_errors import collect_failures
 
 if TYPE_CHECKING:
-    from tunefleet.costmodel import TrainedModel
+    from tunefleet.learning.costmodel import TrainedModel
     from tunefleet.db import Database
-    from tunefleet.db.models import Shard
+    from tunefleet.db.tables import Shard
     from tunefleet.tvm.commit import CandidateHook
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ShardResult:
     """Why the shard stopped before its budget (plateau preemption), or None."""
     unused_trials: int = 0
     filter_stopped: str | None = None
-    """Why filtering stopped in this shard (:class:`tunefleet.filter_audit.FilterAudit`), or None."""
+    """Why filtering stopped in this shard (:class:`tunefleet.learning.filter_audit.FilterAudit`), or None."""
     warm_start_dropped: str | None = None
     """Why the class's trained model stopped guiding this shard's search (it misranked its
     measurements: :class:`tunefleet.engine.learned.FleetCostModel`), or None."""
@@ -183,7 +183,7 @@ class ShardRun:
             if (dead := next((e for e in seen if _is_pool_failure(e)), None)):
                 # The builder's or runner's processes could not be (re)started: not this shard's
                 # fault either. Its lease goes back without spending an attempt.
-                shards.give_back(self.db, self.shard.id, self.owner)
+                shard_queue.give_back(self.db, self.shard.id, self.owner)
                 raise WorkerStartError(f"the builder or runner of shard {self.shard.id} stopped and could not "
                                        f"restart ({type(dead).__name__}: {dead}); its lease was given back") from None
             self.failure = seen[0] if seen else exc
@@ -295,10 +295,10 @@ class ShardRun:
         t0 = time.perf_counter()
         for p in policies:
             p.finish(self)
-        state = shards.DONE
+        state = shard_queue.DONE
         if self.failure is not None:
             log.debug("shard %d traceback", self.shard.id, exc_info=self.failure)
-            state = shards.fail(self.db, self.shard.id, self.owner, f"{type(self.failure).__name__}: {self.failure}",
+            state = shard_queue.fail(self.db, self.shard.id, self.owner, f"{type(self.failure).__name__}: {self.failure}",
                                 generation=self.shard.lease_generation)
             log.error("shard %d failed: %s", self.shard.id, self.failure)
         elif not self.ended:
@@ -306,14 +306,14 @@ class ShardRun:
             dup = {"duplicates": self.progress.duplicates} if self.progress.duplicates else {}
             if short:  # its search stopped early: a deadline, or no new candidate left
                 reason = self.progress.stop_reason
-                shards.complete(self.db, self.shard.id, self.owner, event="done-short", unused_trials=short,
+                shard_queue.complete(self.db, self.shard.id, self.owner, event="done-short", unused_trials=short,
                                 generation=self.shard.lease_generation,
                                 cause="stopped" if reason else "exhausted",
                                 reason=reason or "search space exhausted: no new candidate", **dup)
                 log.info("shard %d done with %d trial(s) unused: %s", self.shard.id, short,
                          reason or "no new candidate")
             else:
-                shards.complete(self.db, self.shard.id, self.owner, generation=self.shard.lease_generation, **dup)
+                shard_queue.complete(self.db, self.shard.id, self.owner, generation=self.shard.lease_generation, **dup)
         p = self.progress
         preempted = next((x.ended for x in policies if isinstance(x, Preemption)), None)
         return ShardResult(

@@ -2,7 +2,7 @@
 
 A :class:`Tuner` keeps a class's builder, runner, online cost model and trained cost model alive
 from shard to shard (each takes seconds to start); :func:`drain` leases and tunes until no shard
-is left — or, with a model-level budget (:class:`~tunefleet.engine.rounds.Rounds`), asks for the
+is left — or, with a model-level budget (:class:`~tunefleet.planning.rounds.Rounds`), asks for the
 next round's shards and goes on with the same tuner until the budget is spent; :func:`tune_with_workers`
 runs ``drain`` in N local processes that share only the database. The knobs of every shard come
 from one :class:`~tunefleet.engine.options.TuneOptions`.
@@ -20,18 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tunefleet import shards
 from tunefleet.engine.options import TuneOptions
-from tunefleet.engine.rounds import Deadline, Rounds
 from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
 from tunefleet.errors import TransientError, TunefleetError, WorkerStartError
-from tunefleet.shards import Backoff, LeaseLostError
+from tunefleet.planning import shard_queue
+from tunefleet.planning.rounds import Deadline, Rounds
+from tunefleet.planning.shard_queue import Backoff, LeaseLostError
 from tunefleet.vocab import TRANSIENT_RETRIES
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
-    from tunefleet.costmodel import TrainedModel
     from tunefleet.db import Database
+    from tunefleet.learning.costmodel import TrainedModel
     from tunefleet.store import ArtifactStore
     from tunefleet.tvm.commit import CandidateHook
 
@@ -71,7 +71,7 @@ def worker_owner(pid: int | None = None) -> str:
     ``hostname:pid`` alone collides between containers that share a hostname (two in a pod,
     ``hostNetwork``, a restarted container whose process is pid 1 again); the token, random per
     start of the outermost process, tells them apart, while its children share it so that
-    Ctrl-C can give their leases back by owner (:func:`tunefleet.cli.stop_on_ctrl_c`).
+    Ctrl-C can give their leases back by owner (:func:`tunefleet.cli.main.stop_on_ctrl_c`).
     """
     return f"{socket.gethostname()}:{pid if pid is not None else os.getpid()}:{owner_token()}"
 
@@ -95,7 +95,7 @@ class TuneSummary:
     stopped: str | None = None
     """Why draining stopped before the queue was empty (a deadline, a spent budget), or None."""
     budget: dict[str, Any] | None = None
-    """With a model-level budget: :meth:`~tunefleet.engine.rounds.Rounds.summary`."""
+    """With a model-level budget: :meth:`~tunefleet.planning.rounds.Rounds.summary`."""
     shard_seconds: float = 0.0
     """Wall time inside shards; of it, proposing candidates, building and measuring them
     (:class:`tunefleet.tvm.commit.ShardProgress`); the rest is each shard's start (tuning
@@ -109,8 +109,8 @@ class TuneSummary:
         self.search_s += result.search_s
         self.build_s += result.build_s
         self.run_s += result.run_s
-        self.shards_done += result.state == shards.DONE
-        self.shards_failed += result.state != shards.DONE
+        self.shards_done += result.state == shard_queue.DONE
+        self.shards_failed += result.state != shard_queue.DONE
         self.measured += result.measured
         self.errors += result.errors
         self.skipped_known += result.skipped_known
@@ -183,10 +183,10 @@ class Tuner:
             self._model = None if row is None else self._model
             return None
         if self._model is None or self._model.cost_model_id != row.id:
-            from tunefleet.costmodel import load_model
+            from tunefleet.learning.costmodel import load_cost_model
 
             try:
-                self._model = load_model(db, self.store, self.hardware)
+                self._model = load_cost_model(db, self.store, self.hardware)
             except TunefleetError as exc:
                 log.warning("current cost model v%s of %s cannot be loaded, tuning without it: %s",
                             row.version, self.hardware, str(exc).splitlines()[0])
@@ -252,10 +252,10 @@ class Tuner:
         self.start()
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:
-            from tunefleet.budget import reprioritise
+            from tunefleet.energy.priorities import reprioritise
 
             reprioritise(db, self.hardware)
-        shard = shards.lease(db, self.hardware, owner, lease_s=options.lease_s, shard_id=shard_id, reclaim=True,
+        shard = shard_queue.lease(db, self.hardware, owner, lease_s=options.lease_s, shard_id=shard_id, reclaim=True,
                              max_lost_leases=options.max_lost_leases)
         leased_s = time.perf_counter() - t0
         if shard is None:
@@ -403,7 +403,7 @@ def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *
     planned here, before the workers start (they would all find the queue empty at once), and each
     worker plans the next round when it finds the queue empty (the trials are counted in the
     database, so the budget holds over all of them, and planners take turns:
-    :func:`tunefleet.budget.plan_round`); ``deadline`` stops every worker.
+    :func:`tunefleet.planning.rounds.plan_round`); ``deadline`` stops every worker.
     """
     if workers < 1:
         raise TunefleetError("workers must be >= 1")
@@ -427,7 +427,7 @@ def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *
 
 
 def verify_transfer(db: Database, found: Any, tuner: Any = None) -> float | None:
-    """Measure a transferred schedule (:func:`tunefleet.transfer.transfer_best`) on this node and
+    """Measure a transferred schedule (:func:`tunefleet.planning.transfer.transfer_best`) on this node and
     commit it as an ordinary measurement; the class's best mean run time afterwards."""
     from tunefleet.engine.learned import measure_traces
 

@@ -18,7 +18,7 @@ from tunefleet.errors import NotSupportedError, TunefleetError
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
-    from tunefleet.db.models import Model
+    from tunefleet.db.tables import Model
     from tunefleet.models.frontends import LoadedModel
     from tunefleet.store import ArtifactStore
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 
 from tunefleet.db import Database, NewMeasurement, TrialGrant, current_revision, downgrade, head_revision, upgrade
 from tunefleet.db.database import sha256_text
-from tunefleet.db.models import TuningState, utcnow
+from tunefleet.db.tables import TuningState, utcnow
 from tunefleet.db.measurements import _COPY_MIN_ROWS
 from tunefleet.errors import (ConflictError, DatabaseUnavailableError, NotFoundError, SchemaOutdatedError,
                               SchemaTooNewError)
@@ -445,7 +445,7 @@ class ReportCases:
     ) -> None:
         from alembic.script import ScriptDirectory
 
-        from tunefleet.db.engine import alembic_config
+        from tunefleet.db.connection import alembic_config
 
         db, wl, hw, arm = seeded
         db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.1 * (i + 1)]) for i in range(4)])
@@ -499,7 +499,7 @@ class DatabaseContract(ShardCases, ReportCases):
         from alembic.autogenerate import compare_metadata
         from alembic.runtime.migration import MigrationContext
 
-        from tunefleet.db.models import Base
+        from tunefleet.db.tables import Base
 
         downgrade(db.engine, "base")
         assert current_revision(db.engine) is None
@@ -772,7 +772,7 @@ class DatabaseContract(ShardCases, ReportCases):
 
     # -- cost-efficient tuning --------------------------------------------------------------
     def test_tuning_state_round_trips_and_resets(self, seeded: tuple[Database, int, int, int]) -> None:
-        from tunefleet.preemption import new_state
+        from tunefleet.planning.preemption import new_state
 
         db, wl, hw, other = seeded
         assert db.tuning_state(wl, hw) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunefleet.costmodel import TrainedModel
+from tunefleet.learning.costmodel import TrainedModel
 
 
 def arbitrary_trained_model(seed: int = 0, *, rows: int = 64, rounds: int = 10) -> TrainedModel:
@@ -14,7 +14,7 @@ def arbitrary_trained_model(seed: int = 0, *, rows: int = 64, rounds: int = 10) 
     import numpy as np
     import xgboost as xgb
 
-    from tunefleet.costmodel import store_features
+    from tunefleet.learning.costmodel import store_features
 
     width = store_features([]).shape[1]
     rng = np.random.default_rng(seed)

@@ -72,7 +72,7 @@ class FleetDatabase(ms.database.PyDatabase):
         A workload with no measurement (and no prediction asked for) answers with what this
         lookup returns for its id — an object with ``trace_json`` and ``args_info``, e.g. the best
         schedule of the most compatible class that builds for this one
-        (:func:`tunefleet.transfer.transfer_best`, injected by the caller) — as a record without
+        (:func:`tunefleet.planning.transfer.transfer_best`, injected by the caller) — as a record without
         run times: its latency was measured elsewhere. None: no such answer.
     """
 

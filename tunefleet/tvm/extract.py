@@ -59,7 +59,7 @@ Which passes run between the frontend's graph and the fused TIR is the *extracti
   The build checks its outputs against the exact, unconverted model.
 
 Stock ``compile_relax`` cannot build prepacked records (it goes from ``FuseTIR`` straight to
-``MetaScheduleApplyDatabase``): :func:`tunefleet.tvm.build.build_with_database` runs this
+``MetaScheduleApplyDatabase``): :func:`tunefleet.tvm.compile.build_with_database` runs this
 module's passes, applies the database, then ``SplitLayoutRewritePreproc`` + ``FoldConstant``
 pack the bound weights once at build time.
 
@@ -324,7 +324,7 @@ def prepare_for_build(
     the steps of :func:`prepare_for_tuning` that ``compile_relax`` does not run itself. Pass
     ``params=None`` to ``compile_relax`` afterwards. Only for recipes without ``prepack``
     (``compile_relax`` cannot build prepacked records; use
-    :func:`tunefleet.tvm.build.build_with_database`). The default recipe here is
+    :func:`tunefleet.tvm.compile.build_with_database`). The default recipe here is
     ``Recipe()`` (the frontend's layout, no prepacking), as stock TVM builds.
 
     Parameters
@@ -437,7 +437,7 @@ def prepare_for_tuning(
     -------
     tvm.ir.IRModule
         The module with fused PrimFuncs called through ``call_tir``, for task extraction and
-        :func:`tunefleet.tvm.build.build_with_database` (not idempotent: never feed it to
+        :func:`tunefleet.tvm.compile.build_with_database` (not idempotent: never feed it to
         ``compile_relax`` or to this function again).
 
     Raises

@@ -38,12 +38,6 @@ def trace_sha256_of(sch: Any) -> str:
     return hashlib.sha256(trace_json_of(sch).encode()).hexdigest()
 
 
-def entry_func(mod: Any) -> Any:
-    """The PrimFunc a workload's module is measured through (``main``, else its only function)."""
-    names = [gv.name_hint for gv in mod.get_global_vars()]
-    return mod["main"] if "main" in names else mod[mod.get_global_vars()[0]]
-
-
 def candidate(mod: Any, trace_json: str | None = None, args_info: list[Any] | None = None) -> Any:
     """A MeasureCandidate of ``mod`` scheduled by a trace (its JSON text; None: unscheduled).
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from tunefleet.db.models import Base
+from tunefleet.db.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,5 +1,5 @@
-"""Delivery: the best schedule for (workload, hardware class), a MetaSchedule database for TVM
-users, an export as MetaSchedule JSON files, and building a model with the best schedules.
+"""Building a model with the best stored schedules, and its latency report against the untuned
+build and what the user would run instead.
 """
 
 from __future__ import annotations
@@ -9,112 +9,20 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunefleet.delivery.best import transfer_lookup
 from tunefleet.errors import CorrectnessError, NotFoundError
-from tunefleet.vocab import DEFAULT_TRACE_SHA256, STAGE_LOG_KEY, UNTUNED_TIMING_S
+from tunefleet.vocab import STAGE_LOG_KEY, UNTUNED_TIMING_S
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
-    from tunefleet.db.models import Model
+    from tunefleet.db.tables import Model
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BestSchedule:
-    workload: str
-    hardware: str
-    mean_run_s: float
-    run_secs: list[float]
-    measurement_id: int
-    trace_json: str
-    measured_at: str
-    tvm_version: str
-    untuned_s: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-
-def best(db: Database, workload: str, hardware: str, n: int = 1) -> list[BestSchedule]:
-    """The ``n`` best measured schedules of a workload on a hardware class (measurements only)."""
-    wl = db.workload(workload)
-    hw = db.hardware_class(hardware)
-    rows = db.best_measurements(wl.id, hw.id, n)
-    if not rows:
-        raise NotFoundError(f"no measurement of workload {wl.structural_hash} on {hardware} yet; plan and tune it")
-    untuned = _untuned_time(db, wl.id, hw.id)
-    return [
-        BestSchedule(wl.structural_hash, hardware, float(r.mean_run_s or 0.0), list(r.run_secs or []), r.id,
-                     r.trace_json, r.created_at.isoformat(timespec="seconds"), r.tvm_version, untuned)
-        for r in rows
-    ]
-
-
-def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> float | None:
-    """Mean run time of the default (empty-trace) candidate, if it was measured."""
-    return db.trace_run_s(workload_id, hardware_class_id, DEFAULT_TRACE_SHA256)
-
-
-def _transfer_lookup(db: Database, hardware: str) -> Callable[[int], Any]:
-    """Workload id -> the best schedule a compatible class has for it (the bridge's transfer answer)."""
-    from tunefleet.transfer import transfer_best
-
-    return lambda workload_id: transfer_best(db, workload_id, hardware)
-
-
-def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False) -> Any:
-    """A MetaSchedule ``Database`` over the fleet's measurements of one hardware class.
-
-    Build with it through :func:`tunefleet.tvm.build.build_with_database` (``mod`` as the
-    frontend gives it, the class's recipe): its workloads are keyed under the class's extraction
-    recipe, which stock ``compile_relax`` cannot reproduce when weights are prepacked (CPU
-    classes); for a class with the ``native`` layout and no prepacking (GPU), ``compile_relax``
-    finds them too. With ``transfer``,
-    a workload the class never measured gets the best schedule of the most compatible class
-    that builds for it (:mod:`tunefleet.transfer`); the database's ``transferred`` maps
-    workload ids to what was borrowed.
-    """
-    from tunefleet.tvm.bridge import FleetDatabase
-
-    return FleetDatabase(db, hardware, transfer=_transfer_lookup(db, hardware) if transfer else None)
-
-
-def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> tuple[int, int]:
-    """Write the best ``top_k`` records per workload as MetaSchedule JSON database files.
-
-    Returns (workloads, records). Load them with ``ms.database.JSONDatabase(work_dir=directory)``
-    and build with :func:`tunefleet.tvm.build.build_with_database` under the class's recipe
-    (see :func:`metaschedule_database`).
-    """
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from tunefleet.tvm.bridge import record_from_row
-
-    hw = db.hardware_class(hardware)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    out = ms.database.JSONDatabase(path_workload=str(directory / "database_workload.json"),
-                                   path_tuning_record=str(directory / "database_tuning_record.json"),
-                                   allow_missing=True)
-    n_wl = n_rec = 0
-    for wl, _ in db.workloads():
-        rows = db.best_measurements(wl.id, hw.id, top_k)
-        if not rows:
-            continue
-        mod = tvm.ir.load_json(wl.tir_json)
-        workload = out.commit_workload(mod)
-        for r in rows:
-            out.commit_tuning_record(record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload))
-            n_rec += 1
-        n_wl += 1
-    return n_wl, n_rec
 
 
 @dataclass
@@ -161,7 +69,7 @@ def _host_can_run(target: Any) -> bool:
 
 
 def _stage(message: str, stage: str) -> None:
-    """Log the build's step, naming it for ``tunefleet run``'s live line (:mod:`tunefleet.progress`)."""
+    """Log the build's step, naming it for ``tunefleet run``'s live line (:mod:`tunefleet.cli.progress`)."""
     log.info("%s", message, extra={STAGE_LOG_KEY: stage})
 
 
@@ -201,22 +109,22 @@ def build_model(
 ) -> BuildReport:
     """Compile a model with the best stored schedules; check it against the untuned build; time both
     and, with ``compare_torch``, what the user would run instead (PyTorch eager, onnxruntime:
-    :mod:`tunefleet.alternatives`) on the same threads.
+    :mod:`tunefleet.delivery.alternatives`) on the same threads.
 
     Workloads without a measurement keep the default schedule; the report says how many. With
     ``zero_shot``, they get the current cost model's best prediction instead
-    (:func:`tunefleet.zeroshot.predict_workloads`, which stores ``top_k`` and measures the top
+    (:func:`tunefleet.delivery.zeroshot.predict_workloads`, which stores ``top_k`` and measures the top
     ``verify`` of each on this node). With ``transfer``, the remaining ones get the best schedule
-    of the most compatible class that builds for this one (:mod:`tunefleet.transfer`).
+    of the most compatible class that builds for this one (:mod:`tunefleet.planning.transfer`).
     """
     import numpy as np
     import tvm
     from tvm import relax
 
-    from tunefleet.extraction import class_recipe
     from tunefleet.models.ingest import load_model
+    from tunefleet.models.workloads import class_recipe
     from tunefleet.tvm.bridge import FleetDatabase
-    from tunefleet.tvm.build import build_with_database
+    from tunefleet.tvm.compile import build_with_database
     from tunefleet.tvm.extract import extract_workloads, prepare_for_build
     from tunefleet.tvm.targets import make_target
 
@@ -225,7 +133,7 @@ def build_model(
     recipe = class_recipe(hw)
     _stage(f"building {model.name} for {hardware} with the best schedules", "building the tuned model")
     if zero_shot:
-        from tunefleet.zeroshot import predict_workloads, require_model
+        from tunefleet.delivery.zeroshot import predict_workloads, require_model
 
         cost_model = require_model(db, store, hardware)  # before any work: one line if there is none
     loaded = load_model(db, store, model)
@@ -257,7 +165,7 @@ def build_model(
         report.verified = sum(w.verified for w in zs.workloads)
     t0 = time.perf_counter()
     fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot,
-                             transfer=_transfer_lookup(db, hardware) if transfer else None)
+                             transfer=transfer_lookup(db, hardware) if transfer else None)
     built = build_with_database(loaded.mod, target, fleet_db, params=loaded.params, recipe=recipe)
     tuned_exec = built.executable
     report.database_hits, report.prepacked_weights = len(built.hits), built.prepacked
@@ -311,7 +219,7 @@ def build_model(
     report.tuned_ms = _time_vm(vms["tuned"], dev, inputs, repeat) * 1e3
     report.untuned_ms = _time_vm(vms["untuned"], dev, inputs, repeat, one_call_s=first_call_s["untuned"]) * 1e3
     if compare_torch:
-        from tunefleet import alternatives
+        from tunefleet.delivery import alternatives
 
         _stage(f"timing what the user would run instead of {model.name}", "timing PyTorch eager and onnxruntime")
         onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None

@@ -1,7 +1,7 @@
 """The ranking metric every cost-model judgement uses: pairwise credit and agreement.
 
-A leaf module (numpy only). The retrain's held-out metrics (:mod:`tunefleet.costmodel`), the
-filter's audit and the warm start's audit (:mod:`tunefleet.filter_audit`) all count the same
+A leaf module (numpy only). The retrain's held-out metrics (:mod:`tunefleet.learning.costmodel`), the
+filter's audit and the warm start's audit (:mod:`tunefleet.learning.filter_audit`) all count the same
 pairs the same way.
 """
 

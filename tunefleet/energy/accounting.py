@@ -1,7 +1,7 @@
 """Energy and money of tuning: per shard, per tuning round, per candidate; useful vs wasted.
 
 A :class:`ShardAccountant` meters one shard attempt with the best energy source of the node
-(:func:`tunefleet.energy.probe`: RAPL, NVML, or an estimate from CPU time, always labelled). At
+(:func:`tunefleet.energy.meters.probe`: RAPL, NVML, or an estimate from CPU time, always labelled). At
 each tuning round (a measured batch) it reads the meter, splits the round's joules over the
 batch's candidates by their build + run seconds, and marks each candidate **useful** if, when
 committed, it strictly beat the best latency measured so far for its workload on that hardware
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tunefleet.db import Database, NewMeasurement
-    from tunefleet.db.models import HardwareClass, Workload
-    from tunefleet.energy import EnergyMeter
-    from tunefleet.metrics import FleetMetrics
+    from tunefleet.db.tables import HardwareClass, Workload
+    from tunefleet.energy.meters import EnergyMeter
+    from tunefleet.energy.metrics import FleetMetrics
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ShardAccountant:
     def __init__(self, db: Database, hardware: HardwareClass, workload: Workload, *,
                  meter: EnergyMeter | None = None, pushgateway: str | None = None,
                  shard_id: int | None = None, lease: int = 0) -> None:
-        from tunefleet.energy import probe
+        from tunefleet.energy.meters import probe
 
         self.hardware = hardware
         self.workload_hash = workload.structural_hash
@@ -88,7 +88,7 @@ class ShardAccountant:
         self.grouping_key = {"shard": str(shard_id), "attempt": str(lease)}
         self.metrics: FleetMetrics | None = None
         if pushgateway:
-            from tunefleet.metrics import FleetMetrics
+            from tunefleet.energy.metrics import FleetMetrics
 
             self.metrics = FleetMetrics()
         self._accounted_j = 0.0
@@ -113,7 +113,7 @@ class ShardAccountant:
 
     def annotate(self, records: Sequence[NewMeasurement]) -> RoundEnergy:
         """Give each candidate of a round its share of the round's energy and its useful flag."""
-        from tunefleet.energy import apportion
+        from tunefleet.energy.meters import apportion
 
         reading = self.meter.read()
         round_j = max(0.0, reading.joules - self._accounted_j)
@@ -145,7 +145,7 @@ class ShardAccountant:
 
     def finish(self) -> ShardEnergy:
         """The attempt's totals (energy, node and CPU time, money); the meter stops counting here."""
-        from tunefleet.energy import money
+        from tunefleet.energy.meters import money
 
         reading = self.meter.read()
         energy = ShardEnergy(reading.joules, reading.source, reading.wall_s, reading.cpu_s,

@@ -3,7 +3,7 @@
 :func:`tuning_figure` draws how one model's tuning went on one hardware class: the best latency
 so far of its heaviest workloads against trials, and the model's estimated latency against
 tuning time. :func:`energy_figure` draws the useful and wasted joules of an energy report
-(:func:`tunefleet.accounting.energy_report`) per model and hardware class.
+(:func:`tunefleet.energy.accounting.energy_report`) per model and hardware class.
 
 matplotlib is optional (``pip install 'tunefleet[plots]'``) and imported only when a chart is
 drawn, always with its non-interactive Agg canvas: no window, no display needed, and no change to
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from tunefleet.errors import NotFoundError, NotSupportedError
 
 if TYPE_CHECKING:
-    from tunefleet.accounting import EnergyRow
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass, Model
+    from tunefleet.db.tables import HardwareClass, Model
+    from tunefleet.energy.accounting import EnergyRow
 
 #: Measurements committed closer together than this are one commit (one tuning round).
 _SAME_COMMIT_S = 0.5
@@ -215,7 +215,7 @@ def tuning_figure(db: Database, model: Model | str | int, hardware: HardwareClas
 def energy_figure(rows: Sequence[EnergyRow], path: str | Path) -> EnergyFigure:
     """Draw an energy report as one stacked bar (useful, wasted) per model and hardware class.
 
-    ``rows`` are :class:`~tunefleet.accounting.EnergyRow` (``useful_joules``, ``wasted_joules``,
+    ``rows`` are :class:`~tunefleet.energy.accounting.EnergyRow` (``useful_joules``, ``wasted_joules``,
     ``wasted_pct``, ``sources``). Joules are shown in J, kJ or MJ, whichever suits the largest bar.
 
     Raises

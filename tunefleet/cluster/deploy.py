@@ -2,7 +2,7 @@
 
 ``deploy`` creates (or updates) the work pool ``tunefleet-<class>`` of every hardware class in the
 database — a ``process`` pool, or a ``kubernetes`` pool whose base job template pins the Jobs to
-that class's node pool (:mod:`tunefleet.k8s`) — optionally caps parallel tuning per class with a
+that class's node pool (:mod:`tunefleet.cluster.job_templates`) — optionally caps parallel tuning per class with a
 Prefect tag concurrency limit, and registers the deployments of ``flows/prefect.yaml`` with
 Prefect's own ``prefect deploy``. Re-running it is safe: pools are updated in place, deployments
 are upserted by name.
@@ -21,8 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from tunefleet.cluster.job_templates import POOL_PREFIX, pool_name
 from tunefleet.errors import ConfigError, TunefleetError
-from tunefleet.k8s import POOL_PREFIX, pool_name
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def job_template(hardware: str, pool_type: PoolType, *, node_pool: str | None = 
     if pool_type == "process":
         return process_job_template()
     if pool_type == "kubernetes":
-        from tunefleet.k8s import base_job_template
+        from tunefleet.cluster.job_templates import base_job_template
 
         return base_job_template(hardware, node_pool=node_pool)
     raise ConfigError(f"invalid pool type {pool_type!r}: use process or kubernetes")

@@ -10,7 +10,7 @@ from tunefleet.recipes import Recipe, recipe_for
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass, Model
+    from tunefleet.db.tables import HardwareClass, Model
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)

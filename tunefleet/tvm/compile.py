@@ -18,7 +18,7 @@ stores:
 5. the target's dataflow-lowering and finalizing passes (as ``relax.build`` runs them).
 
 TVM users can call it with any database (``ms.database.JSONDatabase`` from
-``tunefleet export-db``, or :func:`tunefleet.deliver.metaschedule_database`).
+``tunefleet export-db``, or :func:`tunefleet.delivery.best.metaschedule_database`).
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ from typing import Any
 
 from prefect import flow, tags
 from prefect.artifacts import create_table_artifact
+from tunefleet.tasks import steps
 
-from tunefleet.allocation import Budget
+from tunefleet.budget import Budget
 from tunefleet.context import shared_context
 from tunefleet.errors import ParameterError
-from tunefleet.tasks import steps
 from tunefleet.vocab import hardware_tag
 
 
@@ -113,7 +113,7 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
 
     With ``budget`` and ``model_ids``, the models' budget (``"2000"`` trials or a wall time such
     as ``"15m"``) is spent in rounds: when no shard is pending, the next round is planned
-    (:func:`tunefleet.budget.plan_round`), until the budget is spent, its deadline passes or no
+    (:func:`tunefleet.planning.rounds.plan_round`), until the budget is spent, its deadline passes or no
     workload can use more trials. With a duration ``budget`` alone, tuning stops at its deadline.
     The clock starts at ``started_at`` (seconds since the epoch; default now), and the deadline
     keeps time for ``reserve_builds`` builds of the models after tuning (the pipeline's build step).
@@ -121,7 +121,7 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
     A shard whose worker died is taken over once its lease (``lease_s``) expires and resumes from
     what was committed; a shard leased by another live worker is left alone.
     """
-    from tunefleet.engine.rounds import Rounds
+    from tunefleet.planning.rounds import Rounds
 
     check_hardware([hardware])
     check_positive(max_shards=max_shards)

@@ -1,4 +1,4 @@
-"""Model-level tuning budgets: what a budget is, and how each round of it is split across a
+"""How each round of a model-level budget (:class:`tunefleet.budget.Budget`) is split across a
 model's workloads.
 
 The allocator is the task scheduler of Ansor (OSDI'20) and of MetaSchedule's gradient task
@@ -16,22 +16,19 @@ so the next trials go where they are expected to take the most off that sum. Eac
    one whose best improved by at most ``epsilon`` over a full window has *plateaued* and leaves
    the run, like one whose search space ran out or that plateau preemption stopped.
 
-A duration budget has no trial count: its rounds go on until the deadline, where the engine stops
-(:mod:`tunefleet.engine.rounds`). Pure Python — no TVM, no database: :mod:`tunefleet.budget`
-reads the workloads' histories from the database and creates the round's shards. A leaf module
-(it imports only :mod:`tunefleet.errors`), so the settings can validate a budget with
-:meth:`Budget.parse`.
+A duration budget has no trial count: its rounds go on until the deadline
+(:mod:`tunefleet.planning.rounds`). Pure Python — no TVM, no database:
+:func:`tunefleet.planning.rounds.plan_round` reads the workloads' histories from the database and
+creates the round's shards.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tunefleet.errors import ParameterError
 from tunefleet.vocab import UNTUNED_TIMING_S
 
 DEFAULT_MIN_TRIALS = 8
@@ -50,64 +47,6 @@ re-plannings) stays a few batches long even when one workload's score dominates.
 # plan's (priority = call count) and the minimums before the shares.
 _TIER_DEFAULT, _TIER_MINIMUM, _TIER_SHARE = 3e12, 2e12, 1e12
 
-_DURATION = re.compile(r"(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?")
-_BUDGET_HELP = "give a trial count such as 2000, or a wall time such as 90s, 15m, 1h or 1h30m"
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A tuning budget: a number of trials (over every worker) or a wall time in seconds.
-
-    Parse user text with :meth:`parse` (``"2000"``, ``"90s"``, ``"15m"``, ``"1h30m"``);
-    ``str(budget)`` gives that text back.
-    """
-
-    trials: int | None = None
-    seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.trials is None) == (self.seconds is None):
-            raise ValueError("a budget is a number of trials or a duration, exactly one of them")
-        if (self.trials is not None and self.trials < 1) or (self.seconds is not None and not self.seconds > 0):
-            raise ValueError(f"a budget must be positive: {self!r}")
-
-    @classmethod
-    def parse(cls, value: str | int | Budget, *, name: str = "budget") -> Budget:
-        """The budget a text (or a trial count) says; one :class:`ParameterError` line naming
-        ``name`` if it says none."""
-        if isinstance(value, Budget):
-            return value
-        text = str(value).strip().lower().replace(" ", "") if not isinstance(value, bool) else ""
-        if text.isdigit() and int(text) >= 1:
-            return cls(trials=int(text))
-        match = _DURATION.fullmatch(text) if text else None
-        if match is not None and any(match.groupdict().values()):
-            h, m, s = (float(match[k] or 0) for k in ("h", "m", "s"))
-            if h * 3600 + m * 60 + s > 0:
-                return cls(seconds=h * 3600 + m * 60 + s)
-        raise ParameterError(f"invalid {name}: {value!r} ({_BUDGET_HELP})")
-
-    @property
-    def is_duration(self) -> bool:
-        return self.seconds is not None
-
-    def __str__(self) -> str:
-        return str(self.trials) if self.seconds is None else format_duration(self.seconds)
-
-    def describe(self) -> str:
-        """``2000 trials`` or ``15m of wall time``."""
-        return f"{self.trials} trials" if self.seconds is None else f"{self} of wall time"
-
-
-def format_duration(seconds: float) -> str:
-    """``900`` -> ``15m``, ``5400`` -> ``1h30m``, ``90`` -> ``1m30s`` (what :meth:`Budget.parse` reads)."""
-    whole = int(seconds)
-    h, rest = divmod(whole, 3600)
-    m, s = divmod(rest, 60)
-    frac = seconds - whole
-    parts = [f"{h}h" if h else "", f"{m}m" if m else "",
-             (f"{s + frac:g}s" if frac else f"{s}s") if (s or frac) else ""]
-    return "".join(parts) or "0s"
 
 
 @dataclass(frozen=True)
@@ -130,7 +69,7 @@ class WorkloadHistory:
     exhausted: bool = False
     """A shard of it ended short because its search produced no new candidate."""
     preempted: bool = False
-    """Plateau preemption stopped it on this class (:mod:`tunefleet.preemption`)."""
+    """Plateau preemption stopped it on this class (:mod:`tunefleet.planning.preemption`)."""
     joules_per_trial: float | None = None
 
     @property

@@ -159,7 +159,7 @@ def cmd_hardware_list(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- pipeline steps -------------------------------------------------------------------------
 def cmd_extract(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.extraction import extract
+    from tunefleet.models.workloads import extract
 
     ctx = Context(settings)
     res = extract(ctx.db, ctx.store, ctx.db.model(args.model), args.hardware)
@@ -168,11 +168,11 @@ def cmd_extract(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
 
     ctx = Context(settings)
     if args.budget is not None:
-        from tunefleet.allocation import Budget
+        from tunefleet.budget import Budget
 
         Budget.parse(args.budget, name="--budget")  # a bad text is refused before anything changes
     _warn_recipes(ctx.db, args.hardware, args.model)
@@ -180,7 +180,7 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
         n = ctx.db.reset_plateaus(ctx.db.hardware_class(args.hardware).id)
         print(f"reset the plateau state of {n} workload(s) on {args.hardware}")
     if args.budget is not None:
-        from tunefleet.budget import plan_once
+        from tunefleet.planning.rounds import plan_once
 
         model_ids = [ctx.db.model(args.model).id] if args.model else None
         res = plan_once(ctx.db, args.hardware, args.budget, model_ids, shard_trials=args.shard_trials,
@@ -189,7 +189,7 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
               f"{args.budget} ({res.outstanding} planned and not tuned in all), over {len(res.workloads)} workload(s) "
               f"on {args.hardware}" + (f"; {res.stop}" if res.stop else ""))
         return 0
-    created, view = shards.plan(ctx.db, args.hardware, target_trials=args.trials, shard_trials=args.shard_trials,
+    created, view = shard_queue.plan(ctx.db, args.hardware, target_trials=args.trials, shard_trials=args.shard_trials,
                                 model=args.model)
     preempted = sum(v.preempted for v in view)
     print(f"planned {len(created)} new shard(s), {sum(s.trials for s in created)} trials, "
@@ -200,7 +200,7 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
 
 def _warn_recipes(db: Database, hardware: str, model: str | None) -> None:
     """Say (on stderr) when a model's workloads on the class are missing or of another recipe."""
-    from tunefleet.extraction import recipe_warning
+    from tunefleet.models.workloads import recipe_warning
 
     hw = db.hardware_class(hardware)
     ids = [db.model(model).id] if model else [m.id for m in db.models() if db.model_recipes(m.id, hw.id)]
@@ -226,9 +226,9 @@ def _tune_budget(args: argparse.Namespace, ctx: Context, options: TuneOptions) -
     """``tune --budget``: (the rounds of a model's budget, or None; the deadline, or None)."""
     import time
 
-    from tunefleet.allocation import Budget
-    from tunefleet.engine.rounds import Deadline, Rounds
+    from tunefleet.budget import Budget
     from tunefleet.errors import ParameterError
+    from tunefleet.planning.rounds import Deadline, Rounds
 
     if args.budget is None:
         if args.model:
@@ -246,11 +246,10 @@ def _tune_budget(args: argparse.Namespace, ctx: Context, options: TuneOptions) -
 
 
 def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.engine.worker import drain, tune_with_workers
-
     from rich.console import Console
 
-    from tunefleet.progress import RunProgress
+    from tunefleet.cli.progress import RunProgress
+    from tunefleet.engine.worker import drain, tune_with_workers
 
     options = tune_options(args, settings)
     ctx = Context(settings)
@@ -308,14 +307,14 @@ def _split_line(split: dict[str, float]) -> str:
 
 def _budget_line(spent: dict[str, Any]) -> str:
     """``budget 15m: spent 1234 trials and 14:12 in 9 round(s); stopped: deadline: reached``."""
-    from tunefleet.allocation import format_duration
+    from tunefleet.budget import format_duration
 
     return (f"budget {spent['budget']}: spent {spent['trials']} trials and {format_duration(round(spent['seconds']))} "
             f"in {spent['rounds']} round(s); stopped: {spent['stopped']}")
 
 
 def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.deliver import best
+    from tunefleet.delivery.best import best
 
     if args.verify and not (args.zero_shot or args.transfer):
         raise TunefleetError("--verify needs --zero-shot or --transfer")
@@ -340,8 +339,8 @@ def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
 
 def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
     """`best --zero-shot` for a workload never measured on the class: the cost model's proposals."""
-    from tunefleet.deliver import best
-    from tunefleet.zeroshot import predict_workloads
+    from tunefleet.delivery.best import best
+    from tunefleet.delivery.zeroshot import predict_workloads
 
     wl = ctx.db.workload(args.workload)
     top_k = max(args.top, args.verify, 1)
@@ -373,7 +372,7 @@ def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
 
 def _best_transferred(ctx: Context, args: argparse.Namespace) -> int:
     """`best --transfer`: the best schedule of the most compatible class that builds for this one."""
-    from tunefleet.transfer import transfer_best
+    from tunefleet.planning.transfer import transfer_best
 
     found = transfer_best(ctx.db, args.workload, args.hardware)
     if found is None:
@@ -432,7 +431,7 @@ def _report_table(report: Any) -> None:
 
 
 def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.deliver import build_model
+    from tunefleet.delivery.build import build_model
 
     ctx = Context(settings)
     if args.verify and not args.zero_shot:
@@ -453,7 +452,7 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.deliver import export_json_database
+    from tunefleet.delivery.best import export_json_database
 
     ctx = Context(settings)
     n_wl, n_rec = export_json_database(ctx.db, args.hardware, args.directory, top_k=args.top)
@@ -540,7 +539,7 @@ def log_to_file(settings: Settings, command: str, *, verbose: bool) -> Path:
 
 def _run_budget(args: argparse.Namespace, settings: Settings) -> Any:
     """``run``'s budget: ``--budget``, else ``TUNEFLEET_BUDGET`` unless ``--trials`` is given (None then)."""
-    from tunefleet.allocation import Budget
+    from tunefleet.budget import Budget
 
     if args.trials is not None:
         return None
@@ -558,8 +557,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     db = preflight_run(args, settings)
     budget = _run_budget(args, settings)
     prefect_environment(settings, quiet=not args.verbose)
+    from tunefleet.cli.progress import RunProgress
     from tunefleet.flows.pipeline import pipeline  # Prefect configures logging at import: after it
-    from tunefleet.progress import RunProgress
 
     log_path = log_to_file(settings, "run", verbose=args.verbose)
     # With --json, stdout carries the result alone: everything else goes to stderr.
@@ -686,7 +685,7 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
         console.print(f"not tuned (no successful measurement; default schedule): {', '.join(untuned)}", highlight=False)
     total = result.get("budget")
     if total:
-        from tunefleet.allocation import format_duration
+        from tunefleet.budget import format_duration
 
         reserve = total["build_reserve_s"].get(args.hardware)
         console.print(f"budget {total['budget']}: spent {total['trials']} trials and {format_duration(round(total['seconds']))} "
@@ -703,12 +702,12 @@ def _untuned_workloads(db: Database, model_id: int, hardware: str) -> list[str]:
 
 def _no_success(db: Database, args: argparse.Namespace, model_id: int, log: Path) -> str:
     """One line: why no workload of the model was tuned, and the command that resumes."""
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
 
     wl_ids = {wl.id for wl, _ in db.workloads(model_id, db.hardware_class(args.hardware).id)}
-    mine = [s for s in shards.list_shards(db, hardware=args.hardware) if s.workload_id in wl_ids]
-    failed = [s for s in mine if s.state == shards.FAILED]
-    waiting = [s for s in mine if s.state in (shards.PENDING, shards.LEASED)]
+    mine = [s for s in shard_queue.list_shards(db, hardware=args.hardware) if s.workload_id in wl_ids]
+    failed = [s for s in mine if s.state == shard_queue.FAILED]
+    waiting = [s for s in mine if s.state in (shard_queue.PENDING, shard_queue.LEASED)]
     if failed:
         cause = (failed[0].error or "no error recorded").splitlines()[0][:200]
         return (f"no shard of {args.model} on {args.hardware} succeeded: {len(failed)} failed (first: {cause}); "
@@ -718,7 +717,7 @@ def _no_success(db: Database, args: argparse.Namespace, model_id: int, log: Path
 
 
 def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.accounting import energy_report
+    from tunefleet.energy.accounting import energy_report
 
     ctx = Context(settings)
     rows = energy_report(ctx.db, model=args.model, hardware=args.hardware)
@@ -737,7 +736,7 @@ def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
         if any("estimate" in r.sources for r in rows):
             print("estimate: CPU-seconds x the class's W per busy core + idle W x node time (no RAPL/NVML counter here)")
     if args.plot and rows:
-        from tunefleet.plots import energy_figure
+        from tunefleet.cli.plots import energy_figure
 
         chart = energy_figure(rows, args.plot)
         # with --json, stdout stays parseable
@@ -748,7 +747,7 @@ def cmd_report_energy(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_report_tuning(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.plots import tuning_figure
+    from tunefleet.cli.plots import tuning_figure
 
     ctx = Context(settings)
     model = ctx.db.model(args.model)
@@ -761,7 +760,7 @@ def cmd_report_tuning(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_dataset_export(args: argparse.Namespace, settings: Settings) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tunefleet.dataset import export
+    from tunefleet.learning.dataset import export
 
     ctx = Context(settings)
     with Progress(TextColumn("export"), BarColumn(), MofNCompleteColumn(), TextColumn("measurements"),
@@ -781,7 +780,7 @@ def cmd_dataset_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_dataset_list(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.dataset import list_versions
+    from tunefleet.learning.dataset import list_versions
 
     versions = list_versions(Context(settings).db)
     if args.json:
@@ -801,7 +800,7 @@ def _metric(m: dict[str, Any] | None, key: str) -> str:
 
 
 def cmd_costmodel_retrain(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.costmodel import retrain
+    from tunefleet.learning.costmodel import retrain
 
     ctx = Context(settings)
     res = retrain(ctx.db, ctx.store, args.hardware, objective=args.objective, seed=args.seed,
@@ -835,7 +834,7 @@ def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_costmodel_promote(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet.costmodel import promote_version
+    from tunefleet.learning.costmodel import promote_version
 
     ctx = Context(settings)
     row = promote_version(ctx.db, args.hardware, args.version)
@@ -847,8 +846,8 @@ def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> int:
     """A long-running exporter of the fleet gauges (per-model energy and cost, shard states)."""
     import time
 
-    from tunefleet.accounting import publish_fleet_metrics
-    from tunefleet.metrics import FleetMetrics
+    from tunefleet.energy.accounting import publish_fleet_metrics
+    from tunefleet.energy.metrics import FleetMetrics
 
     ctx = Context(settings)
     metrics = FleetMetrics()
@@ -865,7 +864,7 @@ def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     prefect_environment(settings)
-    from tunefleet.deploy import deploy
+    from tunefleet.cluster.deploy import deploy
 
     ctx = Context(settings)
     classes = [ctx.db.hardware_class(n) for n in args.hardware] if args.hardware else ctx.db.hardware_classes()
@@ -891,10 +890,10 @@ def _zoo_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_shards_list(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
 
     ctx = Context(settings)
-    rows = shards.list_shards(ctx.db, hardware=args.hardware, state=args.state)
+    rows = shard_queue.list_shards(ctx.db, hardware=args.hardware, state=args.state)
     names = {h.id: h.name for h in ctx.db.hardware_classes()}
     data = [{"id": r.id, "workload_id": r.workload_id, "hardware": names.get(r.hardware_class_id), "trials": r.trials,
              "priority": r.priority, "state": r.state, "attempts": f"{r.leases}/{r.max_leases}",
@@ -907,17 +906,17 @@ def cmd_shards_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_shards_retry(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
 
-    ids = shards.retry(Context(settings).db, args.ids or None, hardware=args.hardware)
+    ids = shard_queue.retry(Context(settings).db, args.ids or None, hardware=args.hardware)
     print(f"requeued {len(ids)} shard(s)")
     return 0
 
 
 def cmd_shards_cancel(args: argparse.Namespace, settings: Settings) -> int:
-    from tunefleet import shards
+    from tunefleet.planning import shard_queue
 
-    ids = shards.cancel(Context(settings).db, args.ids or None, hardware=args.hardware)
+    ids = shard_queue.cancel(Context(settings).db, args.ids or None, hardware=args.hardware)
     print(f"cancelled {len(ids)} shard(s)")
     return 0
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass, Workload
+    from tunefleet.db.tables import HardwareClass, Workload
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def transfer_best(db: Database, workload: str | int, hardware: str) -> Transferr
     """The best schedule of the most compatible class that builds for ``hardware``, or None.
 
     Only for a workload the class has no measurement of (otherwise there is nothing to borrow:
-    use :func:`tunefleet.deliver.best`). :func:`tunefleet.engine.worker.verify_transfer`
+    use :func:`tunefleet.delivery.best.best`). :func:`tunefleet.engine.worker.verify_transfer`
     measures it here and commits it as an ordinary measurement.
     """
     wl = db.workload(workload)

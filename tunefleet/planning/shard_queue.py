@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunefleet.db import Database
-from tunefleet.db.models import Shard
+from tunefleet.db.tables import Shard
 from tunefleet.errors import LeaseLostError, TunefleetError
 from tunefleet.vocab import (
     CRASH_AFTER_DEATHS,
@@ -88,7 +88,7 @@ def plan(
     So planning twice plans nothing new — also at the same time: planners of a class take turns
     (:meth:`~tunefleet.db.shards.ShardsMixin.planning`) — and raising the target tops up. Larger weights (call
     counts) get higher priority; ties go to the workload with more FLOPs. A workload preempted
-    on this class (its tuning plateaued, :mod:`tunefleet.preemption`) gets nothing until its
+    on this class (its tuning plateaued, :mod:`tunefleet.planning.preemption`) gets nothing until its
     plateau is reset (``Database.reset_plateaus``).
 
     Returns

@@ -38,7 +38,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, push_to_gateway, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    push_to_gateway,
+    start_http_server,
+)
 
 from tunefleet.config import mask_secrets, mask_url
 from tunefleet.errors import TransientError

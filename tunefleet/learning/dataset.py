@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from tunefleet.db import Database
-    from tunefleet.db.models import Dataset, HardwareClass, Measurement
+    from tunefleet.db.tables import Dataset, HardwareClass, Measurement
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class _Featurizer:
         if int(self.extractor.feature_vector_length) != FEATURE_DIMS:
             raise DatasetError(
                 f"PerStoreFeature gives {self.extractor.feature_vector_length} features per store, "
-                f"this dataset schema expects {FEATURE_DIMS}; bump tunefleet.dataset.SCHEMA_VERSION"
+                f"this dataset schema expects {FEATURE_DIMS}; bump tunefleet.learning.dataset.SCHEMA_VERSION"
             )
         self.threads = max(1, len(os.sched_getaffinity(0)))
         self._contexts: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()

@@ -143,7 +143,7 @@ class Shard(Base):
     not_before: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
-    # Accounting, summed over the shard's attempts (see tunefleet.accounting).
+    # Accounting, summed over the shard's attempts (see tunefleet.energy.accounting).
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_source: Mapped[str | None] = mapped_column(String(32), nullable=True)
     node_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -158,7 +158,7 @@ class InFlight(Base):
 
     ``current``: in the batch measured now. ``deaths``: how many times its worker died with it
     in flight; a candidate with deaths is a suspect, re-measured alone when the shard resumes
-    (:func:`tunefleet.shards.requeue_expired`).
+    (:func:`tunefleet.planning.shard_queue.requeue_expired`).
     """
 
     __tablename__ = "in_flight"
@@ -176,7 +176,7 @@ class InFlight(Base):
 class TuningState(Base):
     """The plateau state of one (workload, hardware class), kept across shards and attempts.
 
-    Updated after every measured round (see :mod:`tunefleet.preemption`): ``recent`` holds the
+    Updated after every measured round (see :mod:`tunefleet.planning.preemption`): ``recent`` holds the
     last rounds' ``{"gain_s", "joules", "best_s"}``; a ``preempted`` pair receives no more trials
     (planning skips it, its shards end at once) until it is reset.
     """

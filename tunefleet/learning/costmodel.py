@@ -1,7 +1,7 @@
 """Retrain an XGBoost cost model on a dataset version and promote it only when it is better.
 
 Pipeline step 7. :func:`retrain` loads the dataset rows of one hardware class (relabelled with
-:func:`tunefleet.dataset.renormalise`), splits them by workload, trains, evaluates the new model
+:func:`tunefleet.learning.dataset.renormalise`), splits them by workload, trains, evaluates the new model
 *and* the current promoted one on the same held-out workloads, stores the model and registers it
 in ``cost_models`` with its metrics; it is promoted only when it beats the current one.
 
@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tunefleet.errors import TunefleetError
-from tunefleet.ranking import pairwise_credit
+from tunefleet.learning.ranking import pairwise_credit
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -105,7 +105,7 @@ class CostModelError(TunefleetError):
 # -- features and rows ----------------------------------------------------------------------------
 def candidate_features(table: pa.Table) -> np.ndarray:
     """One fixed-length vector per row: sum, mean and max over its stores (float32, n x 492)."""
-    from tunefleet.dataset import feature_matrix
+    from tunefleet.learning.dataset import feature_matrix
 
     if table.num_rows == 0:
         return aggregate_stores(np.zeros((0, _dims()), dtype=np.float32), np.zeros(1, dtype=np.int64))
@@ -141,7 +141,7 @@ def aggregate_stores(feats: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def _dims() -> int:
-    from tunefleet.dataset import FEATURE_DIMS
+    from tunefleet.learning.dataset import FEATURE_DIMS
 
     return FEATURE_DIMS
 
@@ -289,7 +289,7 @@ class TrainedModel:
     objective: str
     meta: dict[str, Any] = field(default_factory=dict)
     cost_model_id: int | None = None
-    """Its row in ``cost_models`` when loaded from the registry (:func:`load_model`)."""
+    """Its row in ``cost_models`` when loaded from the registry (:func:`load_cost_model`)."""
     version: int | None = None
 
     def predict(self, table: pa.Table) -> np.ndarray:
@@ -449,7 +449,7 @@ def retrain(
     ``holdout_models`` the held-out workloads are those only these models have
     (:func:`model_holdout`) instead of a ``holdout_fraction`` of all.
     """
-    from tunefleet import dataset
+    from tunefleet.learning import dataset
 
     hw = db.hardware_class(hardware)
     if table is None:
@@ -588,7 +588,7 @@ def promote_version(db: Database, hardware: str, version: int) -> Any:
     return row
 
 
-def load_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel | None:
+def load_cost_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel | None:
     """The current promoted cost model of a hardware class, or None when there is none."""
     hw = db.hardware_class(hardware)
     row = db.current_cost_model(hw.id)
@@ -612,7 +612,7 @@ __all__ = [
     "compare_objectives",
     "evaluate",
     "evaluate_scores",
-    "load_model",
+    "load_cost_model",
     "model_holdout",
     "model_key",
     "promote_version",

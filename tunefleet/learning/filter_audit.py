@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from tunefleet.ranking import agreement
+from tunefleet.learning.ranking import agreement
 from tunefleet.vocab import DEFAULT_MIN_AGREEMENT
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """What a user would run instead of a tuned build, on the same threads: PyTorch eager and onnxruntime.
 
 A tuned model is worth deploying only if it beats these, so ``tunefleet build``/``run`` time them
-next to the tuned build (fields of :class:`tunefleet.deliver.BuildReport`) when the packages are
+next to the tuned build (fields of :class:`tunefleet.delivery.build.BuildReport`) when the packages are
 installed, and ``bench/versus_alternatives.py`` uses the same sessions. onnxruntime is an optional
 package (the ``bench`` extra); without it, or for a model that cannot be exported, the report says
 why in a note instead of a figure. torch and onnxruntime are imported only here, only when used.

@@ -1,10 +1,10 @@
 """Give tunefleet's Kubernetes work pools the settings of this deployment.
 
 ``tunefleet deploy --pool-type kubernetes`` creates the pools ``tunefleet-<class>`` with
-``tunefleet.k8s``'s defaults: image ``tunefleet:0.1.0``, namespace ``tunefleet``, service account
+``tunefleet.cluster.job_templates``'s defaults: image ``tunefleet:0.1.0``, namespace ``tunefleet``, service account
 ``tunefleet-worker``, no credentials. This script runs right after it in the deploy Job (the Helm
 chart's post-install/post-upgrade hook, or the Job of ``k8s/base``) and replaces each pool's base
-job template with one built by the same ``tunefleet.k8s.base_job_template`` from a spec
+job template with one built by the same ``tunefleet.cluster.job_templates.base_job_template`` from a spec
 (``pools.json``, rendered by the chart or kept in the kustomize overlay):
 
 * the release's image, pull policy, namespace (the deploy Job's own) and flow-run service account;
@@ -17,10 +17,10 @@ job template with one built by the same ``tunefleet.k8s.base_job_template`` from
 
 Usage (the spec from ``$TUNEFLEET_POOLS_SPEC``, default ``/etc/tunefleet/pools/pools.json``)::
 
-    python -m tunefleet.k8s_pools wait           # until $PREFECT_API_URL/health answers
-    python -m tunefleet.k8s_pools hardware-args  # "--hardware x86 --hardware arm" for tunefleet deploy
-    python -m tunefleet.k8s_pools apply          # create/update every pool's base job template
-    python -m tunefleet.k8s_pools show [CLASS]   # print the templates; needs no Prefect server
+    python -m tunefleet.cluster.pools wait           # until $PREFECT_API_URL/health answers
+    python -m tunefleet.cluster.pools hardware-args  # "--hardware x86 --hardware arm" for tunefleet deploy
+    python -m tunefleet.cluster.pools apply          # create/update every pool's base job template
+    python -m tunefleet.cluster.pools show [CLASS]   # print the templates; needs no Prefect server
 
 ``apply`` and ``show`` need ``$TUNEFLEET_POOLS_NAMESPACE`` (the Job sets it from the downward API).
 Every template is rendered into a Job with the Prefect Kubernetes worker's own code before any
@@ -68,7 +68,7 @@ def build_template(hardware: str, spec: Mapping[str, Any], namespace: str) -> di
     dict
         ``{"job_configuration": ..., "variables": ...}`` for the pool ``tunefleet-<hardware>``.
     """
-    from tunefleet.k8s import base_job_template
+    from tunefleet.cluster.job_templates import base_job_template
 
     cls = spec["classes"][hardware]
     template = base_job_template(
@@ -105,7 +105,7 @@ def build_template(hardware: str, spec: Mapping[str, Any], namespace: str) -> di
 
 def build_templates(spec: Mapping[str, Any], namespace: str) -> dict[str, dict[str, Any]]:
     """Every class's template, each rendered once with the worker's own code as a check."""
-    from tunefleet.k8s import render_job
+    from tunefleet.cluster.job_templates import render_job
 
     templates = {hw: build_template(hw, spec, namespace) for hw in sorted(spec["classes"])}
     for template in templates.values():
@@ -149,7 +149,7 @@ def apply(spec: Mapping[str, Any], namespace: str) -> list[str]:
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
 
-    from tunefleet.k8s import pool_name
+    from tunefleet.cluster.job_templates import pool_name
 
     templates = build_templates(spec, namespace)
     done = []
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         selected = {k: v for k, v in templates.items() if len(args) < 2 or k in args[1:]}
         print(json.dumps(selected, indent=2, sort_keys=True))
     else:
-        print("usage: python -m tunefleet.k8s_pools wait | hardware-args | apply | show [CLASS ...]", file=sys.stderr)
+        print("usage: python -m tunefleet.cluster.pools wait | hardware-args | apply | show [CLASS ...]", file=sys.stderr)
         return 2
     return 0
 

@@ -200,6 +200,6 @@ class _StageHandler(logging.Handler):
 
 
 def _utcnow() -> dt.datetime:
-    from tunefleet.db.models import utcnow
+    from tunefleet.db.tables import utcnow
 
     return utcnow() - dt.timedelta(seconds=1)  # SQLite's timestamps have second resolution

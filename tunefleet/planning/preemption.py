@@ -1,7 +1,7 @@
 """Plateau preemption (Trimmer): stop spending trials on a workload whose tuning has stopped paying.
 
 After every measured round of a shard, :func:`observe_round` updates the persisted
-:class:`~tunefleet.db.models.TuningState` of its (workload, hardware class), and
+:class:`~tunefleet.db.tables.TuningState` of its (workload, hardware class), and
 :func:`stop_reason` says whether to stop:
 
 * **plateau** — the best latency has not improved by more than ``epsilon`` (relative) for
@@ -11,7 +11,7 @@ After every measured round of a shard, :func:`observe_round` updates the persist
   microseconds per kilojoule.
 
 A stopped workload is marked ``preempted``: its shard ends early (:class:`tunefleet.engine.policies.Preemption`), the
-trials it did not use go to workloads still improving (:func:`tunefleet.budget.reallocate`), its
+trials it did not use go to workloads still improving (:func:`tunefleet.energy.priorities.reallocate`), its
 later shards end at once, and planning skips it until ``tunefleet plan --reset-plateaus``.
 Because the state lives in the database, a shard resumed by another worker after a crash keeps
 counting from where the dead one stopped. No TVM and no Prefect here.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tunefleet.db.models import TuningState
+from tunefleet.db.tables import TuningState
 
 log = logging.getLogger(__name__)
 

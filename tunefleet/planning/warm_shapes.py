@@ -22,7 +22,7 @@ from tunefleet.vocab import DEFAULT_TRACE_SHA256, task_name_key
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass, Workload
+    from tunefleet.db.tables import HardwareClass, Workload
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ prefect-kubernetes' stock template with tunefleet's changes:
 code (no API server, no Prefect server), and :func:`validate_manifest` checks a manifest against
 the Kubernetes OpenAPI schemas with ``kubernetes-validate --strict`` semantics.
 
-``python -m tunefleet.k8s export k8s/work-pools`` regenerates the committed templates.
+``python -m tunefleet.cluster.job_templates export k8s/work-pools`` regenerates the committed templates.
 """
 
 from __future__ import annotations
@@ -426,7 +426,7 @@ def export(directory: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m tunefleet.k8s export DIRECTORY``.
+    """Command line: ``python -m tunefleet.cluster.job_templates export DIRECTORY``.
 
     Parameters
     ----------
@@ -438,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     int
         Exit status.
     """
-    parser = argparse.ArgumentParser(prog="python -m tunefleet.k8s",
+    parser = argparse.ArgumentParser(prog="python -m tunefleet.cluster.job_templates",
                                      description="Kubernetes work-pool templates of tunefleet.")
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="write <class>.json base job templates")

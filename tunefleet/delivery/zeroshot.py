@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from tunefleet.errors import NotSupportedError, TunefleetError
 
 if TYPE_CHECKING:
-    from tunefleet.costmodel import TrainedModel
     from tunefleet.db import Database
-    from tunefleet.db.models import HardwareClass, Workload
+    from tunefleet.db.tables import HardwareClass, Workload
     from tunefleet.engine.worker import Tuner
+    from tunefleet.learning.costmodel import TrainedModel
     from tunefleet.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,9 @@ class ZeroShotResult:
 
 def require_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel:
     """The current cost model of a class, or a one-line error saying how to get one."""
-    from tunefleet.costmodel import load_model
+    from tunefleet.learning.costmodel import load_cost_model
 
-    model = load_model(db, store, hardware)
+    model = load_cost_model(db, store, hardware)
     if model is None:
         raise NotSupportedError(
             f"not supported: zero-shot on {hardware} without a current cost model; run "

@@ -1,0 +1,108 @@
+"""The best schedule for (workload, hardware class), a MetaSchedule database over the fleet's
+measurements for TVM users, and an export as MetaSchedule JSON files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tunefleet.errors import NotFoundError
+from tunefleet.vocab import DEFAULT_TRACE_SHA256
+
+if TYPE_CHECKING:
+    from tunefleet.db import Database
+
+
+@dataclass
+class BestSchedule:
+    workload: str
+    hardware: str
+    mean_run_s: float
+    run_secs: list[float]
+    measurement_id: int
+    trace_json: str
+    measured_at: str
+    tvm_version: str
+    untuned_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def best(db: Database, workload: str, hardware: str, n: int = 1) -> list[BestSchedule]:
+    """The ``n`` best measured schedules of a workload on a hardware class (measurements only)."""
+    wl = db.workload(workload)
+    hw = db.hardware_class(hardware)
+    rows = db.best_measurements(wl.id, hw.id, n)
+    if not rows:
+        raise NotFoundError(f"no measurement of workload {wl.structural_hash} on {hardware} yet; plan and tune it")
+    untuned = _untuned_time(db, wl.id, hw.id)
+    return [
+        BestSchedule(wl.structural_hash, hardware, float(r.mean_run_s or 0.0), list(r.run_secs or []), r.id,
+                     r.trace_json, r.created_at.isoformat(timespec="seconds"), r.tvm_version, untuned)
+        for r in rows
+    ]
+
+
+def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> float | None:
+    """Mean run time of the default (empty-trace) candidate, if it was measured."""
+    return db.trace_run_s(workload_id, hardware_class_id, DEFAULT_TRACE_SHA256)
+
+
+def transfer_lookup(db: Database, hardware: str) -> Callable[[int], Any]:
+    """Workload id -> the best schedule a compatible class has for it (the bridge's transfer answer)."""
+    from tunefleet.planning.transfer import transfer_best
+
+    return lambda workload_id: transfer_best(db, workload_id, hardware)
+
+
+def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False) -> Any:
+    """A MetaSchedule ``Database`` over the fleet's measurements of one hardware class.
+
+    Build with it through :func:`tunefleet.tvm.compile.build_with_database` (``mod`` as the
+    frontend gives it, the class's recipe): its workloads are keyed under the class's extraction
+    recipe, which stock ``compile_relax`` cannot reproduce when weights are prepacked (CPU
+    classes); for a class with the ``native`` layout and no prepacking (GPU), ``compile_relax``
+    finds them too. With ``transfer``,
+    a workload the class never measured gets the best schedule of the most compatible class
+    that builds for it (:mod:`tunefleet.planning.transfer`); the database's ``transferred`` maps
+    workload ids to what was borrowed.
+    """
+    from tunefleet.tvm.bridge import FleetDatabase
+
+    return FleetDatabase(db, hardware, transfer=transfer_lookup(db, hardware) if transfer else None)
+
+
+def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> tuple[int, int]:
+    """Write the best ``top_k`` records per workload as MetaSchedule JSON database files.
+
+    Returns (workloads, records). Load them with ``ms.database.JSONDatabase(work_dir=directory)``
+    and build with :func:`tunefleet.tvm.compile.build_with_database` under the class's recipe
+    (see :func:`metaschedule_database`).
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.tvm.bridge import record_from_row
+
+    hw = db.hardware_class(hardware)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = ms.database.JSONDatabase(path_workload=str(directory / "database_workload.json"),
+                                   path_tuning_record=str(directory / "database_tuning_record.json"),
+                                   allow_missing=True)
+    n_wl = n_rec = 0
+    for wl, _ in db.workloads():
+        rows = db.best_measurements(wl.id, hw.id, top_k)
+        if not rows:
+            continue
+        mod = tvm.ir.load_json(wl.tir_json)
+        workload = out.commit_workload(mod)
+        for r in rows:
+            out.commit_tuning_record(record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload))
+            n_rec += 1
+        n_wl += 1
+    return n_wl, n_rec

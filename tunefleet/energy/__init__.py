@@ -1,0 +1,1 @@
+"""Energy and money of tuning: meters, accounting, energy-aware priorities and Prometheus metrics."""

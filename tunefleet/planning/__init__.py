@@ -1,0 +1,2 @@
+"""Planning tuning work: budgets spent in rounds, their allocation over workloads, the shard queue
+and its leases, plateau preemption, and where a search starts (transfer, warm shapes)."""

@@ -1,0 +1,290 @@
+"""A model-level budget spent in rounds: planning each round, and the deadline.
+
+:class:`Rounds` is what :func:`tunefleet.engine.worker.drain` asks for the next round's shards
+when no shard is pending (:meth:`Rounds.refill`): the worker goes on with the same builder,
+runner and online cost model, so re-planning costs a database round trip, not a tuner start.
+The rounds end when the trial budget is spent, at the deadline, or when no workload can use more
+trials (:func:`tunefleet.planning.allocation.allocate`). Every worker process may refill; the trial count
+is read from the database each time, so it holds across workers (see :func:`plan_round`
+for the one race left).
+
+:class:`Deadline` is when tuning must stop — a duration budget's end, less the time the build
+after it needs — and how long a search batch takes here
+(:class:`tunefleet.engine.policies.DeadlinePolicy` stops a shard's search before a batch that
+would not end in time).
+
+A model-level budget (``tunefleet run --budget``) is spent in rounds planned by
+:func:`plan_round`: it reads the model's workloads from the database, asks the allocator
+(:func:`tunefleet.planning.allocation.allocate`) for the round and creates its shards, whose priorities are
+the allocator's (per joule when energy-aware). Which rule is used when: shards of a budget's round
+are leased in the allocator's order (:func:`tunefleet.energy.priorities.reprioritise` is for flat plans, ``--trials``), and the
+trials a preempted shard of a round did not use go back to the budget for the next round instead of
+to :func:`tunefleet.energy.priorities.reallocate`'s recipients.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tunefleet.budget import Budget, format_duration
+from tunefleet.db.tables import utcnow
+from tunefleet.errors import ParameterError
+from tunefleet.planning.allocation import DEFAULT_MIN_TRIALS, RoundPlan, WorkloadHistory, allocate, build_reserve_s
+
+if TYPE_CHECKING:
+    from tunefleet.db import Database
+    from tunefleet.db.tables import Shard
+
+log = logging.getLogger(__name__)
+
+DEADLINE = "deadline"
+
+
+class Deadline:
+    """When tuning must stop: ``at``, seconds since the epoch (so it holds across processes)."""
+
+    def __init__(self, at: float, *, clock: Callable[[], float] = time.time) -> None:
+        self.at = at
+        self.clock = clock
+
+    def left_s(self) -> float:
+        return self.at - self.clock()
+
+    def reason(self, ahead_s: float = 0.0) -> str | None:
+        """Why tuning must stop now — the deadline passed, or less than ``ahead_s`` (what the next
+        batch is expected to take) is left — or None."""
+        left = self.left_s()
+        if left > ahead_s:
+            return None
+        if left > 0:
+            return f"{DEADLINE}: {left:.0f}s left, less than the last search batch took ({ahead_s:.0f}s)"
+        return f"{DEADLINE}: reached"
+
+
+@dataclass
+class Rounds:
+    """A model-level budget spent in rounds by a worker (:func:`~tunefleet.engine.worker.drain`'s
+    refill): which models on which class, the budget, when it started, and the allocator's knobs.
+
+    ``started_at`` (seconds since the epoch) starts the budget's clock: a duration budget's
+    tuning ends ``seconds`` later, less the time ``reserve_builds`` builds of the model after it
+    need (:func:`tunefleet.planning.allocation.build_reserve_s`, refreshed every round; 0 for a ``tune``
+    that builds nothing). Trials are counted from ``started_at`` on.
+    """
+
+    hardware: str
+    model_ids: list[int]
+    budget: Budget
+    started_at: float = field(default_factory=time.time)
+    reserve_builds: int = 0
+    min_trials: int = DEFAULT_MIN_TRIALS
+    batch: int = 64
+    energy_aware: bool = False
+    clock: Callable[[], float] = time.time
+    rounds: int = 0
+    stopped: str | None = None
+    reserve_s: float = 0.0
+    spent: int | None = None
+    """Trials spent when the last round was planned (a round that spent none ends the rounds)."""
+    deadline: Deadline | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget.seconds is not None and self.deadline is None:
+            self.deadline = Deadline(self.started_at + self.budget.seconds, clock=self.clock)
+
+    @property
+    def since(self) -> dt.datetime:
+        """``started_at`` as the database's naive UTC, a second early (SQLite keeps whole seconds)."""
+        return dt.datetime.fromtimestamp(self.started_at - 1, dt.timezone.utc).replace(tzinfo=None)
+
+    def refill(self, db: Database) -> int:
+        """Plan the next round; the number of the budget's shards now pending (0: the rounds are
+        over, and :attr:`stopped` says why). Another worker's round counts: it is there to lease."""
+        if self.stopped is not None:
+            return 0
+        if self.deadline is not None and (why := self.deadline.reason()):
+            self.stopped = why
+            return 0
+        if self.spent is not None and self._stalled(db):
+            return 0
+        res = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
+                         batch=self.batch, energy_aware=self.energy_aware,
+                         time_left_s=self.deadline.left_s() if self.deadline is not None else None)
+        self.rounds, self.spent = res.round, res.spent
+        self._reserve(res.build_reserve_s)
+        if not res.open_round_shards:
+            self.stopped = res.stop or "nothing left to plan"
+        return len(res.open_round_shards)
+
+    def _stalled(self, db: Database) -> bool:
+        """Whether the last round spent no trial at all (every shard of it ended before its first
+        batch): planning again would only repeat it, so the rounds end."""
+        hw = db.hardware_class(self.hardware)
+        view = db.budget_view(hw.id, self.model_ids, self.since)
+        if sum(r.committed_since for r in view.rows) > (self.spent or 0) or view.open_round_shards:
+            return False
+        self.stopped = f"round {self.rounds} measured nothing: its shards ended before their first batch"
+        return True
+
+    def _reserve(self, build_s: float) -> None:
+        if self.reserve_builds and self.budget.seconds is not None and self.deadline is not None:
+            self.reserve_s = build_s * self.reserve_builds
+            self.deadline.at = self.started_at + self.budget.seconds - self.reserve_s
+
+    def close(self, db: Database) -> list[int]:
+        """The rounds are over: cancel the pending shards of a round the deadline cut (the trials
+        a trial budget planned are always tuned); their ids."""
+        if self.stopped is None or not self.stopped.startswith(DEADLINE):
+            return []
+        return end_rounds(db, self.hardware, self.model_ids, self.since)
+
+    def summary(self, db: Database) -> dict[str, Any]:
+        """The budget, what was spent (trials committed by every worker since the start, seconds),
+        the rounds and why they stopped."""
+        hw = db.hardware_class(self.hardware)
+        view = db.budget_view(hw.id, self.model_ids, self.since)
+        return {"budget": str(self.budget), "kind": "duration" if self.budget.is_duration else "trials",
+                "trials": sum(r.committed_since for r in view.rows), "seconds": round(self.clock() - self.started_at, 1),
+                "rounds": max(self.rounds, view.rounds), "stopped": self.stopped,
+                "build_reserve_s": round(self.reserve_s, 1) if self.reserve_builds else None,
+                "min_trials": self.min_trials, "batch": self.batch}
+
+    # -- across processes --------------------------------------------------------------------
+    def spec(self) -> dict[str, Any]:
+        """Plain data to rebuild these rounds in another process (:meth:`from_spec`)."""
+        return {"hardware": self.hardware, "model_ids": list(self.model_ids), "budget": str(self.budget),
+                "started_at": self.started_at, "reserve_builds": self.reserve_builds, "min_trials": self.min_trials,
+                "batch": self.batch, "energy_aware": self.energy_aware, "rounds": self.rounds, "stopped": self.stopped,
+                "reserve_s": self.reserve_s, "spent": self.spent,
+                "deadline_at": self.deadline.at if self.deadline is not None else None}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> Rounds:
+        data = dict(spec)
+        deadline_at = data.pop("deadline_at", None)
+        rounds = cls(**{**data, "budget": Budget.parse(data["budget"])})
+        if deadline_at is not None and rounds.deadline is not None:
+            rounds.deadline.at = deadline_at
+        return rounds
+
+    def describe(self) -> str:
+        left = f", {format_duration(max(0.0, self.deadline.left_s()))} left" if self.deadline is not None else ""
+        return f"budget {self.budget.describe()}, round {self.rounds}{left}"
+
+
+# -- planning a round ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoundResult:
+    """One round of a model's budget as :func:`plan_round` planned it."""
+
+    round: int
+    """The round's number (1 for the first); the last round planned when nothing was."""
+    shards: list[Shard]
+    plan: RoundPlan
+    workloads: list[WorkloadHistory]
+    spent: int
+    """Trials committed on the model's workloads since the budget started."""
+    outstanding: int
+    """Trials planned and not committed yet (this round's included)."""
+    build_reserve_s: float
+    """Seconds to keep for building the model afterwards (:func:`tunefleet.planning.allocation.build_reserve_s`)."""
+    open_round_shards: list[int]
+
+    @property
+    def stop(self) -> str | None:
+        return None if self.shards else self.plan.stop
+
+
+def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Budget, since: dt.datetime, *,
+               min_trials: int = DEFAULT_MIN_TRIALS, batch: int = 64, energy_aware: bool = False,
+               rounds: bool = True, shard_trials: int | None = None, max_leases: int = 3,
+               dry: bool = False, time_left_s: float | None = None) -> RoundResult:
+    """Plan the next round of ``budget`` over the workloads of ``model_ids`` on a class: the shards.
+
+    The trials a budget has left are its trials minus those committed on the models' workloads
+    since ``since`` (errors and filtered candidates count) minus those planned and not committed
+    yet — counted in the database, so they hold across worker processes: planners of a class take
+    turns (:meth:`~tunefleet.db.shards.ShardsMixin.planning`), so two workers that refill at the
+    same instant never plan the same trials twice. A duration budget has no trial count; the engine stops its
+    rounds at the deadline. ``rounds=False`` plans the whole budget at once (``tunefleet plan
+    --budget``). Each grant is one shard (cut in pieces of at most ``shard_trials``); its
+    ``planned`` event records the round and the budget. ``dry``: plan nothing, only say what the
+    round would be (or why there is none). ``time_left_s`` (a wall-time budget's time to its
+    deadline) caps the round at the trials that fit at the pace so far (wall seconds per trial
+    committed since the first one, shard starts included), so that the time left is split by the
+    allocator rather than taken by whichever shards lease first.
+    """
+    hw = db.hardware_class(hardware)
+    with db.planning(hw.id):  # a concurrent planner of the class waits, then counts these shards
+        view = db.budget_view(hw.id, list(model_ids), since)
+        workloads = [WorkloadHistory(r.workload_id, r.weight, tuple(r.run_s), r.committed, r.outstanding, r.default_s,
+                                     r.flops, r.exhausted, r.preempted, r.joules_per_trial) for r in view.rows]
+        spent = sum(r.committed_since for r in view.rows)
+        outstanding = sum(r.outstanding for r in view.rows)
+        left = None if budget.trials is None else budget.trials - spent - outstanding
+        fit = _trials_that_fit(view.first_since, spent, time_left_s)
+        cap = left if fit is None else fit if left is None else min(left, fit)
+        plan = allocate(workloads, cap, min_trials=min_trials, batch=batch, rounds=rounds, energy_aware=energy_aware)
+        if fit is not None and not plan.grants and allocate(workloads, left, min_trials=min_trials, batch=batch,
+                                                            rounds=rounds).grants:
+            plan = RoundPlan((), f"deadline: about {fit} trial(s) fit in the {time_left_s:.0f}s left, "
+                                 "not enough for another round")
+        builds = [r.build_s for r in view.rows if r.build_s is not None]
+        reserve = build_reserve_s(workloads, compile_s=sum(builds) / len(builds) if builds else None)
+        number = view.rounds + 1
+        created: list[Shard] = []
+        if plan.grants and not dry:
+            piece = shard_trials or max(g.trials for g in plan.grants)
+            cuts = [(g.workload_id, min(piece, g.trials - start), g.priority) for g in plan.grants
+                    for start in range(0, g.trials, piece)]
+            created = db.add_shards(hw.id, cuts, max_leases=max_leases, info={"round": number, "budget": str(budget)})
+    if created:
+        log.info("budget %s on %s, round %d: %d trial(s) over %d workload(s) (%s)", budget, hardware, number,
+                 plan.trials, len(created), ", ".join(f"{g.workload_id}: {g.trials} {g.why}" for g in plan.grants))
+    elif not dry:
+        log.info("budget %s on %s: no round %d: %s", budget, hardware, number, plan.stop)
+    return RoundResult(number if created else view.rounds, created, plan, workloads, spent,
+                       outstanding + sum(s.trials for s in created), reserve,
+                       view.open_round_shards + [s.id for s in created])
+
+
+def _trials_that_fit(first: dt.datetime | None, spent: int, time_left_s: float | None) -> int | None:
+    """Trials that fit in ``time_left_s`` at the pace since ``first`` (None: no deadline or no pace yet)."""
+    if time_left_s is None or first is None or spent < 1:
+        return None
+    elapsed = (utcnow() - first).total_seconds()
+    if elapsed <= 0:
+        return None
+    return max(0, int(time_left_s * spent / elapsed))
+
+
+def plan_once(db: Database, hardware: str, budget: str | int | Budget, model_ids: Sequence[int] | None = None, *,
+              shard_trials: int = 64, batch: int = 64, min_trials: int = DEFAULT_MIN_TRIALS,
+              energy_aware: bool = False, max_leases: int = 3) -> RoundResult:
+    """Split a trial budget over the workloads of ``model_ids`` (default: every model) at once,
+    before anything is tuned (``tunefleet plan --budget``): every workload its minimum, the rest by
+    the allocator's score, estimated from FLOPs for workloads never measured. Trials already
+    planned and not tuned count against it, so planning twice in a row plans nothing new."""
+    parsed = Budget.parse(budget, name="budget")
+    if parsed.trials is None:
+        raise ParameterError(f"invalid budget: {str(parsed)!r} is a duration; a plan takes a number of trials "
+                             "(e.g. 2000) — a duration is spent by `tunefleet run --budget` or `tunefleet tune --budget`")
+    ids = list(model_ids) if model_ids else [m.id for m in db.models()]
+    return plan_round(db, hardware, ids, parsed, utcnow(), min_trials=min_trials, batch=batch,
+                      energy_aware=energy_aware, rounds=False, shard_trials=shard_trials, max_leases=max_leases)
+
+
+def end_rounds(db: Database, hardware: str, model_ids: Sequence[int], since: dt.datetime) -> list[int]:
+    """Cancel the pending shards a budget's rounds planned since ``since`` (the budget ended: at
+    its deadline a round may be left half done); their ids."""
+    hw = db.hardware_class(hardware)
+    pending = db.budget_view(hw.id, list(model_ids), since).open_round_shards
+    cancelled = db.cancel_shards(pending) if pending else []
+    if cancelled:
+        log.info("budget over: %d pending shard(s) of its last round cancelled", len(cancelled))
+    return cancelled
