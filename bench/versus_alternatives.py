@@ -66,9 +66,9 @@ TOP_WORKLOADS = 10
 # -- phases: the CLI as a user runs it -------------------------------------------------------------
 
 def tunefleet_command() -> list[str]:
-    """The ``tunefleet`` console script of this interpreter's environment, else ``python -m tunefleet.cli.main``."""
+    """The ``tunefleet`` console script of this interpreter's environment, else ``python -m tunefleet.cli.app``."""
     script = Path(sys.executable).parent / "tunefleet"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "tunefleet.cli.main"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "tunefleet.cli.app"]
 
 
 def run_phase(name: str, args: argparse.Namespace, amount: list[str], output_dir: Path,

@@ -22,9 +22,11 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from tunefleet.context import shared_context
 from tunefleet.errors import NotSupportedError, ParameterError, TunefleetError
 from tunefleet.flows import step_flows
-from tunefleet.flows.step_flows import artifact_key, check_budget, check_hardware, check_positive, tune_options
+from tunefleet.flows.step_flows import artifact_key, check_hardware, check_positive, tune_options
+from tunefleet.planning.spend import RUN, Spend
 
 
 def tune_through_deployments(hardware: list[str], parameters: dict[str, Any],
@@ -88,15 +90,11 @@ def pipeline(
     check_hardware(hardware)
     check_positive(trials=trials, shard_trials=shard_trials, batch_size=batch_size, image_size=image_size,
                    seq_len=seq_len)
-    parsed = check_budget(budget, trials)
-    if parsed is None and trials is None:
-        from tunefleet.budget import Budget
-        from tunefleet.context import shared_context
-
-        parsed = Budget.parse(shared_context().settings.budget)  # TUNEFLEET_BUDGET
+    spend = Spend.request(RUN, budget, trials=trials, started_at=started, name="parameter budget",
+                          default=shared_context().settings.budget)
+    parsed = spend.budget
     tune_params = tune_options(lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
     if tune_on == "here":  # fail before any work, not after ingesting and planning
-        from tunefleet.context import shared_context
         from tunefleet.hardware import check_runs_here
 
         db = shared_context().db
@@ -122,16 +120,11 @@ def pipeline(
                                                         "started_at": started, "reserve_builds": builds_after})
         else:
             tuned = {}
-            for i, hw in enumerate(hardware):
-                share = parsed
-                if parsed.seconds is not None and len(hardware) > 1:  # one after another: an equal share each
-                    from tunefleet.budget import Budget
-
-                    left = started + parsed.seconds - time.time()
-                    share = Budget(seconds=max(1.0, left / (len(hardware) - i)))
-                tuned[hw] = step_flows.tune(hardware=hw, budget=str(share), model_ids=model_ids,
-                                            started_at=started if share is parsed else time.time(),
-                                            reserve_builds=1 if build else 0, **tune_params)
+            for i, hw in enumerate(hardware):  # one after another: a wall time is shared out as it goes
+                share = spend.share_for(i, len(hardware))
+                tuned[hw] = step_flows.tune(hardware=hw, budget=str(share.budget), model_ids=model_ids,
+                                            started_at=share.started_at, reserve_builds=1 if build else 0,
+                                            **tune_params)
         planned = [_rounds_planned(hw, tuned[hw], extracted) for hw in hardware]
     energy = step_flows.account(model_ids, hardware)
     build_started = time.time()
@@ -163,7 +156,7 @@ def pipeline(
     spent = None
     if parsed is not None:
         per_class = {hw: t.get("budget") for hw, t in tuned.items()}
-        spent = {"budget": str(parsed), "kind": "duration" if parsed.is_duration else "trials",
+        spent = {"budget": str(parsed), "kind": parsed.kind,
                  "seconds": round(time.time() - started, 1), "build_s": round(build_s, 1) if build else None,
                  "trials": sum((b or {}).get("trials", 0) for b in per_class.values()),
                  "rounds": sum((b or {}).get("rounds", 0) for b in per_class.values()),

@@ -10,15 +10,17 @@ error before any work starts.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, tags
 from prefect.artifacts import create_table_artifact
 from tunefleet.tasks import steps
 
-from tunefleet.budget import Budget
 from tunefleet.context import shared_context
+from tunefleet.engine.loop import Lease, Refill, Stop, TuneLoop
 from tunefleet.errors import ParameterError
+from tunefleet.planning.spend import PLAN, TUNE, Spend
 from tunefleet.vocab import hardware_tag
 
 
@@ -44,16 +46,6 @@ def tune_options(**parameters: Any) -> dict[str, Any]:
     given = {name: value for name, value in parameters.items() if value is not None}
     shared_context().options(**given)  # raises ParameterError naming the first bad parameter
     return given
-
-
-def check_budget(budget: str | None, trials: int | None = None) -> Budget | None:
-    """The ``budget`` parameter parsed (None if not given); one error line if it is bad or comes
-    with ``trials`` (a flat target per workload: one or the other)."""
-    if budget is None:
-        return None
-    if trials is not None:
-        raise ParameterError("invalid parameters: give trials (a target per workload) or budget, not both")
-    return Budget.parse(budget, name="parameter budget")
 
 
 def check_verify(verify: int) -> None:
@@ -91,15 +83,10 @@ def plan(hardware: list[str], trials: int | None = 8, model_ids: list[int] | Non
     """Cut the untuned shortfall into shards (trials = target trials per workload), or split a
     trial ``budget`` (e.g. ``"2000"``) over the models' workloads at once (then ``trials`` is None)."""
     check_hardware(hardware)
-    parsed = check_budget(budget, trials)
-    if parsed is None and trials is None:
-        raise ParameterError("invalid parameters: give trials (a target per workload) or budget")
-    if parsed is not None and parsed.seconds is not None:
-        raise ParameterError(f"invalid parameter budget: {budget!r} is a duration; a plan takes a number of trials "
-                             "(a duration is spent by the tune or pipeline flow)")
+    spend = Spend.request(PLAN, budget, trials=trials, model_ids=model_ids, name="parameter budget")
     check_positive(trials=trials, shard_trials=shard_trials)
-    return [steps.plan(hw, trials, model_ids=model_ids, shard_trials=shard_trials,
-                       budget=None if parsed is None else str(parsed)) for hw in hardware]
+    return [steps.plan(hw, spend.trials, model_ids=model_ids, shard_trials=shard_trials, budget=spend.budget)
+            for hw in hardware]
 
 
 @flow(name="tune")
@@ -118,83 +105,43 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
     The clock starts at ``started_at`` (seconds since the epoch; default now), and the deadline
     keeps time for ``reserve_builds`` builds of the models after tuning (the pipeline's build step).
 
-    A shard whose worker died is taken over once its lease (``lease_s``) expires and resumes from
-    what was committed; a shard leased by another live worker is left alone.
+    The steps are a :class:`~tunefleet.engine.loop.TuneLoop`'s, as in a CLI worker: every lease
+    is a ``tune_shard`` task run, every round planned a ``plan_round`` one, and the end an
+    ``end_rounds`` one; pending shards that cannot be leased yet (their workload searched by
+    another worker) are waited for. A shard whose worker died is taken over once its lease
+    (``lease_s``) expires and resumes from what was committed; a shard leased by another live
+    worker is left alone.
     """
-    from tunefleet.planning.rounds import Rounds
-
     check_hardware([hardware])
     check_positive(max_shards=max_shards)
     options = tune_options(lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)
-    parsed = check_budget(budget)
-    if parsed is not None and parsed.trials is not None and not model_ids:
-        raise ParameterError(f"invalid parameter budget: {budget!r} is a number of trials; give model_ids to spend "
-                             "it on, or a duration to stop tuning at")
-    started = started_at if started_at is not None else time.time()
-    rounds = None
-    if parsed is not None and model_ids:
-        opts = shared_context().options(**options)
-        rounds = Rounds(hardware, list(model_ids), parsed, started_at=started, reserve_builds=reserve_builds,
-                        batch=opts.trials_per_iter, energy_aware=opts.energy_aware)
-    deadline_at = started + parsed.seconds if parsed is not None and parsed.seconds is not None else None
-    stopped: str | None = None
-    results: list[dict[str, Any]] = []
+    spend = Spend.request(TUNE, budget, model_ids=model_ids, started_at=started_at, name="parameter budget")
+    ctx = shared_context()
+    knobs = ctx.options(**options)
+    rounds, deadline = spend.tuning(hardware, batch=knobs.trials_per_iter, energy_aware=knobs.energy_aware,
+                                    reserve_builds=reserve_builds)
+    loop = TuneLoop(hardware, max_shards=max_shards, rounds=rounds, deadline=deadline)
     with tags(hardware_tag(hardware)):
-        while max_shards is None or len(results) < max_shards:
-            if rounds is not None and rounds.deadline is not None:
-                deadline_at = rounds.deadline.at
-            if deadline_at is not None and time.time() >= deadline_at:
-                stopped = "deadline: reached"
-                break
-            result = steps.tune_shard(hardware, options, deadline_at=deadline_at, allocated=rounds is not None)
-            if result is not None and "stopped" in result:
-                stopped = result["stopped"]
-                break
-            if result is None:
-                if rounds is None:
-                    break
-                planned = steps.plan_round(rounds.spec())
-                rounds = Rounds.from_spec(planned["rounds"])
-                stopped = rounds.stopped
-                if not planned["pending"]:
-                    break
-                continue
-            results.append(result)
-    if deadline_at is not None and stopped is None and time.time() >= deadline_at - 1:
-        stopped = "deadline: reached"
-    summary = {
-        "hardware": hardware,
-        "shards_done": sum(r["state"] == "done" for r in results),
-        "shards_failed": sum(r["state"] != "done" for r in results),
-        "measured": sum(r["measured"] for r in results),
-        "errors": sum(r["errors"] for r in results),
-        "skipped_known": sum(r["skipped_known"] for r in results),
-        "seconds": round(sum(r["seconds"] for r in results), 3),
-        "shards": results,
-        "stopped": stopped,
-        "budget": steps.end_rounds(rounds.spec(), stopped) if rounds is not None else None,
-        "seconds_per_candidate": _seconds_per_candidate(hardware, results),
-    }
-    if results:
+        while not isinstance(step := loop.next_step(ctx.db), Stop):
+            if isinstance(step, Lease):
+                loop.leased(steps.tune_shard(hardware, options, deadline_at=step.deadline_at,
+                                             allocated=step.allocated))
+            elif isinstance(step, Refill):
+                loop.refilled(*steps.plan_round(step.rounds.state))
+            else:
+                time.sleep(step.seconds)
+        summary = loop.finish(budget=steps.end_rounds(rounds.state) if rounds is not None else None)
+    shards = [asdict(r) for r in loop.results]
+    if shards:
         create_table_artifact(
             key=artifact_key("tune", hardware),
             table=[{"shard": r["shard_id"], "state": r["state"], "measured": r["measured"], "errors": r["errors"],
                     "best (ms)": None if r["best_s"] is None else round(r["best_s"] * 1e3, 4),
-                    "seconds": round(r["seconds"], 1)} for r in results],
-            description=f"Shards tuned on {hardware}: {summary['shards_done']} done, "
-                        f"{summary['shards_failed']} failed, {summary['measured']} candidates measured",
+                    "seconds": round(r["seconds"], 1)} for r in shards],
+            description=f"Shards tuned on {hardware}: {summary.shards_done} done, "
+                        f"{summary.shards_failed} failed, {summary.measured} candidates measured",
         )
-    return summary
-
-
-def _seconds_per_candidate(hardware: str, results: list[dict[str, Any]]) -> dict[str, float] | None:
-    from tunefleet.engine.shard import ShardResult
-    from tunefleet.engine.worker import TuneSummary
-
-    total = TuneSummary(hardware)
-    for r in results:
-        total.add(ShardResult(**r))
-    return total.per_candidate()
+    return {**summary.as_dict(), "shards": shards}
 
 
 @flow(name="account")

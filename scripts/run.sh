@@ -10,8 +10,9 @@ VENV=${TUNEFLEET_VENV:-$repo/.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 # Install once (an editable install follows the clone's code); TUNEFLEET_REINSTALL=1 installs again,
 # e.g. after a pull that changed the dependencies. torch==2.13.0 is the CPU wheel these machines
-# carry (see pyproject.toml's comment).
-if [ "${TUNEFLEET_REINSTALL:-0}" = "1" ] || ! "$VENV/bin/python" -c "import tunefleet.cli.main" >/dev/null 2>&1; then
+# carry (see pyproject.toml's comment). The console script itself is checked: an install from
+# before a move of its entry point imports fine but has a script that points at nothing.
+if [ "${TUNEFLEET_REINSTALL:-0}" = "1" ] || ! "$VENV/bin/tunefleet" --version >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip install -q -e "$repo[torch]"
 fi
 exec "$VENV/bin/tunefleet" run "$@"

@@ -3,7 +3,8 @@
 The logic lives in :mod:`tunefleet.models.workloads`, :mod:`tunefleet.engine`, :mod:`tunefleet.planning.shard_queue`,
 :mod:`tunefleet.delivery.build` and :mod:`tunefleet.models.ingest`; these tasks only add what Prefect is for: retries with backoff
 for transient failures (a lost database or S3 connection, a lease conflict — never a corrupt
-model or an invalid target), names, and plain-dict results. Every task opens the process's
+model or an invalid target), names, and plain-data results (dicts, and the core's own dataclasses
+where a flow hands them on: a shard's result, a budget's rounds). Every task opens the process's
 shared :class:`~tunefleet.context.Context` from the environment (``TUNEFLEET_*``), so the same
 task runs in-process, in a process worker's subprocess or in a Kubernetes Job.
 
@@ -14,7 +15,7 @@ limit (``prefect concurrency-limit create tunefleet-hw:gpu 4``) caps parallel tu
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.tasks import exponential_backoff
@@ -22,6 +23,11 @@ from prefect.tasks import exponential_backoff
 from tunefleet.context import shared_context
 from tunefleet.errors import is_transient
 from tunefleet.vocab import EXPORT_TAG, RETRY_BACKOFF_S, RETRY_JITTER, TRANSIENT_RETRIES
+
+if TYPE_CHECKING:
+    from tunefleet.budget import Budget
+    from tunefleet.engine.shard import ShardResult
+    from tunefleet.planning.rounds import RoundsState
 
 log = logging.getLogger("tunefleet.tasks")
 
@@ -65,9 +71,11 @@ def extract(model_id: int, hardware: str) -> dict[str, Any]:
 
 @task(name="plan", **_RETRY)
 def plan(hardware: str, trials: int | None, model_ids: list[int] | None = None, shard_trials: int = 64,
-         budget: str | None = None) -> dict[str, Any]:
+         budget: Budget | None = None) -> dict[str, Any]:
     """Cut the untuned shortfall of the models' workloads (all workloads if none given) into shards
-    (``trials`` per workload), or split a trial ``budget`` over them at once (:func:`tunefleet.planning.rounds.plan_round`)."""
+    (``trials`` per workload), or split a trial ``budget`` over them at once
+    (:func:`tunefleet.planning.rounds.plan_once`; the flow's :class:`~tunefleet.planning.spend.Spend`
+    refused a duration)."""
     from tunefleet.planning import shard_queue
 
     ctx = shared_context()
@@ -79,7 +87,7 @@ def plan(hardware: str, trials: int | None, model_ids: list[int] | None = None, 
         res = plan_once(ctx.db, hardware, budget, model_ids, shard_trials=shard_trials,
                         batch=ctx.options().trials_per_iter)
         return {"hardware": hardware, "new_shards": len(res.shards), "new_trials": sum(s.trials for s in res.shards),
-                "workloads": len(res.workloads), "budget": budget, "stop": res.stop}
+                "workloads": len(res.workloads), "budget": str(budget), "stop": res.stop}
     for model_id in model_ids or [None]:
         new, view = shard_queue.plan(ctx.db, hardware, target_trials=trials, shard_trials=shard_trials, model=model_id)
         created += new
@@ -90,21 +98,18 @@ def plan(hardware: str, trials: int | None, model_ids: list[int] | None = None, 
 
 @task(name="tune_shard", **_RETRY)
 def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: int | None = None,
-               deadline_at: float | None = None, allocated: bool = False) -> dict[str, Any] | None:
+               deadline_at: float | None = None, allocated: bool = False) -> ShardResult | None:
     """Lease the next shard of a hardware class, tune it (heartbeating, committing every batch).
 
     ``options`` override the settings' tuning knobs by name (see
     :class:`tunefleet.engine.options.TuneOptions`). Returns the shard's result, or None when no
-    shard is pending, or ``{"stopped": why}`` once ``deadline_at`` (seconds since the epoch) passed
-    (a shard stops before a batch that would end after it, and ends done-short). ``allocated``:
-    the queue holds a
+    shard can be leased or ``deadline_at`` (seconds since the epoch) passed (a shard stops before
+    a batch that would end after it, and ends done-short). ``allocated``: the queue holds a
     budget's round, whose priorities the allocator set (energy-aware leasing leaves them). The
     lease owner includes the task run id: a retry after a lost connection reclaims its own shard
     at once, while a run whose worker died leaves the shard to whoever leases it after the lease
     expires.
     """
-    from dataclasses import asdict
-
     from prefect.runtime import task_run
 
     from tunefleet.engine.worker import worker_owner
@@ -113,39 +118,32 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
     owner = f"{worker_owner()}:{task_run.id}"
     tuner = ctx.tuner(hardware)
     deadline = tuner.deadline(deadline_at) if deadline_at is not None else None
-    if deadline is not None and (why := deadline.reason()):
-        return {"stopped": why}
-    result = tuner.tune_next(ctx.db, owner, ctx.options(**(options or {})), shard_id=shard_id, deadline=deadline,
-                             reprioritise=not allocated)
-    return None if result is None else asdict(result)
+    return tuner.tune_next(ctx.db, owner, ctx.options(**(options or {})), shard_id=shard_id, deadline=deadline,
+                           reprioritise=not allocated)
 
 
 @task(name="plan_round", **_RETRY)
-def plan_round(rounds: dict[str, Any]) -> dict[str, Any]:
-    """Plan the next round of a model-level budget (``rounds``: :meth:`tunefleet.planning.rounds.Rounds.spec`).
+def plan_round(rounds: RoundsState) -> tuple[int, RoundsState]:
+    """Plan the next round of a model-level budget (:meth:`tunefleet.planning.rounds.Rounds.refill`).
 
-    Returns ``{"pending", "rounds"}``: the budget's shards now pending (0: the rounds are over,
-    and the new spec's ``stopped`` says why) and the rounds' new spec (round number, the deadline
-    moved by the build's reserve measured again, the trials spent so far).
+    Returns the budget's shards now pending (0: the rounds are over, and the state's ``stopped``
+    says why) and where the rounds stand now (round number, the deadline moved by the build's
+    reserve measured again, the trials spent so far).
     """
     from tunefleet.planning.rounds import Rounds
 
-    state = Rounds.from_spec(rounds)
-    pending = state.refill(shared_context().db)
-    return {"pending": pending, "rounds": state.spec()}
+    planning = Rounds.resume(rounds)
+    pending = planning.refill(shared_context().db)
+    return pending, planning.state
 
 
 @task(name="end_rounds", **_RETRY)
-def end_rounds(rounds: dict[str, Any], stopped: str | None) -> dict[str, Any]:
-    """The rounds of a budget are over (``stopped``: why): cancel what a deadline left pending and
-    return :meth:`tunefleet.planning.rounds.Rounds.summary`."""
+def end_rounds(rounds: RoundsState) -> dict[str, Any]:
+    """The rounds of a budget are over (their ``stopped`` says why): cancel what a deadline left
+    pending and return :meth:`tunefleet.planning.rounds.Rounds.summary`."""
     from tunefleet.planning.rounds import Rounds
 
-    state = Rounds.from_spec(rounds)
-    state.stopped = stopped
-    db = shared_context().db
-    state.close(db)
-    return state.summary(db)
+    return Rounds.resume(rounds).end(shared_context().db)
 
 
 @task(name="account", **_RETRY)

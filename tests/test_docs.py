@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunefleet.cli.main import build_parser
+from tunefleet.cli.app import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -1,7 +1,7 @@
 """What a tuning budget is: a number of trials or a wall time, parsed from user text.
 
-How a budget is spent — in rounds, each split over a model's workloads — is
-:mod:`tunefleet.planning`'s. A leaf module, so the settings can validate a budget too.
+How a request's budget is checked and spent — in rounds, each split over a model's workloads —
+is :mod:`tunefleet.planning.spend`'s. A leaf module, so the settings can validate a budget too.
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ class Budget:
     @property
     def is_duration(self) -> bool:
         return self.seconds is not None
+
+    @property
+    def kind(self) -> str:
+        """``"duration"`` or ``"trials"`` (how summaries name it)."""
+        return "duration" if self.is_duration else "trials"
 
     def __str__(self) -> str:
         return str(self.trials) if self.seconds is None else format_duration(self.seconds)

@@ -7,6 +7,7 @@ import datetime as dt
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -18,7 +19,7 @@ from tunefleet.engine.shard import ShardResult
 from tunefleet.engine.worker import drain
 from tunefleet.planning import rounds as round_planning
 from tunefleet.planning import shard_queue
-from tunefleet.planning.rounds import Deadline, Rounds
+from tunefleet.planning.rounds import Deadline, Rounds, RoundsState
 from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_JSON, DONE, LEASED, PENDING
 
 # workload name -> (weight, best run time it tends to, trials it takes to get there)
@@ -103,7 +104,10 @@ def test_rounds_refill_the_queue_and_stop_at_the_trial_budget_exactly(db: tuple[
     assert all(s.history[0]["budget"] == "100" for s in planned)
     first = sorted(planned[:3], key=lambda s: -s.priority)
     assert [database.workload(s.workload_id).name for s in first] == ["big", "small", "flat"]  # weight × FLOPs, then id
+    parent = Rounds("x86", [model], Budget(trials=100), started_at=rounds.started_at, min_trials=8, batch=8, clock=clock)
+    assert parent.why_over(database) == "trial budget spent"  # `tune --workers`: the workers refilled, not it
     again = Rounds("x86", [model], Budget(trials=100), started_at=time.time() + 2, min_trials=8, batch=8)
+    assert again.why_over(database) is None  # planning nothing, it says another round could be planned
     assert again.refill(database) > 0  # a new budget (counted from its own start) spends again
 
 
@@ -151,13 +155,20 @@ def test_a_round_that_measured_nothing_ends_the_rounds(db: tuple[Database, int])
     assert len(shard_queue.list_shards(database)) == 3 and clock() == 1_000.0  # nothing planned again
 
 
-def test_rounds_cross_processes_as_plain_data(db: tuple[Database, int]) -> None:
+def test_rounds_cross_processes_as_typed_state(db: tuple[Database, int]) -> None:
+    import pickle
+
     _, model = db
     rounds = Rounds("x86", [model], Budget(seconds=90), started_at=5.0, reserve_builds=1, min_trials=4, batch=16)
     assert rounds.deadline is not None
     rounds.deadline.at = 80.0
-    again = Rounds.from_spec(rounds.spec())
-    assert again.spec() == rounds.spec() and again.budget == Budget(seconds=90)
+    state = rounds.state
+    assert isinstance(state, RoundsState) and pickle.loads(pickle.dumps(state)) == state  # spawn, Prefect
+    again = Rounds.resume(state)
+    assert again.state == state and again.budget == Budget(seconds=90) and again.deadline is not None
+    held = again.deadline
+    again.update(replace(state, rounds=3, spent=40, deadline_at=70.0, stopped="trial budget spent"))
+    assert (again.rounds, again.spent, again.stopped, held.at) == (3, 40, "trial budget spent", 70.0)  # in place
 
 
 def test_a_preempted_round_shard_gives_its_trials_back_to_the_budget(db: tuple[Database, int]) -> None:

@@ -15,7 +15,7 @@ from tunefleet.errors import ConfigError
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFLEET_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tunefleet.cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tunefleet.cli.app", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout)
 
 
@@ -104,7 +104,8 @@ def test_unreachable_database_is_one_line(tmp_path) -> None:  # type: ignore[no-
 def test_tune_flags_named_like_knobs_reach_the_options(tunefleet_home, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Every `tune` flag whose name is a TuneKnobs field overrides that setting for the run; the
     rest of the knobs come from the settings; a bad value is one line naming the knob."""
-    from tunefleet.cli.main import build_parser, tune_options
+    from tunefleet.cli.app import build_parser
+    from tunefleet.cli.tuning import tune_options
     from tunefleet.config import load_settings
     from tunefleet.errors import ParameterError
 

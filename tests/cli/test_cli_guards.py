@@ -65,7 +65,7 @@ def test_a_write_that_lost_a_race_is_one_line(tunefleet_home, capsys) -> None:  
     from sqlalchemy.engine import Engine
 
     from tests.db.test_db_conflicts import RACED_DATASET, inserted_just_before
-    from tunefleet.cli.main import main
+    from tunefleet.cli.app import main
     from tunefleet.config import load_settings
     from tunefleet.context import Context
     from tunefleet.db import NewMeasurement

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from tunefleet.cli.main import build_parser
+from tunefleet.cli.app import build_parser
 
 #: Actions argparse adds itself; their help is argparse's own.
 EXEMPT = {"-h", "--help", "--version"}

@@ -93,7 +93,7 @@ def _seeded(tmp_path: Path):  # type: ignore[no-untyped-def]
 def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_command(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from tunefleet.cli.main import _run_summary
+    from tunefleet.cli.run import _run_summary
 
     db, model = _seeded(tmp_path)
     args = argparse.Namespace(model="mlp", hardware="x86", trials=4, json=False)
@@ -186,7 +186,7 @@ def test_tune_json_is_the_only_thing_on_stdout(tmp_path: Path) -> None:
 
 
 def test_plan_says_when_a_models_workloads_are_of_another_recipe_or_missing(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from tunefleet.cli.main import _warn_recipes
+    from tunefleet.cli.tuning import _warn_recipes
     from tunefleet.db import Database
 
     db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")

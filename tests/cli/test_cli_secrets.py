@@ -90,13 +90,14 @@ def test_database_errors_mask_the_password(tmp_path, url: str) -> None:  # type:
 
 def test_every_error_line_is_masked(tunefleet_home, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """Whatever a TunefleetError says, the line the CLI prints carries no password."""
-    from tunefleet.cli import main as cli_main
+    from tunefleet.cli import app as cli_main
+    from tunefleet.cli import config_db
     from tunefleet.errors import TunefleetError
 
     def leaky(args, settings):  # type: ignore[no-untyped-def]
         raise TunefleetError("cannot reach postgresql://u:hunter2@db/x?password=hunter2 (dsn password=hunter2)")
 
-    monkeypatch.setattr(cli_main, "cmd_config_show", leaky)
+    monkeypatch.setattr(config_db, "cmd_config_show", leaky)
     assert cli_main.main(["config", "show"]) == 2
     err = capsys.readouterr().err
     assert SECRET not in err and "postgresql://u:***@db/x?password=***" in error_line(err)

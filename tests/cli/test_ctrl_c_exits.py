@@ -18,7 +18,7 @@ _SCRIPT = textwrap.dedent(
     """
     import time
     import psutil
-    import tunefleet.cli.main as cli
+    import tunefleet.cli.interrupt as cli
     from tunefleet.config import Settings
 
     class Exited:  # a child that exits between being listed and being signalled

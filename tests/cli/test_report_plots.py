@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from tunefleet.cli.main import main
+from tunefleet.cli.app import main
 from tunefleet.cli.plots import energy_figure, tuning_figure
 from tunefleet.config import load_settings
 from tunefleet.db import Database, NewMeasurement

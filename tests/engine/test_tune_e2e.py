@@ -83,7 +83,7 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
 
     env = {**os.environ, "TUNEFLEET_HOME": str(settings.home), "TUNEFLEET_DATABASE_URL": settings.effective_database_url}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tunefleet.cli.main", "tune", "--hardware", "x86", "--lease-s", "4",
+        [sys.executable, "-m", "tunefleet.cli.app", "tune", "--hardware", "x86", "--lease-s", "4",
          "--trials-per-iter", "5", "--seed", "1"],
         env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

@@ -78,7 +78,7 @@ class Fleet:
         self.last_start = time.monotonic()
         log = open(self.log_dir / f"worker-{self.started}.log", "wb")  # noqa: SIM115 - kept open by the child
         self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tunefleet.cli.main", "tune", "--hardware", "x86", "--lease-s", str(LEASE_S),
+            [sys.executable, "-m", "tunefleet.cli.app", "tune", "--hardware", "x86", "--lease-s", str(LEASE_S),
              "--trials-per-iter", "4", "--seed", str(self.seed + self.started)],
             env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from prefect.states import Completed, Failed
 
+from tunefleet.budget import Budget
 from tunefleet.errors import DatabaseUnavailableError, NotFoundError, NotSupportedError
 from tunefleet.flows.pipeline import pipeline
 from tunefleet.errors import ParameterError
@@ -39,9 +40,10 @@ def test_tasks_are_plain_functions_over_the_core(flow_env) -> None:  # type: ign
     assert steps.plan.fn("x86", 4, model_ids=[model["model_id"]])["new_shards"] == 0
     # a trial budget: the 12 trials planned above count against it; every workload first tops up to
     # its minimum of 8, and the rest goes to one of them (a shard each)
-    by_budget = steps.plan.fn("x86", None, model_ids=[model["model_id"]], budget="40")
+    by_budget = steps.plan.fn("x86", None, model_ids=[model["model_id"]], budget=Budget(trials=40))
     assert (by_budget["new_trials"], by_budget["new_shards"], by_budget["stop"]) == (40 - 12, 3, None)
-    assert steps.plan.fn("x86", None, model_ids=[model["model_id"]], budget="40")["stop"] == "trial budget spent"
+    assert steps.plan.fn("x86", None, model_ids=[model["model_id"]], budget=Budget(trials=40))["stop"] == \
+        "trial budget spent"
 
 
 def test_transient_failure_is_retried_deterministic_one_is_not(flow_env, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]

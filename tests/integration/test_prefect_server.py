@@ -40,7 +40,7 @@ def fleet(pg_server: PostgresServer, server: PrefectServer, tmp_path: Path) -> I
     """tunefleet's environment for workers and the CLI: its own PostgreSQL database, a local store."""
     name = pg_server.create_database()
     env = {"TUNEFLEET_HOME": str(tmp_path / "home"), "TUNEFLEET_DATABASE_URL": pg_server.url(name)}
-    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy", "--hardware", "x86"],
+    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.app", "deploy", "--hardware", "x86"],
                          env=server.env(**env), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "tune/tune-x86" in out.stdout and "pipeline/pipeline" in out.stdout
@@ -152,7 +152,7 @@ def test_deploy_kubernetes_pool_renders_valid_jobs_and_refuses_a_type_change(
     offline from what the server stored (no Kubernetes API server can run here)."""
     from tunefleet.cluster.job_templates import render_job, validate_manifest
 
-    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy", "--pool-type", "kubernetes",
+    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.app", "deploy", "--pool-type", "kubernetes",
                           "--hardware", "gpu", "--concurrency", "2"],
                          env=server.env(**fleet), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -169,7 +169,7 @@ def test_deploy_kubernetes_pool_renders_valid_jobs_and_refuses_a_type_change(
     assert pod["nodeSelector"]["tunefleet.io/hardware"] == "gpu"
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
 
-    again = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy", "--pool-type", "process",
+    again = subprocess.run([sys.executable, "-m", "tunefleet.cli.app", "deploy", "--pool-type", "process",
                             "--hardware", "gpu"], env=server.env(**fleet), capture_output=True, text=True, timeout=300)
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
@@ -182,7 +182,7 @@ def test_deploy_without_a_server_is_one_line(fleet: dict[str, str]) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(fleet, PREFECT_API_URL="http://127.0.0.1:9/api", PREFECT_HOME=fleet["TUNEFLEET_HOME"])
-    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.main", "deploy"], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tunefleet.cli.app", "deploy"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith(

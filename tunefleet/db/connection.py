@@ -121,7 +121,8 @@ def make_engine(url: str, *, connect_timeout_s: float = 5.0, statement_timeout_s
         connect_args: dict[str, object] = {"connect_timeout": max(2, math.ceil(connect_timeout_s))}
         if statement_timeout_s > 0:
             connect_args["options"] = f"-c statement_timeout={int(statement_timeout_s * 1000)}"
-        # No pool_pre_ping: it costs a round trip per checkout (best-5 p50 1.7 -> 1.1 ms measured).
+        # No pool_pre_ping: it costs a round trip per checkout, a large share of a short query
+        # (docs/performance.md, "Figures that used to live in docstrings").
         # A dropped connection fails one operation, SQLAlchemy then invalidates the pool and the
         # next operation reconnects; callers retry transient DatabaseErrors.
         return create_engine(url, connect_args=connect_args, pool_size=5, max_overflow=5, pool_recycle=1800)

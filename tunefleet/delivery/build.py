@@ -1,5 +1,10 @@
 """Building a model with the best stored schedules, and its latency report against the untuned
 build and what the user would run instead.
+
+:func:`build_model` runs four steps, each usable on its own: :func:`resolve` (load the model,
+find its workloads, count what the database holds for them), :func:`compile_tuned` (build with
+the database's schedules, export), :func:`check` (against the untuned build) and
+:func:`time_builds` (both builds, then the alternatives).
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ from tunefleet.vocab import STAGE_LOG_KEY, UNTUNED_TIMING_S
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
-    from tunefleet.db.tables import Model
+    from tunefleet.db.tables import HardwareClass, Model
+    from tunefleet.delivery.zeroshot import ZeroShotResult
+    from tunefleet.models.frontends import LoadedModel
+    from tunefleet.recipes import Recipe
     from tunefleet.store import ArtifactStore
+    from tunefleet.tvm.extract import ExtractedWorkload
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,303 @@ def _time_vm(vm: Any, dev: Any, inputs: list[Any], repeat: int, *, one_call_s: f
     return float(statistics.median(timer(*inputs).results))
 
 
+@dataclass
+class Resolved:
+    """What :func:`resolve` found: everything the later steps of a build need.
+
+    Attributes
+    ----------
+    model : tunefleet.db.tables.Model
+        The stored model.
+    hardware : tunefleet.db.tables.HardwareClass
+        The hardware class built for.
+    target : tvm.target.Target
+        The class's target.
+    recipe : tunefleet.recipes.Recipe
+        The class's extraction recipe; the tuned build looks its records up under it.
+    loaded : tunefleet.models.frontends.LoadedModel
+        The model imported into Relax (module, weights, inputs, PyTorch module if any).
+    found : list of tunefleet.tvm.extract.ExtractedWorkload
+        The model's workloads under ``recipe``.
+    tuned : int
+        Workloads of ``found`` with a measurement on the class.
+    predicted : int
+        Workloads built from a cost-model prediction (zero-shot; 0 otherwise).
+    zero_shot : tunefleet.delivery.zeroshot.ZeroShotResult or None
+        What zero-shot did, or None when the build is not zero-shot.
+    report : BuildReport
+        The report the later steps fill in.
+    """
+
+    model: Model
+    hardware: HardwareClass
+    target: Any
+    recipe: Recipe
+    loaded: LoadedModel
+    found: list[ExtractedWorkload]
+    tuned: int
+    predicted: int
+    zero_shot: ZeroShotResult | None
+    report: BuildReport
+
+
+@dataclass
+class Checked:
+    """The two builds :func:`check` ran, loaded and ready for :func:`time_builds`.
+
+    Attributes
+    ----------
+    dev : tvm.runtime.Device
+        The device both run on (the host CPU).
+    inputs_np : list of numpy.ndarray
+        The random inputs (seed 0), as numpy arrays (what the alternatives are timed on).
+    inputs : list of tvm.runtime.Tensor
+        The same inputs on ``dev``.
+    vms : dict of str to relax.VirtualMachine
+        ``"tuned"`` and ``"untuned"``.
+    first_call_s : dict of str to float
+        Seconds of each VM's first call, by the same keys.
+    """
+
+    dev: Any
+    inputs_np: list[Any]
+    inputs: list[Any]
+    vms: dict[str, Any]
+    first_call_s: dict[str, float]
+
+
+def resolve(
+    db: Database,
+    store: ArtifactStore,
+    model: Model,
+    hardware: str,
+    *,
+    zero_shot: bool = False,
+    top_k: int = 5,
+    verify: int = 0,
+    tuner: Any = None,
+) -> Resolved:
+    """Load a stored model, find its workloads under the class's recipe and count what the
+    database holds for them; start the build's report.
+
+    Parameters
+    ----------
+    db : tunefleet.db.Database
+        The database.
+    store : tunefleet.store.ArtifactStore
+        The artifact store holding the model (and the cost model, with ``zero_shot``).
+    model : tunefleet.db.tables.Model
+        The stored model.
+    hardware : str
+        The hardware class to build for.
+    zero_shot : bool
+        Store the workloads and predict schedules for those never measured on the class
+        (:func:`tunefleet.delivery.zeroshot.predict_workloads`).
+    top_k : int
+        Predictions stored per workload (``zero_shot``).
+    verify : int
+        Predictions measured per workload on this node (``zero_shot``).
+    tuner : object, optional
+        Passed to ``predict_workloads`` (``zero_shot``).
+
+    Returns
+    -------
+    Resolved
+
+    Raises
+    ------
+    tunefleet.errors.NotSupportedError
+        ``zero_shot`` and the class has no current cost model (before any other work).
+    """
+    from tunefleet.models.ingest import load_model
+    from tunefleet.models.workloads import class_recipe
+    from tunefleet.tvm.extract import extract_workloads
+    from tunefleet.tvm.targets import make_target
+
+    hw = db.hardware_class(hardware)
+    target = make_target(hw.target)
+    recipe = class_recipe(hw)
+    _stage(f"building {model.name} for {hardware} with the best schedules", "building the tuned model")
+    if zero_shot:
+        from tunefleet.delivery.zeroshot import predict_workloads, require_model
+
+        cost_model = require_model(db, store, hardware)  # before any work: one line if there is none
+    loaded = load_model(db, store, model)
+    found = extract_workloads(loaded.mod, target, params=loaded.params, recipe=recipe)
+    zs = None
+    if zero_shot:
+        weights: dict[int, int] = {}
+        for w in found:  # a model never extracted for this class gets its workloads stored first
+            row, _ = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
+                                     flops=float(w.flops), tir_json=w.tir_json)
+            weights[row.id] = weights.get(row.id, 0) + int(w.weight)
+        db.set_model_workloads(model.id, hw.id, recipe.name, weights)
+        zs = predict_workloads(db, store, hardware, list(weights), top_k=top_k, verify=verify, tuner=tuner,
+                               model=cost_model)
+    tuned = 0
+    for w in found:
+        try:
+            tuned += bool(db.best_measurements(db.workload(w.structural_hash).id, hw.id, 1))
+        except NotFoundError:
+            pass
+    predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
+    report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
+                         threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))),
+                         predicted_workloads=predicted, recipe=recipe.name)
+    if zs is not None:
+        report.zero_shot_s_per_task = zs.seconds_per_task
+        report.verified = sum(w.verified for w in zs.workloads)
+    return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
+
+
+def compile_tuned(db: Database, resolved: Resolved, *, output: str | Path | None = None,
+                  transfer: bool = False) -> Any:
+    """Build the model with the database's schedules for its class; export it to ``output``.
+
+    A zero-shot build (``resolved.zero_shot`` set) also takes the cost model's predictions. The
+    report gets the database hits, the weights prepacked at build time, the transferred
+    workloads, and a note when fewer workloads found a schedule than the database holds.
+
+    Parameters
+    ----------
+    db : tunefleet.db.Database
+        The database.
+    resolved : Resolved
+        What :func:`resolve` found; its ``report`` is filled in.
+    output : str or pathlib.Path, optional
+        Where to export the built library (its folder is created).
+    transfer : bool
+        Workloads without a measurement (or prediction) take the best schedule of the most
+        compatible class that builds for this one (:mod:`tunefleet.planning.transfer`).
+
+    Returns
+    -------
+    tvm.relax.VMExecutable
+        The tuned build.
+    """
+    from tunefleet.tvm.bridge import FleetDatabase
+    from tunefleet.tvm.compile import build_with_database
+
+    report, hardware, loaded = resolved.report, resolved.hardware.name, resolved.loaded
+    t0 = time.perf_counter()
+    fleet_db = FleetDatabase(db, hardware, with_predictions=resolved.zero_shot is not None,
+                             transfer=transfer_lookup(db, hardware) if transfer else None)
+    built = build_with_database(loaded.mod, resolved.target, fleet_db, params=loaded.params, recipe=resolved.recipe)
+    report.database_hits, report.prepacked_weights = len(built.hits), built.prepacked
+    if built.preproc_left:
+        report.notes.append(f"{built.preproc_left} weight repacking(s) left in main: they run on every call")
+    report.transferred_workloads = sum(v is not None for v in fleet_db.transferred.values())
+    report.default_workloads -= report.transferred_workloads
+    for wl_id, found_t in fleet_db.transferred.items():
+        if found_t is not None:
+            log.info("workload %d on %s: schedule transferred from %s", wl_id, hardware, found_t.source_hardware)
+    expected = resolved.tuned + resolved.predicted + report.transferred_workloads
+    if report.database_hits < expected:
+        # A measured workload the build did not find is a key mismatch, not a tuning result: say it.
+        report.notes.append(f"{expected - report.database_hits} workload(s) with schedules in the database were "
+                            "built with the default schedule (no record matched at build time)")
+        log.warning("build of %s for %s: %d database hits for %d workloads with schedules", resolved.model.name,
+                    hardware, report.database_hits, expected)
+    log.info("tuned build of %s for %s in %.1fs (%d database hits)", resolved.model.name, hardware,
+             time.perf_counter() - t0, report.database_hits)
+    if output is not None:
+        out = Path(output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        built.executable.export_library(str(out))
+        report.output = str(out)
+    return built.executable
+
+
+def check(resolved: Resolved, tuned_exec: Any) -> Checked:
+    """Build the untuned reference, run it and the tuned build once on the same random inputs,
+    and compare their outputs.
+
+    The reference is the model as given (no layout conversion, no prepacking), so the recipe's
+    rewrites are checked too. The report gets the largest absolute difference.
+
+    Parameters
+    ----------
+    resolved : Resolved
+        What :func:`resolve` found; its ``report`` is filled in.
+    tuned_exec : tvm.relax.VMExecutable
+        The tuned build (:func:`compile_tuned`), for the host CPU.
+
+    Returns
+    -------
+    Checked
+        Both builds loaded, their inputs and first-call times, for :func:`time_builds`.
+
+    Raises
+    ------
+    tunefleet.errors.CorrectnessError
+        An output of the tuned build is not close to the untuned one's.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from tunefleet.tvm.extract import prepare_for_build
+
+    model, loaded, target, report = resolved.model, resolved.loaded, resolved.target, resolved.report
+    _stage(f"checking {model.name}'s tuned build against the untuned one and timing both",
+           "checking and timing the tuned model")
+    untuned_exec = tvm.compile(prepare_for_build(loaded.mod, target, loaded.params), target=target)
+    dev = tvm.cpu()
+    inputs_np = loaded.random_inputs(seed=0)
+    inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
+    vms = {"tuned": relax.VirtualMachine(tuned_exec, dev), "untuned": relax.VirtualMachine(untuned_exec, dev)}
+    outs, first_call_s = {}, {}
+    for k, vm in vms.items():
+        t0 = time.perf_counter()
+        outs[k] = _to_numpy(vm["main"](*inputs))
+        first_call_s[k] = time.perf_counter() - t0
+    diffs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(outs["tuned"], outs["untuned"], strict=True)]
+    report.max_abs_diff = max(diffs) if diffs else 0.0
+    for a, b in zip(outs["tuned"], outs["untuned"], strict=True):
+        scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
+        if not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
+            raise CorrectnessError(
+                f"tuned build of {model.name} disagrees with the untuned build (max abs diff {report.max_abs_diff:.3g}); "
+                "a stored schedule is wrong for this model — report it"
+            )
+    return Checked(dev, inputs_np, inputs, vms, first_call_s)
+
+
+def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, repeat: int = 5,
+                compare_torch: bool = True) -> None:
+    """Time the tuned and the untuned build (:func:`_time_vm`) and, with ``compare_torch``, what
+    the user would run instead (:func:`tunefleet.delivery.alternatives.measure`) on the same
+    threads; the figures (ms) and notes go to ``resolved.report``.
+
+    Parameters
+    ----------
+    store : tunefleet.store.ArtifactStore
+        The artifact store (the model's ONNX bytes, for a model ingested as ONNX).
+    resolved : Resolved
+        What :func:`resolve` found; its ``report`` is filled in.
+    checked : Checked
+        The builds :func:`check` ran.
+    repeat : int
+        Calls per timing repeat (:func:`_time_vm`).
+    compare_torch : bool
+        Also time PyTorch eager and onnxruntime.
+    """
+    report, vms = resolved.report, checked.vms
+    report.tuned_ms = _time_vm(vms["tuned"], checked.dev, checked.inputs, repeat) * 1e3
+    report.untuned_ms = _time_vm(vms["untuned"], checked.dev, checked.inputs, repeat,
+                                 one_call_s=checked.first_call_s["untuned"]) * 1e3
+    if compare_torch:
+        from tunefleet.delivery import alternatives
+
+        model = resolved.model
+        _stage(f"timing what the user would run instead of {model.name}", "timing PyTorch eager and onnxruntime")
+        onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
+        latencies, notes = alternatives.measure(checked.inputs_np, report.threads,
+                                                torch_module=resolved.loaded.torch_module, onnx_bytes=onnx_bytes)
+        report.torch_ms, report.onnxruntime_ms = latencies.get("torch"), latencies.get("onnxruntime")
+        report.notes += notes
+
+
 def build_model(
     db: Database,
     store: ArtifactStore,
@@ -116,117 +422,49 @@ def build_model(
     (:func:`tunefleet.delivery.zeroshot.predict_workloads`, which stores ``top_k`` and measures the top
     ``verify`` of each on this node). With ``transfer``, the remaining ones get the best schedule
     of the most compatible class that builds for this one (:mod:`tunefleet.planning.transfer`).
+
+    The steps: :func:`resolve`, :func:`compile_tuned`, :func:`check`, :func:`time_builds`; a
+    target this host cannot run is built (and exported) only.
+
+    Parameters
+    ----------
+    db : tunefleet.db.Database
+        The database.
+    store : tunefleet.store.ArtifactStore
+        The artifact store.
+    model : tunefleet.db.tables.Model
+        The stored model.
+    hardware : str
+        The hardware class to build for.
+    output : str or pathlib.Path, optional
+        Where to export the tuned library.
+    repeat : int
+        Calls per timing repeat.
+    compare_torch : bool
+        Also time PyTorch eager and onnxruntime.
+    zero_shot, top_k, verify, tuner :
+        Zero-shot predictions (see :func:`resolve`).
+    transfer : bool
+        Borrow schedules from compatible classes (see :func:`compile_tuned`).
+
+    Returns
+    -------
+    BuildReport
+
+    Raises
+    ------
+    tunefleet.errors.CorrectnessError
+        The tuned build's outputs disagree with the untuned build's.
     """
-    import numpy as np
-    import tvm
-    from tvm import relax
-
-    from tunefleet.models.ingest import load_model
-    from tunefleet.models.workloads import class_recipe
-    from tunefleet.tvm.bridge import FleetDatabase
-    from tunefleet.tvm.compile import build_with_database
-    from tunefleet.tvm.extract import extract_workloads, prepare_for_build
-    from tunefleet.tvm.targets import make_target
-
-    hw = db.hardware_class(hardware)
-    target = make_target(hw.target)
-    recipe = class_recipe(hw)
-    _stage(f"building {model.name} for {hardware} with the best schedules", "building the tuned model")
-    if zero_shot:
-        from tunefleet.delivery.zeroshot import predict_workloads, require_model
-
-        cost_model = require_model(db, store, hardware)  # before any work: one line if there is none
-    loaded = load_model(db, store, model)
-    found = extract_workloads(loaded.mod, target, params=loaded.params, recipe=recipe)
-    zs = None
-    if zero_shot:
-        weights: dict[int, int] = {}
-        for w in found:  # a model never extracted for this class gets its workloads stored first
-            row, _ = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
-                                     flops=float(w.flops), tir_json=w.tir_json)
-            weights[row.id] = weights.get(row.id, 0) + int(w.weight)
-        db.set_model_workloads(model.id, hw.id, recipe.name, weights)
-        zs = predict_workloads(db, store, hardware, list(weights), top_k=top_k, verify=verify, tuner=tuner,
-                               model=cost_model)
-    measured_names: list[str] = []
-    for w in found:
-        try:
-            if db.best_measurements(db.workload(w.structural_hash).id, hw.id, 1):
-                measured_names.append(w.name)
-        except NotFoundError:
-            pass
-    tuned = len(measured_names)
-    predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
-    report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
-                         threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))),
-                         predicted_workloads=predicted, recipe=recipe.name)
-    if zs is not None:
-        report.zero_shot_s_per_task = zs.seconds_per_task
-        report.verified = sum(w.verified for w in zs.workloads)
-    t0 = time.perf_counter()
-    fleet_db = FleetDatabase(db, hardware, with_predictions=zero_shot,
-                             transfer=transfer_lookup(db, hardware) if transfer else None)
-    built = build_with_database(loaded.mod, target, fleet_db, params=loaded.params, recipe=recipe)
-    tuned_exec = built.executable
-    report.database_hits, report.prepacked_weights = len(built.hits), built.prepacked
-    if built.preproc_left:
-        report.notes.append(f"{built.preproc_left} weight repacking(s) left in main: they run on every call")
-    report.transferred_workloads = sum(v is not None for v in fleet_db.transferred.values())
-    report.default_workloads -= report.transferred_workloads
-    for wl_id, found_t in fleet_db.transferred.items():
-        if found_t is not None:
-            log.info("workload %d on %s: schedule transferred from %s", wl_id, hardware, found_t.source_hardware)
-    expected = tuned + predicted + report.transferred_workloads
-    if report.database_hits < expected:
-        # A measured workload the build did not find is a key mismatch, not a tuning result: say it.
-        report.notes.append(f"{expected - report.database_hits} workload(s) with schedules in the database were "
-                            "built with the default schedule (no record matched at build time)")
-        log.warning("build of %s for %s: %d database hits for %d workloads with schedules", model.name, hardware,
-                    report.database_hits, expected)
-    log.info("tuned build of %s for %s in %.1fs (%d database hits)", model.name, hardware,
-             time.perf_counter() - t0, report.database_hits)
-    if output is not None:
-        out = Path(output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tuned_exec.export_library(str(out))
-        report.output = str(out)
-    if not _host_can_run(target):
-        report.notes.append(f"not run: target {target.kind.name} {hw.target} cannot run on this host")
+    resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner)
+    tuned_exec = compile_tuned(db, resolved, output=output, transfer=transfer)
+    report = resolved.report
+    if not _host_can_run(resolved.target):
+        report.notes.append(f"not run: target {resolved.target.kind.name} {resolved.hardware.target} "
+                            "cannot run on this host")
         return report
-    # The untuned reference is the model as given (not converted): layout conversion and
-    # prepacking are checked against the unconverted model's outputs.
-    _stage(f"checking {model.name}'s tuned build against the untuned one and timing both",
-           "checking and timing the tuned model")
-    untuned_exec = tvm.compile(prepare_for_build(loaded.mod, target, loaded.params), target=target)
-    dev = tvm.cpu()
-    inputs_np = loaded.random_inputs(seed=0)
-    inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
-    vms = {"tuned": relax.VirtualMachine(tuned_exec, dev), "untuned": relax.VirtualMachine(untuned_exec, dev)}
-    outs, first_call_s = {}, {}
-    for k, vm in vms.items():
-        t0 = time.perf_counter()
-        outs[k] = _to_numpy(vm["main"](*inputs))
-        first_call_s[k] = time.perf_counter() - t0
-    diffs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(outs["tuned"], outs["untuned"], strict=True)]
-    report.max_abs_diff = max(diffs) if diffs else 0.0
-    for a, b in zip(outs["tuned"], outs["untuned"], strict=True):
-        scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
-        if not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
-            raise CorrectnessError(
-                f"tuned build of {model.name} disagrees with the untuned build (max abs diff {report.max_abs_diff:.3g}); "
-                "a stored schedule is wrong for this model — report it"
-            )
-    report.tuned_ms = _time_vm(vms["tuned"], dev, inputs, repeat) * 1e3
-    report.untuned_ms = _time_vm(vms["untuned"], dev, inputs, repeat, one_call_s=first_call_s["untuned"]) * 1e3
-    if compare_torch:
-        from tunefleet.delivery import alternatives
-
-        _stage(f"timing what the user would run instead of {model.name}", "timing PyTorch eager and onnxruntime")
-        onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
-        latencies, notes = alternatives.measure(inputs_np, report.threads, torch_module=loaded.torch_module,
-                                                onnx_bytes=onnx_bytes)
-        report.torch_ms, report.onnxruntime_ms = latencies.get("torch"), latencies.get("onnxruntime")
-        report.notes += notes
+    checked = check(resolved, tuned_exec)
+    time_builds(store, resolved, checked, repeat=repeat, compare_torch=compare_torch)
     return report
 
 

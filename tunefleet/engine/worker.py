@@ -1,11 +1,13 @@
 """Workers: lease shard after shard of one hardware class and tune each, in one process or many.
 
 A :class:`Tuner` keeps a class's builder, runner, online cost model and trained cost model alive
-from shard to shard (each takes seconds to start); :func:`drain` leases and tunes until no shard
-is left — or, with a model-level budget (:class:`~tunefleet.planning.rounds.Rounds`), asks for the
-next round's shards and goes on with the same tuner until the budget is spent; :func:`tune_with_workers`
-runs ``drain`` in N local processes that share only the database. The knobs of every shard come
-from one :class:`~tunefleet.engine.options.TuneOptions`.
+from shard to shard (each takes seconds to start); :func:`drain` runs a
+:class:`~tunefleet.engine.loop.TuneLoop` with it in this process — leasing and tuning until no
+shard is left, or, with a model-level budget (:class:`~tunefleet.planning.rounds.Rounds`), planning
+the next round and going on with the same tuner until the budget is spent — and keeps a worker
+going through faults that are not a shard's; :func:`tune_with_workers` runs ``drain`` in N local
+processes that share only the database. The knobs of every shard come from one
+:class:`~tunefleet.engine.options.TuneOptions`.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tunefleet.engine.loop import Refill, Stop, TuneLoop, TuneSummary, Wait
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
 from tunefleet.errors import TransientError, TunefleetError, WorkerStartError
 from tunefleet.planning import shard_queue
-from tunefleet.planning.rounds import Deadline, Rounds
+from tunefleet.planning.rounds import Deadline, Rounds, RoundsState
 from tunefleet.planning.shard_queue import Backoff, LeaseLostError
 from tunefleet.vocab import TRANSIENT_RETRIES
 
@@ -41,10 +43,6 @@ log = logging.getLogger(__name__)
 START_FAILURES = 3
 """Failed starts of the builder or runner in a row before a worker gives up: one failed fork is
 a passing shortage (memory, process table), three in a row a node that cannot tune."""
-
-
-IDLE_POLL_S = 2.0
-"""How often a worker that found only pending shards it cannot lease yet looks again."""
 
 
 def _wait(seconds: float) -> None:
@@ -71,63 +69,9 @@ def worker_owner(pid: int | None = None) -> str:
     ``hostname:pid`` alone collides between containers that share a hostname (two in a pod,
     ``hostNetwork``, a restarted container whose process is pid 1 again); the token, random per
     start of the outermost process, tells them apart, while its children share it so that
-    Ctrl-C can give their leases back by owner (:func:`tunefleet.cli.main.stop_on_ctrl_c`).
+    Ctrl-C can give their leases back by owner (:func:`tunefleet.cli.interrupt.stop_on_ctrl_c`).
     """
     return f"{socket.gethostname()}:{pid if pid is not None else os.getpid()}:{owner_token()}"
-
-
-@dataclass
-class TuneSummary:
-    hardware: str
-    shards_done: int = 0
-    shards_failed: int = 0
-    measured: int = 0
-    errors: int = 0
-    skipped_known: int = 0
-    seconds: float = 0.0
-    filtered: int = 0
-    preempted: int = 0
-    filter_stopped: int = 0
-    """Shards in which filtering stopped because the cost model did not rank their measurements."""
-    warm_start_dropped: int = 0
-    """Shards whose search the class's trained model stopped guiding because it misranked their
-    measurements."""
-    stopped: str | None = None
-    """Why draining stopped before the queue was empty (a deadline, a spent budget), or None."""
-    budget: dict[str, Any] | None = None
-    """With a model-level budget: :meth:`~tunefleet.planning.rounds.Rounds.summary`."""
-    shard_seconds: float = 0.0
-    """Wall time inside shards; of it, proposing candidates, building and measuring them
-    (:class:`tunefleet.tvm.commit.ShardProgress`); the rest is each shard's start (tuning
-    context, design space), its commits and its end."""
-    search_s: float = 0.0
-    build_s: float = 0.0
-    run_s: float = 0.0
-
-    def add(self, result: ShardResult) -> None:
-        self.shard_seconds += result.seconds
-        self.search_s += result.search_s
-        self.build_s += result.build_s
-        self.run_s += result.run_s
-        self.shards_done += result.state == shard_queue.DONE
-        self.shards_failed += result.state != shard_queue.DONE
-        self.measured += result.measured
-        self.errors += result.errors
-        self.skipped_known += result.skipped_known
-        self.filtered += result.filtered
-        self.preempted += result.preempted is not None
-        self.filter_stopped += result.filter_stopped is not None
-        self.warm_start_dropped += result.warm_start_dropped is not None
-
-
-    def per_candidate(self) -> dict[str, float] | None:
-        """Seconds per measured candidate: search, build, run and the rest of the shards' time."""
-        if not self.measured:
-            return None
-        other = max(0.0, self.shard_seconds - self.search_s - self.build_s - self.run_s)
-        return {k: round(v / self.measured, 3) for k, v in (
-            ("total", self.shard_seconds), ("search", self.search_s), ("build", self.build_s), ("run", self.run_s),
-            ("other", other))}
 
 
 class Tuner:
@@ -158,8 +102,8 @@ class Tuner:
         self._deadline: Deadline | None = None
 
     def deadline(self, at: float) -> Deadline:
-        """A :class:`Deadline` at ``at`` that keeps this tuner's batch-time estimate from shard to
-        shard (for callers that lease one shard at a time, like the Prefect ``tune_shard`` task)."""
+        """A :class:`Deadline` at ``at``, one per tuner, moved to ``at`` (for callers that lease one
+        shard at a time, like the Prefect ``tune_shard`` task, and pass the deadline as a time)."""
         if self._deadline is None:
             self._deadline = Deadline(at)
         self._deadline.at = at
@@ -288,6 +232,7 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
           backoff: Backoff | None = None) -> TuneSummary:
     """Lease and tune pending shards of one hardware class in this process until none are left.
 
+    The steps are a :class:`~tunefleet.engine.loop.TuneLoop`'s; ``drain`` carries them out here.
     With ``store``, shards warm-start from the class's current cost model (see :class:`Tuner`);
     ``tuner`` (e.g. one with a given builder) is used and left open, else one is made and closed.
 
@@ -297,6 +242,8 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     cut is cancelled. ``deadline`` (or the refill's) stops leasing at that time, and a shard stops
     before a batch that would end after it (done-short, not failed) — so near the deadline the
     shards of a round planned for more time end at once, and the refill plans what still fits.
+    Pending shards it cannot lease yet (their workload searched by another worker, or backing off
+    after a lost lease) are waited for, not left behind.
 
     A worker keeps going through faults that are not a shard's: a transient error (a lost database
     connection) is logged in one line and waited out with ``backoff``, then the worker leases
@@ -304,26 +251,25 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     :data:`~tunefleet.vocab.TRANSIENT_RETRIES` in a row, then the error is raised); a lost lease
     (the shard cancelled, or expired and taken) moves on to the next shard; a builder or runner
     that cannot start is started again, and after :data:`START_FAILURES` failures in a row
-    :class:`WorkerStartError` says why. Pending shards it cannot lease yet (their workload searched
-    by another worker, or backing off after a lost lease) are waited for, not left behind.
+    :class:`WorkerStartError` says why.
     """
     owner = worker_owner()
-    started = time.monotonic()
     own = tuner is None
     tuner = tuner or Tuner(db, hardware, options, store=store)
-    summary = TuneSummary(tuner.hardware)
-    deadline = deadline or (refill.deadline if refill is not None else None)
+    loop = TuneLoop(tuner.hardware, max_shards=max_shards, rounds=refill, deadline=deadline)
     backoff = backoff or Backoff()
     transient = start_failures = 0
-    waiting = False
     try:
-        while max_shards is None or summary.shards_done + summary.shards_failed < max_shards:
-            if deadline is not None and (why := deadline.reason()):
-                summary.stopped = why
-                break
+        while not isinstance(step := loop.next_step(db), Stop):
+            if isinstance(step, Refill):
+                loop.refilled(step.rounds.refill(db))
+                continue
+            if isinstance(step, Wait):
+                _wait(step.seconds)
+                continue
             try:
-                result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=deadline,
-                                         reprioritise=refill is None)
+                result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=step.deadline,
+                                         reprioritise=not step.allocated)
             except WorkerStartError as exc:
                 start_failures += 1
                 if start_failures >= START_FAILURES:
@@ -346,35 +292,15 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
                 _wait(delay)
                 continue
             transient = start_failures = 0
-            if result is None:
-                if refill is not None and refill.refill(db):
-                    continue
-                if not db.pending_shards(db.hardware_class(tuner.hardware).id):
-                    break
-                # Pending shards none of which can be leased now: their workload is searched by
-                # another worker, or they back off after a lost lease. Wait for them.
-                if not waiting:
-                    log.info("waiting for pending shards of %s (workloads searched by another worker, or backing "
-                             "off after a lost lease)", tuner.hardware)
-                waiting = True
-                _wait(IDLE_POLL_S)
-                continue
-            waiting = False
-            summary.add(result)
+            loop.leased(result)
     finally:
         if own:
             tuner.close()
-    summary.seconds = time.monotonic() - started
-    if refill is not None:
-        summary.stopped = summary.stopped or refill.stopped
-        refill.stopped = refill.stopped or summary.stopped
-        refill.close(db)
-        summary.budget = refill.summary(db)
-    return summary
+    return loop.finish(db)
 
 
 def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dict[str, Any],
-                 max_shards: int | None, rounds: dict[str, Any] | None = None,
+                 max_shards: int | None, rounds: RoundsState | None = None,
                  deadline_at: float | None = None) -> None:
     from tunefleet.config import Settings
     from tunefleet.db import Database
@@ -386,7 +312,7 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dic
     try:
         db = Database.from_settings(settings)
         drain(db, hardware, TuneOptions(**options_data), max_shards=max_shards, store=open_store(settings),
-              refill=Rounds.from_spec(rounds) if rounds is not None else None,
+              refill=Rounds.resume(rounds) if rounds is not None else None,
               deadline=Deadline(deadline_at) if deadline_at is not None else None)
     except TunefleetError as exc:  # one line, as the CLI prints it, and a non-zero exit code
         log.error("%s", str(exc).splitlines()[0])
@@ -403,7 +329,8 @@ def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *
     planned here, before the workers start (they would all find the queue empty at once), and each
     worker plans the next round when it finds the queue empty (the trials are counted in the
     database, so the budget holds over all of them, and planners take turns:
-    :func:`tunefleet.planning.rounds.plan_round`); ``deadline`` stops every worker.
+    :func:`tunefleet.planning.rounds.plan_round`); ``deadline`` stops every worker. Afterwards
+    ``refill.why_over(db)`` says why the rounds ended (the workers knew; this process did not refill).
     """
     if workers < 1:
         raise TunefleetError("workers must be >= 1")
@@ -417,7 +344,7 @@ def tune_with_workers(settings: Settings, hardware: str, options: TuneOptions, *
             db.close()
     ctx = multiprocessing.get_context("spawn")
     args = (settings.model_dump(), hardware, options.model_dump(), max_shards,
-            refill.spec() if refill is not None else None, deadline.at if deadline is not None else None)
+            refill.state if refill is not None else None, deadline.at if deadline is not None else None)
     procs = [ctx.Process(target=_worker_main, args=args, name=f"tunefleet-worker-{i}") for i in range(workers)]
     for p in procs:
         p.start()

@@ -293,11 +293,11 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     outputs and times both builds and PyTorch eager (16 runs each; the untuned build only for
     about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at least one run). Measured where the
     database knows it — the model's untuned (Σ weight × default run time) and tuned (Σ weight ×
-    best) latencies, the mean build time of one candidate (``compile_s``; the model's two compiles
-    took about that per workload for resnet18 here) — and estimated where not (a workload whose
-    default is not measured yet counts like the measured ones on average; 0.5 s per compile).
-    With a fifth more and 5 s for the noise of a shared machine: resnet18 on the 2-core VM, 24
-    workloads, 66 s for a build that took 42 s (docs/performance.md).
+    best) latencies, the mean build time of one candidate (``compile_s``: a workload's compile in
+    the model's build takes about as long) — and estimated where not (a workload whose default is
+    not measured yet counts like the measured ones on average; 0.5 s per compile). A fifth more and
+    5 s on top keep a build that a shared machine slows within its reserve (the figures this was
+    sized on: docs/performance.md, "Figures that used to live in docstrings").
     """
     n = len(workloads)
     if n == 0:
@@ -306,7 +306,7 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     bests = [w.weight * w.best_s for w in workloads if w.best_s is not None]  # type: ignore[operator]
     untuned = sum(defaults) * n / len(defaults) if defaults else 0.0
     tuned = sum(bests) * n / len(bests) if bests else untuned
-    load = 5.0 + 0.25 * n  # import + extraction: resnet18's 24 workloads took ~10 s here
+    load = 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
     compile_ = n * (compile_s if compile_s is not None else 0.5)
     # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
     # more call, at most time_evaluator's 16); the tuned build and eager, 16 each.

@@ -1,12 +1,13 @@
 """A model-level budget spent in rounds: planning each round, and the deadline.
 
-:class:`Rounds` is what :func:`tunefleet.engine.worker.drain` asks for the next round's shards
-when no shard is pending (:meth:`Rounds.refill`): the worker goes on with the same builder,
-runner and online cost model, so re-planning costs a database round trip, not a tuner start.
-The rounds end when the trial budget is spent, at the deadline, or when no workload can use more
-trials (:func:`tunefleet.planning.allocation.allocate`). Every worker process may refill; the trial count
-is read from the database each time, so it holds across workers (see :func:`plan_round`
-for the one race left).
+:class:`Rounds` is what a worker's loop (:class:`tunefleet.engine.loop.TuneLoop`) asks for the next
+round's shards when no shard is pending (:meth:`Rounds.refill`): the worker goes on with the same
+builder, runner and online cost model, so re-planning costs a database round trip, not a tuner
+start. The rounds end when the trial budget is spent, at the deadline, or when no workload can use
+more trials (:func:`tunefleet.planning.allocation.allocate`). Every worker process may refill; the
+trial count is read from the database each time, so it holds across workers (see
+:func:`plan_round` for the one race left). Where the rounds stand crosses processes and Prefect
+tasks as a :class:`RoundsState` (:attr:`Rounds.state`, :meth:`Rounds.resume`).
 
 :class:`Deadline` is when tuning must stop — a duration budget's end, less the time the build
 after it needs — and how long a search batch takes here
@@ -19,7 +20,8 @@ A model-level budget (``tunefleet run --budget``) is spent in rounds planned by
 the allocator's (per joule when energy-aware). Which rule is used when: shards of a budget's round
 are leased in the allocator's order (:func:`tunefleet.energy.priorities.reprioritise` is for flat plans, ``--trials``), and the
 trials a preempted shard of a round did not use go back to the budget for the next round instead of
-to :func:`tunefleet.energy.priorities.reallocate`'s recipients.
+to :func:`tunefleet.energy.priorities.reallocate`'s recipients. Which rounds and deadline a request
+gets (and its parameter errors) is :class:`tunefleet.planning.spend.Spend`'s.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet.budget import Budget, format_duration
 from tunefleet.db.tables import utcnow
-from tunefleet.errors import ParameterError
 from tunefleet.planning.allocation import DEFAULT_MIN_TRIALS, RoundPlan, WorkloadHistory, allocate, build_reserve_s
 
 if TYPE_CHECKING:
@@ -66,15 +67,40 @@ class Deadline:
         return f"{DEADLINE}: reached"
 
 
+@dataclass(frozen=True)
+class RoundsState:
+    """Where a budget's rounds stand, as plain typed data: what crosses a process (``tune
+    --workers``) or a Prefect task (``plan_round``, ``end_rounds``) boundary.
+
+    :attr:`Rounds.state` makes one and :meth:`Rounds.resume` rebuilds the rounds from it; the
+    fields are :class:`Rounds`'s (``deadline_at``: its deadline's, None without one).
+    """
+
+    hardware: str
+    model_ids: tuple[int, ...]
+    budget: Budget
+    started_at: float
+    reserve_builds: int = 0
+    min_trials: int = DEFAULT_MIN_TRIALS
+    batch: int = 64
+    energy_aware: bool = False
+    rounds: int = 0
+    stopped: str | None = None
+    reserve_s: float = 0.0
+    spent: int | None = None
+    deadline_at: float | None = None
+
+
 @dataclass
 class Rounds:
-    """A model-level budget spent in rounds by a worker (:func:`~tunefleet.engine.worker.drain`'s
-    refill): which models on which class, the budget, when it started, and the allocator's knobs.
+    """A model-level budget spent in rounds by a worker: which models on which class, the budget,
+    when it started, and the allocator's knobs.
 
     ``started_at`` (seconds since the epoch) starts the budget's clock: a duration budget's
     tuning ends ``seconds`` later, less the time ``reserve_builds`` builds of the model after it
     need (:func:`tunefleet.planning.allocation.build_reserve_s`, refreshed every round; 0 for a ``tune``
-    that builds nothing). Trials are counted from ``started_at`` on.
+    that builds nothing). Trials are counted from ``started_at`` on. Build them from a request
+    with :meth:`tunefleet.planning.spend.Spend.tuning`.
     """
 
     hardware: str
@@ -136,6 +162,16 @@ class Rounds:
             self.reserve_s = build_s * self.reserve_builds
             self.deadline.at = self.started_at + self.budget.seconds - self.reserve_s
 
+    def why_over(self, db: Database) -> str | None:
+        """Why the rounds are over (None if another round could be planned), planning nothing: for
+        a process that did not refill itself (the parent of ``tune --workers`` processes)."""
+        if self.stopped is not None:
+            return self.stopped
+        if self.deadline is not None and (why := self.deadline.reason()):
+            return why
+        return plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
+                          batch=self.batch, energy_aware=self.energy_aware, dry=True).plan.stop
+
     def close(self, db: Database) -> list[int]:
         """The rounds are over: cancel the pending shards of a round the deadline cut (the trials
         a trial budget planned are always tuned); their ids."""
@@ -148,29 +184,43 @@ class Rounds:
         the rounds and why they stopped."""
         hw = db.hardware_class(self.hardware)
         view = db.budget_view(hw.id, self.model_ids, self.since)
-        return {"budget": str(self.budget), "kind": "duration" if self.budget.is_duration else "trials",
+        return {"budget": str(self.budget), "kind": self.budget.kind,
                 "trials": sum(r.committed_since for r in view.rows), "seconds": round(self.clock() - self.started_at, 1),
                 "rounds": max(self.rounds, view.rounds), "stopped": self.stopped,
                 "build_reserve_s": round(self.reserve_s, 1) if self.reserve_builds else None,
                 "min_trials": self.min_trials, "batch": self.batch}
 
-    # -- across processes --------------------------------------------------------------------
-    def spec(self) -> dict[str, Any]:
-        """Plain data to rebuild these rounds in another process (:meth:`from_spec`)."""
-        return {"hardware": self.hardware, "model_ids": list(self.model_ids), "budget": str(self.budget),
-                "started_at": self.started_at, "reserve_builds": self.reserve_builds, "min_trials": self.min_trials,
-                "batch": self.batch, "energy_aware": self.energy_aware, "rounds": self.rounds, "stopped": self.stopped,
-                "reserve_s": self.reserve_s, "spent": self.spent,
-                "deadline_at": self.deadline.at if self.deadline is not None else None}
+    def end(self, db: Database) -> dict[str, Any]:
+        """:meth:`close`, then :meth:`summary` (what a loop's end reports)."""
+        self.close(db)
+        return self.summary(db)
+
+    # -- across processes and tasks ------------------------------------------------------------
+    @property
+    def state(self) -> RoundsState:
+        """Where these rounds stand, to rebuild them elsewhere (:meth:`resume`)."""
+        return RoundsState(self.hardware, tuple(self.model_ids), self.budget, self.started_at,
+                           reserve_builds=self.reserve_builds, min_trials=self.min_trials, batch=self.batch,
+                           energy_aware=self.energy_aware, rounds=self.rounds, stopped=self.stopped,
+                           reserve_s=self.reserve_s, spent=self.spent,
+                           deadline_at=self.deadline.at if self.deadline is not None else None)
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> Rounds:
-        data = dict(spec)
-        deadline_at = data.pop("deadline_at", None)
-        rounds = cls(**{**data, "budget": Budget.parse(data["budget"])})
-        if deadline_at is not None and rounds.deadline is not None:
-            rounds.deadline.at = deadline_at
+    def resume(cls, state: RoundsState, *, clock: Callable[[], float] = time.time) -> Rounds:
+        """The rounds a :class:`RoundsState` describes, in this process."""
+        rounds = cls(state.hardware, list(state.model_ids), state.budget, started_at=state.started_at,
+                     reserve_builds=state.reserve_builds, min_trials=state.min_trials, batch=state.batch,
+                     energy_aware=state.energy_aware, clock=clock)
+        rounds.update(state)
         return rounds
+
+    def update(self, state: RoundsState) -> None:
+        """Take over what was planned elsewhere (the ``plan_round`` task): the round, the spent
+        trials, why the rounds stopped and the deadline (moved by the build's reserve), in place —
+        whoever holds :attr:`deadline` sees it move."""
+        self.rounds, self.stopped, self.reserve_s, self.spent = state.rounds, state.stopped, state.reserve_s, state.spent
+        if state.deadline_at is not None and self.deadline is not None:
+            self.deadline.at = state.deadline_at
 
     def describe(self) -> str:
         left = f", {format_duration(max(0.0, self.deadline.left_s()))} left" if self.deadline is not None else ""
@@ -263,19 +313,19 @@ def _trials_that_fit(first: dt.datetime | None, spent: int, time_left_s: float |
     return max(0, int(time_left_s * spent / elapsed))
 
 
-def plan_once(db: Database, hardware: str, budget: str | int | Budget, model_ids: Sequence[int] | None = None, *,
+def plan_once(db: Database, hardware: str, budget: Budget, model_ids: Sequence[int] | None = None, *,
               shard_trials: int = 64, batch: int = 64, min_trials: int = DEFAULT_MIN_TRIALS,
               energy_aware: bool = False, max_leases: int = 3) -> RoundResult:
     """Split a trial budget over the workloads of ``model_ids`` (default: every model) at once,
     before anything is tuned (``tunefleet plan --budget``): every workload its minimum, the rest by
     the allocator's score, estimated from FLOPs for workloads never measured. Trials already
-    planned and not tuned count against it, so planning twice in a row plans nothing new."""
-    parsed = Budget.parse(budget, name="budget")
-    if parsed.trials is None:
-        raise ParameterError(f"invalid budget: {str(parsed)!r} is a duration; a plan takes a number of trials "
-                             "(e.g. 2000) — a duration is spent by `tunefleet run --budget` or `tunefleet tune --budget`")
+    planned and not tuned count against it, so planning twice in a row plans nothing new.
+
+    ``budget`` is a number of trials: :meth:`tunefleet.planning.spend.Spend.request` refuses a
+    duration for a plan, with the error its caller's user reads.
+    """
     ids = list(model_ids) if model_ids else [m.id for m in db.models()]
-    return plan_round(db, hardware, ids, parsed, utcnow(), min_trials=min_trials, batch=batch,
+    return plan_round(db, hardware, ids, budget, utcnow(), min_trials=min_trials, batch=batch,
                       energy_aware=energy_aware, rounds=False, shard_trials=shard_trials, max_leases=max_leases)
 
 

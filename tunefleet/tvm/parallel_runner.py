@@ -26,14 +26,15 @@ Design
   worker ``i`` pins itself to slice ``i`` with ``os.sched_setaffinity`` and runs
   ``len(slice)`` TVM threads (``TVM_NUM_THREADS``, read when TVM's thread pool starts, which is
   after the pinning). In a slice worker ``TVM_BIND_THREADS=0`` as well: TVM otherwise binds its
-  threads to cores counted from core 0 of the *machine*, which moved a worker pinned to core 1
-  onto core 0 when this was checked (TVM 0.27, 2-core VM). The serial slot has all the cores
-  and, for ``TVM_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``TVM_BIND_THREADS``, exactly the values
-  this process has when the worker starts (unset stays unset), i.e. what LocalRunner's worker and
-  a model run in this process get. It does *not* force one thread per core: TVM's default thread
-  count on x86 is half the hardware threads (1 on the 2-core VM), and forcing 2 there made the
-  serial figures 2-thread figures while LocalRunner and the final model run with 1 thread.
-  ``max_degree`` is capped at the number of usable cores.
+  threads to cores counted from core 0 of the *machine*, not of the worker's slice, which can
+  pull a pinned worker onto another worker's cores. The serial slot has all the cores and, for
+  ``TVM_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``TVM_BIND_THREADS``, exactly the values this
+  process has when the worker starts (unset stays unset), i.e. what LocalRunner's worker and a
+  model run in this process get. It does *not* force one thread per core: TVM's default thread
+  count on x86 is half the hardware threads, and serial figures taken with more threads than
+  LocalRunner and the final model use would pick schedules for a thread count nothing runs with
+  (what was seen on one machine: docs/performance.md, "Figures that used to live in
+  docstrings"). ``max_degree`` is capped at the number of usable cores.
 * GPU targets (any other device type): ``d`` unpinned worker processes share GPU 0.
   **Unverified**: no GPU was available when this was written; the path is kept minimal (the
   same control loop, no pinning, no MPS/stream isolation).
@@ -70,17 +71,17 @@ LocalRunner does it); a worker that died or timed out is killed and replaced. :m
 hangs and never raises for a bad candidate (only :class:`RunnerStartupError` when a worker cannot
 start at all).
 
-Honest limits (2-core development VM)
--------------------------------------
+Limits
+------
 * With 2 cores the only parallel degree is 2, one core and one thread per worker, while the
-  serial figure uses TVM's default thread count (1 on the 2-core x86 VM, but ``n`` wherever
-  that default gives ``n > 1`` threads). Where the serial figure is multi-threaded, the
-  parallel/serial ratio is ~``n`` for a schedule that parallelises well and ~1 for a
-  single-threaded one, so on a batch that mixes both the ratio is *not* consistent and the loop
-  (correctly) backs off to serial. The scaled parallel figure of a candidate that was not
-  re-measured can be off by up to that factor; that is why the suspects are always re-measured
-  serially. Parallel measurement pays on many-core nodes (each
-  slice still several cores, with its own cache) and on GPUs, neither of which was tested here.
+  serial figure uses TVM's default thread count (``n`` threads wherever that default gives
+  ``n > 1``). Where the serial figure is multi-threaded, the parallel/serial ratio is ~``n`` for
+  a schedule that parallelises well and ~1 for a single-threaded one, so on a batch that mixes
+  both the ratio is *not* consistent and the loop (correctly) backs off to serial. The scaled
+  parallel figure of a candidate that was not re-measured can be off by up to that factor; that
+  is why the suspects are always re-measured serially. Parallel measurement pays on many-core
+  nodes (each slice still several cores, with its own cache) and on GPUs, neither of which has
+  been measured yet.
 * Every batch at degree > 1 re-measures ``top_k + calibration`` candidates serially (default 4),
   so the wall-time gain is at most ``n / (n/d + top_k + calibration)`` for a batch of ``n`` with
   uniform candidates; batches of ``top_k + calibration`` or fewer are measured serially only.

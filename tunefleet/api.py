@@ -1,0 +1,243 @@
+"""tunefleet's Python API: the few calls the CLI, a notebook and a script share.
+
+Examples
+--------
+Tune a zoo model on this machine's CPU class and build it with what was measured (shards are
+planned in between, e.g. with ``tunefleet plan --hardware x86 --trials 64``):
+
+>>> from tunefleet import api
+>>> ctx = api.connect()  # settings from TUNEFLEET_* and the config file
+>>> model = api.ingest(ctx, "mlp").model
+>>> api.extract(ctx, model, "x86")
+>>> api.tune(ctx, "x86")
+>>> report = api.build(ctx, model, "x86", output="mlp-x86.so")
+
+Each call is a thin layer over the core (:mod:`tunefleet.models`, :mod:`tunefleet.engine`,
+:mod:`tunefleet.delivery`) on one :class:`~tunefleet.context.Context`. Importing this module is
+cheap: TVM, torch, onnx and the database load inside the calls that need them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tunefleet.context import Context
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+    from tunefleet.db.tables import Model
+    from tunefleet.delivery.best import BestSchedule
+    from tunefleet.delivery.build import BuildReport
+    from tunefleet.engine.loop import TuneSummary
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.models.ingest import IngestResult
+    from tunefleet.models.workloads import ExtractResult
+    from tunefleet.planning.rounds import Deadline, Rounds
+
+__all__ = ["Context", "best", "build", "connect", "extract", "ingest", "tune", "tune_with_workers"]
+
+
+def connect(settings: Settings | None = None) -> Context:
+    """Open a context: the database (hardware classes seeded) and the artifact store, on first use.
+
+    Parameters
+    ----------
+    settings : Settings, optional
+        The configuration; default: loaded from ``TUNEFLEET_*`` and the config file
+        (:func:`tunefleet.config.load_settings`).
+
+    Returns
+    -------
+    Context
+        Lazily opened; :meth:`Context.close` closes its connections and tuners.
+    """
+    if settings is None:
+        from tunefleet.config import load_settings
+
+        settings = load_settings()
+    return Context(settings)
+
+
+def _model(db: Database, model: Model | int | str) -> Model:
+    """A stored model from a model, an id, a name or a sha256 prefix."""
+    return db.model(model) if isinstance(model, (int, str)) else model
+
+
+def ingest(ctx: Context, source: str, *, name: str | None = None, batch_size: int = 1,
+           image_size: int | None = None, seq_len: int | None = None) -> IngestResult:
+    """Store a model once; ingesting the same bytes again returns the stored one.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`.
+    source : str
+        A zoo name (``resnet18``, ``mlp``, ...), a path to an ONNX or ``.pt2`` file, or an
+        ``s3://`` URI in the configured artifact store.
+    name : str, optional
+        The name to store it under; default the zoo name or the file's stem.
+    batch_size, image_size, seq_len : int, optional
+        Zoo models only: the input shapes.
+
+    Returns
+    -------
+    IngestResult
+        ``model`` (the stored row), ``created`` (False when it was stored already) and ``loaded``.
+    """
+    from tunefleet.models.ingest import ingest as ingest_model
+
+    return ingest_model(ctx.db, ctx.store, source, name=name, batch_size=batch_size, image_size=image_size,
+                        seq_len=seq_len)
+
+
+def extract(ctx: Context, model: Model | int | str, hardware: str) -> ExtractResult:
+    """Extract a model's tuning tasks for a hardware class and store its workloads once.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`.
+    model : Model, int or str
+        A stored model, or its id, name or sha256 prefix.
+    hardware : str
+        The hardware class (``tunefleet hardware list``).
+
+    Returns
+    -------
+    ExtractResult
+        How many workloads the model has on the class, and how many were new.
+    """
+    from tunefleet.models.workloads import extract as extract_workloads
+
+    db, store = ctx.db, ctx.store
+    return extract_workloads(db, store, _model(db, model), hardware)
+
+
+def tune(ctx: Context, hardware: str, options: TuneOptions | None = None, *, max_shards: int | None = None,
+         rounds: Rounds | None = None, deadline: Deadline | None = None) -> TuneSummary:
+    """Lease and tune the pending shards of a hardware class in this process until none is left.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`.
+    hardware : str
+        The hardware class whose queue to drain.
+    options : TuneOptions, optional
+        Default: the settings' (:meth:`Context.options`).
+    max_shards : int, optional
+        Stop after this many shards.
+    rounds : Rounds, optional
+        A model's budget: an empty queue plans its next round until the budget is spent.
+    deadline : Deadline, optional
+        Stop leasing at this time (default the rounds' deadline, if any).
+
+    Returns
+    -------
+    TuneSummary
+        Shards done and failed, candidates measured, and why draining stopped.
+    """
+    from tunefleet.engine.worker import drain
+
+    options = options if options is not None else ctx.options()
+    return drain(ctx.db, hardware, options, max_shards=max_shards, store=ctx.store, refill=rounds, deadline=deadline)
+
+
+def tune_with_workers(ctx: Context, hardware: str, options: TuneOptions | None = None, *, workers: int = 2,
+                      max_shards: int | None = None, rounds: Rounds | None = None,
+                      deadline: Deadline | None = None) -> list[int]:
+    """Drain a hardware class's queue with local worker processes that share the database.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`; the workers open their own connections from its settings.
+    hardware : str
+        The hardware class whose queue to drain.
+    options : TuneOptions, optional
+        Default: the settings' (:meth:`Context.options`).
+    workers : int, optional
+        Worker processes (default 2).
+    max_shards : int, optional
+        Each worker stops after this many shards.
+    rounds : Rounds, optional
+        A model's budget; its trials are counted over all the workers.
+    deadline : Deadline, optional
+        Every worker stops leasing at this time.
+
+    Returns
+    -------
+    list of int
+        The workers' exit codes (0: the queue was drained).
+    """
+    from tunefleet.engine.worker import tune_with_workers as run_workers
+
+    options = options if options is not None else ctx.options()
+    return run_workers(ctx.settings, hardware, options, workers=workers, max_shards=max_shards, refill=rounds,
+                       deadline=deadline)
+
+
+def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str | Path | None = None,
+          zero_shot: bool = False, top_k: int = 5, verify: int = 0, transfer: bool = False) -> BuildReport:
+    """Compile a model with the best stored schedules and time it against the untuned build.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`.
+    model : Model, int or str
+        A stored model, or its id, name or sha256 prefix.
+    hardware : str
+        The hardware class to build for.
+    output : str or Path, optional
+        Write the compiled library here (default: not written).
+    zero_shot : bool, optional
+        Workloads never measured on the class get the current cost model's best proposal.
+    top_k : int, optional
+        With ``zero_shot``: proposals stored per workload (default 5).
+    verify : int, optional
+        With ``zero_shot``: measure the top ``verify`` proposals of each such workload here.
+    transfer : bool, optional
+        Workloads still without a schedule use the most compatible class's best one.
+
+    Returns
+    -------
+    BuildReport
+        The latencies (untuned, tuned, and the alternatives) and what each workload was built with.
+    """
+    from tunefleet.delivery.build import build_model
+
+    db, store = ctx.db, ctx.store
+    return build_model(db, store, _model(db, model), hardware, output=output, zero_shot=zero_shot, top_k=top_k,
+                       verify=verify, transfer=transfer)
+
+
+def best(ctx: Context, workload: str, hardware: str, n: int = 1) -> list[BestSchedule]:
+    """The ``n`` best measured schedules of a workload on a hardware class.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`.
+    workload : str
+        The workload's structural hash, or a unique prefix of it.
+    hardware : str
+        The hardware class.
+    n : int, optional
+        How many schedules, best first (default 1).
+
+    Returns
+    -------
+    list of BestSchedule
+
+    Raises
+    ------
+    NotFoundError
+        The workload was never measured on the class.
+    """
+    from tunefleet.delivery.best import best as best_schedules
+
+    return best_schedules(ctx.db, workload, hardware, n=n)

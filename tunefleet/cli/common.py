@@ -1,0 +1,70 @@
+"""What every command module shares: the handler type, argparse helpers, opening the database.
+
+Standard library only at import: ``tunefleet --help`` builds every command's parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from tunefleet.config import Settings
+    from tunefleet.db import Database
+
+    #: The ``tunefleet`` parser's subparsers, which each command module adds its commands to.
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+#: A command: its parsed arguments and the settings in, an exit status (None: 0) out.
+Handler = Callable[[argparse.Namespace, "Settings"], int | None]
+
+#: What adds one command (and its subcommands) to the subparsers.
+AddParser = Callable[["Subparsers"], None]
+
+
+def open_db(settings: Settings, *, check_schema: bool = True) -> Database:
+    """The database of the settings, without seeding the hardware classes (unlike a context's).
+
+    Parameters
+    ----------
+    settings : Settings
+        The effective configuration.
+    check_schema : bool, optional
+        Refuse a database whose schema is not at the newest revision (default True); the
+        ``db`` commands, which migrate it, pass False.
+
+    Returns
+    -------
+    Database
+    """
+    from tunefleet.db import Database
+
+    return Database.from_settings(settings, check_schema=check_schema)
+
+
+def at_least(minimum: int, flag: str) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum``; anything else is one
+    :class:`~tunefleet.errors.ParameterError` line naming ``flag``, before any work (flags that
+    are :class:`~tunefleet.config.TuneKnobs` fields are checked by the options instead)."""
+    from tunefleet.errors import ParameterError
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ParameterError(f"invalid {flag}: {text!r} (not an integer)") from None
+        if value < minimum:
+            raise ParameterError(f"invalid {flag}: {value} (must be >= {minimum})")
+        return value
+
+    return parse
+
+
+def zoo_options(p: argparse.ArgumentParser) -> None:
+    """The zoo models' shape flags (``ingest`` and ``run``)."""
+    p.add_argument("--batch-size", type=int, default=1, help="zoo models: batch size")
+    p.add_argument("--image-size", type=int, default=None, help="zoo image models: height = width")
+    p.add_argument("--seq-len", type=int, default=None, help="bert-base: sequence length")
