@@ -5,13 +5,13 @@ default schedule (the empty trace) stands in for tuning, so nothing here tunes."
 from __future__ import annotations
 
 import logging
-import time
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.engine.test_build_timing import CountingVM
 from tunefleet.db import Database, NewMeasurement
 from tunefleet.delivery.build import (
     BuildReport,
@@ -134,30 +134,10 @@ def test_check_compares_the_tuned_build_with_the_untuned_one(caplog: pytest.LogC
     assert wrong.report.max_abs_diff == pytest.approx(0.5)
 
 
-class StandInVM:
-    """Stands in for ``relax.VirtualMachine``: counts plain calls of ``main``; ``time_evaluator``
-    is recorded and answers 1, 2 and 3 ms."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.evaluator: dict[str, int] | None = None
-
-    def __getitem__(self, name: str):  # type: ignore[no-untyped-def]
-        def main(*args: object) -> None:
-            self.calls += 1
-            time.sleep(0.001)
-
-        return main
-
-    def time_evaluator(self, name: str, dev: object, *, number: int, repeat: int, min_repeat_ms: int):  # type: ignore[no-untyped-def]
-        self.evaluator = {"number": number, "repeat": repeat}
-        return lambda *args: SimpleNamespace(results=[0.002, 0.001, 0.003])
-
-
 @pytest.mark.parametrize("compare_torch", [False, True])
 def test_time_builds_times_both_builds_and_the_alternatives(compare_torch: bool) -> None:
     resolved = _resolved_for(None)
-    vms = {"tuned": StandInVM(), "untuned": StandInVM()}
+    vms = {"tuned": CountingVM(), "untuned": CountingVM()}
     # the untuned build's first call took longer than the untuned timing: one plain call more
     checked = Checked(None, [np.zeros((2, 3), "float32")], [], vms, {"tuned": 0.001, "untuned": UNTUNED_TIMING_S * 3})
     time_builds(None, resolved, checked, repeat=7, compare_torch=compare_torch)  # type: ignore[arg-type]
