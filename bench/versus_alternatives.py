@@ -23,7 +23,9 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
    count, inter-op 1): same inputs,
    same thread count (the hardware class's ``num-cores``, else 2; ``--threads``), the median of
    ``--rounds`` alternating rounds (the order rotates each round), each round the median of several
-   calls after warm-up. Every call is timed the same way (wall clock around one call from Python).
+   calls after warm-up. Every call is timed the same way (wall clock around one call from Python),
+   by ``tunefleet.delivery.timing.time_alternating``: the function ``tunefleet run``'s build report
+   times the tuned build, PyTorch eager and onnxruntime with.
    Each output is compared with PyTorch eager (max abs diff). An alternative that cannot run prints
    ``not measured: <reason>``. ``mlp`` has no PyTorch module in the zoo: the bench rebuilds the same
    three layers in PyTorch with the zoo's weights (the max abs diff shows they agree).
@@ -38,7 +40,7 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
 
 ``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
 it). Prints what it measured; asserts nothing about speed. Needs ``pip install -e '.[bench]'``
-(PyTorch, transformers, onnx, onnxruntime).
+(PyTorch and transformers; onnx and onnxruntime are tunefleet's own dependencies).
 """
 
 from __future__ import annotations
@@ -56,11 +58,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The one timing function, shared with `tunefleet run`'s build report; imports only the standard
+# library, so the thread variables are still set before numpy loads (pin_threads).
+from tunefleet.delivery.timing import ROUNDS, time_alternating
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK_DIR = Path(tempfile.gettempdir()) / "tunefleet-bench" / "versus_alternatives"
 DEFAULT_THREADS = 2
 ALTERNATIVES = ("torch eager", "torch.compile", "onnxruntime")
 TOP_WORKLOADS = 10
+INSTALL_HINT = "pip install -e '.[bench]'"
 
 
 # -- phases: the CLI as a user runs it -------------------------------------------------------------
@@ -122,8 +129,8 @@ def pin_threads(threads: int) -> None:
         os.environ[var] = str(threads)
 
 
-def blas_threads() -> int | None:
-    """The thread count OpenBLAS (numpy's BLAS) reports, or None if it is not OpenBLAS."""
+def _openblas(symbols: tuple[str, ...]) -> Any:
+    """The first of ``symbols`` in the OpenBLAS numpy loaded, or None if it is not OpenBLAS."""
     import ctypes
 
     import numpy  # noqa: F401 - loads the BLAS library into this process
@@ -135,11 +142,28 @@ def blas_threads() -> int | None:
         return None
     for lib in sorted(libs):
         handle = ctypes.CDLL(lib)
-        for symbol in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads"):
+        for symbol in symbols:
             fn = getattr(handle, symbol, None)
             if fn is not None:
-                return int(fn())
+                return fn
     return None
+
+
+def blas_threads() -> int | None:
+    """The thread count OpenBLAS (numpy's BLAS) reports, or None if it is not OpenBLAS."""
+    fn = _openblas(("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads"))
+    return None if fn is None else int(fn())
+
+
+def blas_core() -> str | None:
+    """The CPU core type OpenBLAS runs its kernels for (``OPENBLAS_CORETYPE`` sets it), or None."""
+    import ctypes
+
+    fn = _openblas(("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename"))
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def sgemm_peak(n: int, repeat: int = 10) -> dict[str, Any]:
@@ -158,7 +182,7 @@ def sgemm_peak(n: int, repeat: int = 10) -> dict[str, Any]:
         times.append(time.perf_counter() - t)
     seconds = min(times)
     return {"n": n, "seconds": seconds, "median_seconds": statistics.median(times),
-            "gflops": 2.0 * n ** 3 / seconds / 1e9, "blas_threads": blas_threads()}
+            "gflops": 2.0 * n ** 3 / seconds / 1e9, "blas_threads": blas_threads(), "blas_core": blas_core()}
 
 
 # -- the model and its alternatives ----------------------------------------------------------------
@@ -202,7 +226,7 @@ def torch_module(zoo: Any) -> tuple[Any, str | None]:
         try:
             import torch  # noqa: F401
         except ImportError:
-            return None, "PyTorch is not installed"
+            return None, f"PyTorch is not installed ({INSTALL_HINT})"
         return _torch_mlp(zoo), None
     return None, f"zoo model {zoo.name} has no PyTorch module"
 
@@ -280,39 +304,9 @@ def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Pat
         t = time.perf_counter()
         calls["onnxruntime"] = alt.onnxruntime_call(alt.export_onnx(module, inputs_np, onnx_path), inputs_np, threads)
         setup["onnxruntime"] = time.perf_counter() - t
-    except ImportError as exc:
-        skipped["onnxruntime"] = f"not installed ({exc.name}): {alt.INSTALL_HINT}"
     except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
         skipped["onnxruntime"] = _reason(exc)
     return calls, skipped, setup
-
-
-def time_alternating(calls: dict[str, Any], rounds: int, round_s: float = 0.3) -> dict[str, dict[str, Any]]:
-    """Median over ``rounds`` rounds of each call's median latency in ms; the order rotates each round.
-
-    Warm-up: 3 calls each (more for fast ones, up to 0.2 s); each round then makes enough calls of
-    each for about ``round_s`` seconds (5 to 200).
-    """
-    names = list(calls)
-    n_calls: dict[str, int] = {}
-    for name in names:
-        t0 = time.perf_counter()
-        k = 0
-        while k < 3 or (time.perf_counter() - t0 < 0.2 and k < 200):
-            calls[name]()
-            k += 1
-        n_calls[name] = max(5, min(200, int(round_s / ((time.perf_counter() - t0) / k))))
-    per_round: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn, times = calls[name], []
-            for _ in range(n_calls[name]):
-                t = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t)
-            per_round[name].append(statistics.median(times) * 1e3)
-    return {name: {"ms": statistics.median(per_round[name]), "rounds_ms": per_round[name],
-                   "calls_per_round": n_calls[name]} for name in names}
 
 
 def measure_phase(phase: dict[str, Any], inputs_np: list[Any], alt_calls: dict[str, Any], reference: list[Any] | None,
@@ -434,8 +428,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"libraries, ONNX files and the default home (default {DEFAULT_WORK_DIR})")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads of every runtime (default the hardware class's num-cores, else 2)")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds, at least 3 (default 5)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help=f"alternating timing rounds, at least 3 (default {ROUNDS}, as tunefleet run's build report)")
     ap.add_argument("--sgemm-n", type=int, default=2048, help="matrix size of the sgemm peak (default 2048)")
+    ap.add_argument("--blas-coretype", default=None,
+                    help="OPENBLAS_CORETYPE of the sgemm peak (default Haswell for the x86-avx2 class: AVX2 "
+                    "kernels, the class's own peak; else OpenBLAS picks this CPU's)")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write everything measured here")
     ap.add_argument("--batch-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
     ap.add_argument("--image-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
@@ -448,6 +446,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    coretype = args.blas_coretype or ("Haswell" if args.hardware == "x86-avx2" else None)
+    if coretype:  # OpenBLAS reads it when it loads, with numpy: before anything imports numpy
+        os.environ["OPENBLAS_CORETYPE"] = coretype
     work = args.work_dir.resolve()
     home = (args.home or work / f"home-{args.model}-{args.hardware}").resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     peak = sgemm_peak(args.sgemm_n)
     out["sgemm"] = peak
     print(f"\nfp32 peak: sgemm {args.sgemm_n}^3 (numpy) {peak['gflops']:.1f} GFLOP/s on {threads} threads "
-          f"(OpenBLAS reports {_fmt(peak['blas_threads'], 'd')} threads)", flush=True)
+          f"(OpenBLAS reports {_fmt(peak['blas_threads'], 'd')} threads, core {peak['blas_core'] or '?'})", flush=True)
 
     # torch.compile's compile time from a cold cache on every invocation (inductor keeps one on disk).
     inductor_cache = work / "inductor-cache"

@@ -87,7 +87,7 @@ def pipeline(
     logger = get_run_logger()
     if not models:
         raise ParameterError("invalid parameter models: give at least one model")
-    check_hardware(hardware)
+    targets = check_hardware(hardware)
     check_positive(trials=trials, shard_trials=shard_trials, batch_size=batch_size, image_size=image_size,
                    seq_len=seq_len)
     spend = Spend.request(RUN, budget, trials=trials, started_at=started, name="parameter budget",
@@ -97,10 +97,9 @@ def pipeline(
     if tune_on == "here":  # fail before any work, not after ingesting and planning
         from tunefleet.hardware import check_runs_here
 
-        db = shared_context().db
         for hw in hardware:
             try:
-                check_runs_here(hw, db.hardware_class(hw).target)
+                check_runs_here(hw, targets[hw])
             except NotSupportedError as exc:
                 raise NotSupportedError(f"{exc}; or run the pipeline with tune_on='deployments'") from None
 
@@ -126,6 +125,9 @@ def pipeline(
                                             started_at=share.started_at, reserve_builds=1 if build else 0,
                                             **tune_params)
         planned = [_rounds_planned(hw, tuned[hw], extracted) for hw in hardware]
+    if tune_on == "here":  # the build times the model next: no tuning worker process may run beside it
+        for hw in hardware:
+            shared_context().tuner(hw).close()
     energy = step_flows.account(model_ids, hardware)
     build_started = time.time()
     builds = step_flows.build(model_ids, hardware, output_dir=output_dir) if build else []

@@ -5,6 +5,10 @@ the node it runs on, so N concurrent runs of the ``tune-<class>`` deployment (N 
 in that class's node pool) are N workers. Parameters are validated by Prefect against the type
 hints and here against the database (unknown hardware class, non-positive budgets) with one clear
 error before any work starts.
+
+A flow body reads the database only through task runs (the steps', and the few reads here: its
+hardware classes, the pending shards the ``tune`` flow polls, model names, current cost models), so
+a blip of the database is retried like any step's — transient errors only, never bad input.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from prefect import flow, tags
+from prefect import flow, tags, task
 from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
 from tunefleet.tasks import steps
 
 from tunefleet.context import shared_context
@@ -24,13 +29,47 @@ from tunefleet.planning.spend import PLAN, TUNE, Spend
 from tunefleet.vocab import hardware_tag
 
 
-def check_hardware(hardware: list[str]) -> None:
-    """Every name must be a hardware class in the database (seeded from configuration)."""
+# -- the flow bodies' own database reads: task runs retried like every step's ---------------------
+# The steps' policy (TRANSIENT_RETRIES retries with backoff, for a TransientError only); never
+# cached: each read is asked again because its answer may have changed.
+_RETRIED = steps._RETRY
+
+
+@task(name="hardware_targets", cache_policy=NO_CACHE, **_RETRIED)
+def hardware_targets(hardware: list[str]) -> dict[str, dict[str, Any]]:
+    """The target of each hardware class; an unknown class is a :class:`NotFoundError` naming the
+    known ones (bad input: not retried)."""
+    db = shared_context().db
+    return {name: dict(db.hardware_class(name).target) for name in hardware}
+
+
+@task(name="pending_shards", cache_policy=NO_CACHE, **_RETRIED)
+def pending_shards(hardware: str) -> int:
+    """How many shards of a hardware class are pending (the ``tune`` flow's poll while it waits)."""
+    db = shared_context().db
+    return len(db.pending_shards(db.hardware_class(hardware).id))
+
+
+@task(name="model_names", cache_policy=NO_CACHE, **_RETRIED)
+def model_names(model_ids: list[int]) -> dict[int, str]:
+    """The stored models' names, by id."""
+    db = shared_context().db
+    return {model_id: db.model(model_id).name for model_id in model_ids}
+
+
+@task(name="current_cost_models", cache_policy=NO_CACHE, **_RETRIED)
+def current_cost_models(hardware: list[str]) -> dict[str, bool]:
+    """Whether each hardware class has a current (promoted) cost model."""
+    db = shared_context().db
+    return {name: db.current_cost_model(db.hardware_class(name).id) is not None for name in hardware}
+
+
+def check_hardware(hardware: list[str]) -> dict[str, dict[str, Any]]:
+    """Every name must be a hardware class in the database (seeded from configuration); returns
+    their targets."""
     if not hardware:
         raise ParameterError("invalid parameter hardware: give at least one hardware class")
-    db = shared_context().db
-    for name in hardware:
-        db.hardware_class(name)  # NotFoundError lists the known classes
+    return hardware_targets(hardware)  # NotFoundError lists the known classes
 
 
 def check_positive(**values: float | None) -> None:
@@ -120,9 +159,10 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
     knobs = ctx.options(**options)
     rounds, deadline = spend.tuning(hardware, batch=knobs.trials_per_iter, energy_aware=knobs.energy_aware,
                                     reserve_builds=reserve_builds)
-    loop = TuneLoop(hardware, max_shards=max_shards, rounds=rounds, deadline=deadline)
+    loop = TuneLoop(hardware, max_shards=max_shards, rounds=rounds, deadline=deadline,
+                    pending=lambda: pending_shards(hardware))
     with tags(hardware_tag(hardware)):
-        while not isinstance(step := loop.next_step(ctx.db), Stop):
+        while not isinstance(step := loop.next_step(), Stop):
             if isinstance(step, Lease):
                 loop.leased(steps.tune_shard(hardware, options, deadline_at=step.deadline_at,
                                              allocated=step.allocated))
@@ -184,10 +224,10 @@ def retrain(hardware: list[str] = ["x86"], objective: str = "reg:squarederror", 
     check_verify(verify)
     steps.export()
     results = [steps.retrain(hw, objective=objective, seed=seed) for hw in hardware]
-    db = shared_context().db
+    current = current_cost_models(hardware) if zero_shot_model_ids else {}
     for r in results:
         r["zero_shot_builds"] = []
-        if zero_shot_model_ids and db.current_cost_model(db.hardware_class(r["hardware"]).id) is None:
+        if zero_shot_model_ids and not current[r["hardware"]]:
             r["zero_shot_skipped"] = f"no current cost model for {r['hardware']}: {r['reason']}"
             continue
         r["zero_shot_builds"] = [steps.build(m, r["hardware"], zero_shot=True, verify=verify)
@@ -215,10 +255,10 @@ def build(model_ids: list[int], hardware: list[str], output_dir: str | None = No
 
     check_hardware(hardware)
     check_verify(verify)
-    db = shared_context().db
+    names = model_names(model_ids) if output_dir else {}
     reports = []
     for hw in hardware:
         for m in model_ids:
-            out = os.path.join(output_dir, f"{artifact_key(db.model(m).name, hw)}.so") if output_dir else None
+            out = os.path.join(output_dir, f"{artifact_key(names[m], hw)}.so") if output_dir else None
             reports.append(steps.build(m, hw, output=out, zero_shot=zero_shot, verify=verify))
     return reports

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -31,6 +31,13 @@ from tunefleet.vocab import (
 )
 
 ENV_PREFIX = "TUNEFLEET_"
+
+MAX_LEASE_S = 86_400.0
+"""The longest lease, a day. A lease is how long a dead worker's shard (and its workload: one lease
+per workload) stays out of reach before another worker takes it over; heartbeats renew a live one
+every third of it, so a longer lease buys nothing but a longer wait after a crash. A shard runs
+minutes (the default lease is 120 s): a day is generous, and it keeps the expiry far inside the
+date arithmetic of both backends (``inf`` never expired on SQLite and overflowed on PostgreSQL)."""
 
 # A database URL's scheme, as SQLAlchemy reads it: dialect[+driver]://... (parsed here without
 # SQLAlchemy, which only tunefleet.db imports).
@@ -91,10 +98,15 @@ def _config_file() -> Path | None:
 class TuneKnobs(BaseModel):
     """Every knob a tuning run takes, declared once: a setting (``TUNEFLEET_<NAME>``) and a field of
     the engine's options object (:class:`tunefleet.engine.options.TuneOptions`), which CLI flags and
-    flow parameters of the same name override. A new knob is one field here."""
+    flow parameters of the same name override. A new knob is one field here.
 
-    lease_s: float = Field(default=DEFAULT_LEASE_S, ge=MIN_LEASE_S, description="Shard lease length in seconds "
-                           "(at least 3); heartbeats renew it every third.")
+    No number may be infinite or NaN (``inf`` passes every ``ge`` bound: a lease of ``inf`` seconds
+    never expired on SQLite and overflowed on PostgreSQL)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    lease_s: float = Field(default=DEFAULT_LEASE_S, ge=MIN_LEASE_S, le=MAX_LEASE_S, description="Shard lease length "
+                           "in seconds (at least 3, at most a day); heartbeats renew it every third.")
     max_lost_leases: int = Field(
         default=DEFAULT_MAX_LOST_LEASES, ge=1,
         description="Leases a shard may lose (its worker died or stopped heartbeating) before it fails; counted "
@@ -145,7 +157,8 @@ class Settings(BaseSettings, TuneKnobs):
     """Effective tunefleet configuration (see docs/configuration.md); the tuning knobs
     are declared in :class:`TuneKnobs`."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True,
+                                      allow_inf_nan=False)
 
     # A run's budget is not a knob of the tuning engine (TuneKnobs): it is spent by the command
     # or flow that plans rounds and builds (run, the pipeline flow), so it is a setting of its own.
@@ -159,7 +172,8 @@ class Settings(BaseSettings, TuneKnobs):
         "PostgreSQL: postgresql+psycopg2://user:pass@host:5432/db",
     )
     db_connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
-    db_statement_timeout_s: float = Field(default=0.0, ge=0, description="0 = no limit (PostgreSQL only).")
+    db_statement_timeout_s: float = Field(default=0.0, ge=0, le=86_400,
+                                          description="0 = no limit (PostgreSQL only); at most a day.")
     db_auto_migrate: bool = Field(default=True, description="Create the schema in an empty database.")
 
     store: Literal["local", "s3"] = "local"

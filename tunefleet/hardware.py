@@ -4,6 +4,10 @@ A hardware class is a first-class record (ISA Mapper's idea): a TVM target in di
 node-pool label its workers run on, and the power and price figures energy accounting uses.
 Power and price defaults are *assumptions* for estimates (documented in docs/configuration.md); set real
 figures with the ``hardware`` setting.
+
+``x86`` is this host's CPU (``mcpu`` detected: its schedules are for that CPU, AVX-512 where it
+has it); ``x86-avx2`` is a fixed target (``mcpu`` ``haswell``: AVX2 + FMA) whose schedules are
+the same on every x86 node with AVX2 and FMA, and it runs in the same node pool.
 """
 
 from __future__ import annotations
@@ -23,9 +27,18 @@ if TYPE_CHECKING:
 # Assumed figures (W per busy core, idle W, W per GPU, price per node-hour in currency units).
 BUILTIN_FIGURES: dict[str, dict[str, Any]] = {
     "x86": {"node_pool": "x86", "watts_per_core": 12.0, "idle_watts": 30.0, "watts_per_gpu": 0.0, "price_per_hour": 0.17},
+    "x86-avx2": {"node_pool": "x86", "watts_per_core": 12.0, "idle_watts": 30.0, "watts_per_gpu": 0.0,
+                 "price_per_hour": 0.17},
     "arm": {"node_pool": "arm", "watts_per_core": 5.0, "idle_watts": 15.0, "watts_per_gpu": 0.0, "price_per_hour": 0.14},
     "gpu": {"node_pool": "gpu", "watts_per_core": 12.0, "idle_watts": 60.0, "watts_per_gpu": 300.0, "price_per_hour": 2.50},
 }
+#: The ISA ``x86-avx2`` code needs (the features of LLVM's ``haswell`` that matter for its code).
+X86_AVX2_ISA = ("avx", "avx2", "fma")
+#: x86 vector features whose absence makes a target's code fault (SIGILL): LLVM name -> the
+#: ``/proc/cpuinfo`` flag. :func:`check_runs_here` refuses a target needing one the host lacks.
+_X86_CHECKED_FEATURES = {"avx": "avx", "avx2": "avx2", "fma": "fma", "avx512f": "avx512f", "avx512bw": "avx512bw",
+                         "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512cd": "avx512cd",
+                         "avx512vnni": "avx512_vnni"}
 _FIELDS = {"target", "node_pool", "watts_per_core", "idle_watts", "watts_per_gpu", "price_per_hour", "capabilities",
            "layout"}
 
@@ -48,8 +61,13 @@ def _capabilities(arch: str, cores: int, flags: set[str] | None = None) -> dict[
 
 
 def builtin_classes(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The built-in classes with targets detected on this host (x86) or fixed (arm, gpu)."""
-    from tunefleet.tvm.targets import arm_target, cuda_target, host_cpu_target
+    """The built-in classes with targets detected on this host (x86) or fixed (x86-avx2, arm, gpu)."""
+    from tunefleet.tvm.targets import (
+        arm_target,
+        cuda_target,
+        host_cpu_target,
+        x86_avx2_target,
+    )
 
     cores = len(os.sched_getaffinity(0))
     host_is_x86 = platform.machine() in {"x86_64", "AMD64"}
@@ -57,6 +75,7 @@ def builtin_classes(settings: Settings) -> dict[str, dict[str, Any]]:
     flags = host_cpu_flags()
     classes = {
         "x86": {"target": x86_target, "capabilities": _capabilities("x86_64", cores, flags if host_is_x86 else set())},
+        "x86-avx2": {"target": x86_avx2_target(cores), "capabilities": _capabilities("x86_64", cores, set(X86_AVX2_ISA))},
         "arm": {"target": arm_target(), "capabilities": _capabilities("aarch64", int(arm_target().get("num-cores", cores)),
                                                                        {"neon", "asimd"})},
         "gpu": {"target": cuda_target(settings.gpu_arch), "capabilities": {"arch": "cuda", "sm": settings.gpu_arch}},
@@ -90,23 +109,30 @@ def configured_classes(settings: Settings) -> dict[str, dict[str, Any]]:
 
 def hardware_names(settings: Settings) -> set[str]:
     """Names of the built-in and configured classes, without detecting their targets (no TVM)."""
-    return {"x86", "arm", "gpu"} | set(settings.hardware)
+    return set(BUILTIN_FIGURES) | set(settings.hardware)
 
 
 def ensure_hardware_classes(db: Database, settings: Settings) -> None:
-    """Seed the classes into a database that has none, or when ``hardware`` overrides are set.
+    """Seed the classes into a database that has none, or when ``hardware`` overrides are set;
+    a built-in class the database lacks (one added to tunefleet since it was seeded) is added
+    alone, leaving the stored targets of the others as they are.
 
     Detecting the built-in targets imports TVM (seconds), so commands that only read the
     database do not pay for it once the classes exist.
     """
-    if settings.hardware or not db.hardware_classes():
+    have = {hw.name for hw in db.hardware_classes()}
+    if settings.hardware or not have:
         seed_hardware_classes(db, settings)
+    elif set(BUILTIN_FIGURES) - have:
+        seed_hardware_classes(db, settings, names=set(BUILTIN_FIGURES) - have)
 
 
-def seed_hardware_classes(db: Database, settings: Settings) -> list[HardwareClass]:
-    """Upsert every configured class into the database (idempotent)."""
+def seed_hardware_classes(db: Database, settings: Settings, names: set[str] | None = None) -> list[HardwareClass]:
+    """Upsert every configured class (or those of ``names``) into the database (idempotent)."""
     out = []
     for name, spec in configured_classes(settings).items():
+        if names is not None and name not in names:
+            continue
         out.append(
             db.upsert_hardware_class(
                 name,
@@ -128,7 +154,9 @@ def check_runs_here(name: str, target: dict[str, Any]) -> None:
 
     Tuning measures every candidate on the node that tunes it, so an ``arm`` shard must run on an
     ARM node and a ``gpu`` shard on a node with a CUDA device: their workers run in their own
-    node pools (the ``tune`` deployment of each class).
+    node pools (the ``tune`` deployment of each class). An x86 target's code must also only use
+    vector features this CPU has (``x86-avx2``: AVX, AVX2, FMA; an ``x86`` class detected on an
+    AVX-512 machine: AVX-512 too), or its candidates would die of illegal instructions.
     """
     from tunefleet.errors import NotSupportedError
 
@@ -141,6 +169,8 @@ def check_runs_here(name: str, target: dict[str, Any]) -> None:
         if not same:
             raise NotSupportedError(f"not supported: tuning hardware class {name!r} ({arch}) on this {host} "
                                     f"machine; run its shards on a {arch} node (its tune deployment's work pool)")
+        if arch in {"x86_64", "amd64"}:
+            _check_x86_features(name, target)
     elif kind == "cuda":
         import tvm
 
@@ -149,3 +179,23 @@ def check_runs_here(name: str, target: dict[str, Any]) -> None:
                                     f"a CUDA device; run its shards on a GPU node (its tune deployment's work pool)")
     else:
         raise NotSupportedError(f"not supported: tuning targets of kind {kind!r} (hardware class {name!r})")
+
+
+def _check_x86_features(name: str, target: dict[str, Any]) -> None:
+    """Refuse an x86 target whose ``mcpu``/``mattr`` need vector features this CPU lacks."""
+    from tunefleet.errors import NotSupportedError
+
+    if not target.get("mcpu") and not target.get("mattr"):
+        return  # LLVM's generic x86-64: SSE2 only
+    flags = host_cpu_flags()
+    if not flags:
+        return  # no /proc/cpuinfo to tell (not Linux): measuring will tell
+    from tunefleet.tvm.targets import target_cpu_features
+
+    needed = sorted(_X86_CHECKED_FEATURES[f] for f in target_cpu_features(target) if f in _X86_CHECKED_FEATURES)
+    missing = [flag for flag in needed if flag not in flags]
+    if missing:
+        cpu = f"mcpu {target['mcpu']}" if target.get("mcpu") else "its mattr"
+        raise NotSupportedError(f"not supported: tuning hardware class {name!r} on this CPU: its target ({cpu}) "
+                                f"uses {', '.join(missing)}, which this CPU lacks; run its shards on an x86 node "
+                                f"with {', '.join(needed)}")

@@ -17,34 +17,43 @@ from tunefleet.vocab import LAYOUTS
 
 @dataclass(frozen=True)
 class Recipe:
-    """How a model becomes fused TIR: the conv2d layout, whether weights may be prepacked and
-    whether transcendental functions use TVM's fast approximations.
+    """How a model becomes fused TIR: the conv2d layout, whether weights may be prepacked, whether
+    transcendental functions use TVM's fast approximations and whether BatchNorm is folded away.
 
     ``name`` is what the database keeps with each model-workload link, so a model extracted under
     another recipe is known to need re-extracting (its workloads hash differently).
     """
 
     layout: str | None = None
-    """``"NHWC"``: conv2d (and the ops that follow it) converted to NHWC; None: as given."""
+    """``"NHWC"``: conv2d (and the ops that follow it) converted to NHWC; ``"NCHWc"``: to the
+    blocked NCHW[x]c layout, x the target's float32 vector width (16 with AVX-512, else 8), the
+    activations kept blocked between convolutions; None: as given."""
     prepack: bool = False
     """Weights marked layout-free, so tuned schedules may read them in a packed layout."""
     fast_math: bool = False
     """float32 ``erf`` (GELU), ``exp`` (softmax), ``tanh`` as TVM's vectorisable polynomial
     approximations (``topi.fast_erf`` / ``fast_exp`` / ``fast_tanh``) instead of a libm call per
     element, which no schedule can vectorise."""
+    fold: bool = False
+    """BatchNorm folded into the preceding convolution's weights and bias, and the bindings it
+    leaves canonicalised, so a convolution's ReLU and residual add fuse into its epilogue instead
+    of running as workloads of their own."""
 
     @property
     def name(self) -> str:
         return (f"{(self.layout or 'native').lower()}{'+prepack' if self.prepack else ''}"
-                f"{'+fastmath' if self.fast_math else ''}")
+                f"{'+fastmath' if self.fast_math else ''}{'+fold' if self.fold else ''}")
 
     @classmethod
     def from_name(cls, name: str) -> Recipe:
         layout, *extras = name.split("+")
-        known = [e for e in ("prepack", "fastmath") if e in extras]
-        if layout not in ("nhwc", "native") or extras != known:
-            raise ConfigError(f"unknown extraction recipe {name!r} (e.g. 'nhwc+prepack+fastmath', 'native')")
-        return cls(None if layout == "native" else layout.upper(), "prepack" in extras, "fastmath" in extras)
+        known = [e for e in ("prepack", "fastmath", "fold") if e in extras]
+        if layout not in _LAYOUT_NAMES or extras != known:
+            raise ConfigError(f"unknown extraction recipe {name!r} (e.g. 'nhwc+prepack+fastmath+fold', 'native')")
+        return cls(_LAYOUT_NAMES[layout], "prepack" in extras, "fastmath" in extras, "fold" in extras)
+
+
+_LAYOUT_NAMES = {"native": None, **{layout.lower(): layout for layout in LAYOUTS if layout != "native"}}
 
 
 def _kind(target: Any) -> str:
@@ -57,12 +66,15 @@ def _kind(target: Any) -> str:
 
 def recipe_for(target: Any, layout: str | None = None) -> Recipe:
     """The recipe for a target (dict form, kind name or ``tvm.target.Target``): CPU (llvm) targets
-    convert conv2d to NHWC (unless ``layout`` says ``"native"``), prepack weights (TVM's own CPU
+    convert conv2d to NHWC (unless ``layout`` says otherwise), prepack weights (TVM's own CPU
     recipe) and use fast math; GPU targets keep the frontend's layout, unpacked weights (their
-    schedules stage weights through shared memory instead) and their own math intrinsics."""
+    schedules stage weights through shared memory instead) and their own math intrinsics. Every
+    target folds BatchNorm into the convolutions."""
     if layout is not None and layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; one of {', '.join(LAYOUTS)}")
     cpu = _kind(target) == "llvm"
     if layout is None:
         layout = "NHWC" if cpu else "native"
-    return Recipe(None if layout == "native" else layout, prepack=cpu, fast_math=cpu)
+    if layout == "NCHWc" and not cpu:
+        raise ConfigError("not supported: the blocked NCHWc layout on a GPU target (CPU classes only)")
+    return Recipe(None if layout == "native" else layout, prepack=cpu, fast_math=cpu, fold=True)

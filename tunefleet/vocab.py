@@ -76,15 +76,23 @@ def hardware_tag(hardware: str) -> str:
     return f"tunefleet-hw:{hardware}"
 
 
-# conv2d layouts a hardware class's extraction recipe may ask for (tunefleet.tvm.extract.Recipe):
-# "NHWC" converts, "native" keeps the frontend's layout. Unset: NHWC on CPU classes, native on GPU.
-LAYOUTS = ("NHWC", "native")
+# conv2d layouts a hardware class's extraction recipe may ask for (tunefleet.recipes.Recipe):
+# "NHWC" and "NCHWc" (blocked channels, CPU only) convert, "native" keeps the frontend's layout.
+# Unset: NHWC on CPU classes, native on GPU.
+LAYOUTS = ("NHWC", "NCHWc", "native")
 
 # -- building ---------------------------------------------------------------------------------------
 UNTUNED_TIMING_S = 10.0
 """About the longest a build spends timing the untuned model after its output check: its naive
 loops take seconds per call on a large model, its latency is only the speed-up's reference, and
 within a budget's run the user's time pays for it."""
+
+TIMING_ROUNDS = 5
+"""Rounds of the alternating timing of a build against the alternatives
+(:func:`tunefleet.delivery.timing.time_alternating`; the bench's ``--rounds`` default)."""
+
+TIMING_ROUND_S = 0.3
+"""About how long each runtime is called per round of that timing, in seconds."""
 
 STAGE_LOG_KEY = "tunefleet_stage"
 """A log record's attribute (``log.info(..., extra={STAGE_LOG_KEY: "building the tuned model"})``)

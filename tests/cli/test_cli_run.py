@@ -81,7 +81,7 @@ def test_unknown_hardware_and_model_are_one_line(tmp_path) -> None:  # type: ign
     env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
     out = run_cli("plan", "--hardware", "tpu", "--trials", "4", env=env)
     assert out.returncode == 2
-    assert error_line(out.stderr).startswith("tunefleet: error: unknown hardware class 'tpu' (known: arm, gpu, x86)")
+    assert error_line(out.stderr).startswith("tunefleet: error: unknown hardware class 'tpu' (known: arm, gpu, x86, x86-avx2)")
     out = run_cli("ingest", "no-such-model", env=env)
     assert out.returncode == 2 and "no such file, and not a zoo model" in error_line(out.stderr)
     bad = tmp_path / "corrupt.onnx"
@@ -106,4 +106,4 @@ def test_hardware_list_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = run_cli("hardware", "list", "--json", env={"TUNEFLEET_HOME": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     names = {h["name"] for h in json.loads(out.stdout)}
-    assert names == {"x86", "arm", "gpu"}
+    assert names == {"x86", "x86-avx2", "arm", "gpu"}

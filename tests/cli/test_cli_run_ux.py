@@ -190,19 +190,19 @@ def test_plan_says_when_a_models_workloads_are_of_another_recipe_or_missing(tmp_
     from tunefleet.db import Database
 
     db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    hw = db.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")  # CPU: nhwc+prepack+fastmath
+    hw = db.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")  # CPU: nhwc+prepack+fastmath+fold
     gpu = db.upsert_hardware_class("gpu", {"kind": "cuda"}, "gpu")
     old, _ = db.add_model(name="old", source="zoo", format="x", sha256="c" * 64, artifact_uri="u")
     new, _ = db.add_model(name="new", source="zoo", format="x", sha256="d" * 64, artifact_uri="u")
     wl, _ = db.add_workload(structural_hash="0001", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")
     db.set_model_workloads(old.id, hw.id, "native", {wl.id: 1})  # extracted before recipes existed
-    db.set_model_workloads(new.id, hw.id, "nhwc+prepack+fastmath", {wl.id: 1})
-    db.set_model_workloads(old.id, gpu.id, "native", {wl.id: 1})
+    db.set_model_workloads(new.id, hw.id, "nhwc+prepack+fastmath+fold", {wl.id: 1})
+    db.set_model_workloads(old.id, gpu.id, "native+fold", {wl.id: 1})
     _warn_recipes(db, "x86", None)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model old was extracted for x86 under recipe native, but the class now uses " \
-                              "nhwc+prepack+fastmath: its earlier tuning no longer applies" in err[0]
-    _warn_recipes(db, "gpu", None)  # GPU classes keep the native recipe: nothing to say
+                              "nhwc+prepack+fastmath+fold: its earlier tuning no longer applies" in err[0]
+    _warn_recipes(db, "gpu", None)  # extracted under the GPU class's recipe: nothing to say
     _warn_recipes(db, "gpu", "new")
     assert capsys.readouterr().err.strip() == ("tunefleet: warning: model new has no workloads on gpu yet: extract it "
                                                "first (`tunefleet extract new --hardware gpu`)")

@@ -48,7 +48,7 @@ def test_resolve_counts_the_workloads_measured_on_the_class(fleet) -> None:  # t
     report = fresh.report
     assert (report.model, report.hardware, report.workloads, report.tuned_workloads, report.default_workloads) == (
         "mlp", "x86", 3, 0, 3)
-    assert report.recipe == fresh.recipe.name == "nhwc+prepack+fastmath" and report.threads >= 1
+    assert report.recipe == fresh.recipe.name == "nhwc+prepack+fastmath+fold" and report.threads >= 1
     assert fresh.target.kind.name == "llvm" and fresh.loaded.input_info
 
     _measure_one(db, store, model, "arm")  # another class's measurement is not this class's
@@ -134,24 +134,68 @@ def test_check_compares_the_tuned_build_with_the_untuned_one(caplog: pytest.LogC
     assert wrong.report.max_abs_diff == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("compare_torch", [False, True])
-def test_time_builds_times_both_builds_and_the_alternatives(compare_torch: bool) -> None:
+def _blocks(log: list[str]) -> list[str]:
+    """The names of consecutive runs of calls (``a a b b a`` -> ``a b a``)."""
+    return [name for i, name in enumerate(log) if i == 0 or log[i - 1] != name]
+
+
+def test_time_builds_times_the_tuned_build_and_the_alternatives_in_alternating_rounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunefleet.delivery import alternatives
+
+    log: list[str] = []
+    asked: list[dict[str, Any]] = []
+
+    def fake_calls(inputs: Any, threads: int, *, torch_module: Any, onnx_bytes: Any) -> Any:
+        asked.append({"inputs": inputs, "threads": threads, "torch_module": torch_module, "onnx_bytes": onnx_bytes})
+        return {"torch": lambda: log.append("torch"), "onnxruntime": lambda: log.append("onnxruntime")}, ["a note"]
+
+    monkeypatch.setattr(alternatives, "calls", fake_calls)
     resolved = _resolved_for(None)
-    vms = {"tuned": CountingVM(), "untuned": CountingVM()}
-    # the untuned build's first call took longer than the untuned timing: one plain call more
-    checked = Checked(None, [np.zeros((2, 3), "float32")], [], vms, {"tuned": 0.001, "untuned": UNTUNED_TIMING_S * 3})
-    time_builds(None, resolved, checked, repeat=7, compare_torch=compare_torch)  # type: ignore[arg-type]
+    vms = {"tuned": CountingVM("tuned", log, call_s=0.0), "untuned": CountingVM("untuned", log, call_s=0.0)}
+    # the untuned build's first call took longer than the untuned timing: one plain call more, alone
+    inputs_np = [np.zeros((2, 3), "float32")]
+    checked = Checked(None, inputs_np, [], vms, {"tuned": 0.001, "untuned": UNTUNED_TIMING_S * 3})
+    time_builds(None, resolved, checked, rounds=3)  # type: ignore[arg-type]
+    assert _blocks(log) == ["tuned", "torch", "onnxruntime",  # warm-up
+                            "tuned", "torch", "onnxruntime",  # round 0
+                            "torch", "onnxruntime", "tuned",  # round 1: the order rotates
+                            "onnxruntime", "tuned", "torch",  # round 2
+                            "untuned"]  # apart, after the others
+    assert log.count("untuned") == vms["untuned"].calls == 1
+    assert vms["tuned"].evaluator is vms["untuned"].evaluator is None
+    assert asked == [{"inputs": inputs_np, "threads": 1, "torch_module": None, "onnx_bytes": None}]
     report = resolved.report
-    assert report.tuned_ms == pytest.approx(2.0)  # the median of time_evaluator's repeats
-    assert vms["tuned"].evaluator == {"number": 7, "repeat": 3} and vms["tuned"].calls == 0
-    assert vms["untuned"].evaluator is None and vms["untuned"].calls == 1
-    assert report.untuned_ms is not None and 1.0 <= report.untuned_ms < 500
-    assert (report.torch_ms, report.onnxruntime_ms) == (None, None)  # no PyTorch module, not ONNX
-    if compare_torch:
-        assert report.notes[0] == "no PyTorch module for this model: eager latency not measured"
-        assert len(report.notes) == 2 and "onnxruntime latency not measured" in report.notes[1]
-    else:
-        assert report.notes == []
+    assert all(v is not None and v >= 0 for v in (report.tuned_ms, report.torch_ms, report.onnxruntime_ms,
+                                                   report.untuned_ms))
+    assert report.notes == ["a note"]
+
+
+def test_time_builds_without_the_alternatives_times_the_tuned_build_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunefleet.delivery import alternatives
+
+    monkeypatch.setattr(alternatives, "calls", lambda *a, **k: pytest.fail("the alternatives were asked for"))
+    log: list[str] = []
+    resolved = _resolved_for(None)
+    vms = {"tuned": CountingVM("tuned", log, call_s=0.0), "untuned": CountingVM("untuned", log, call_s=0.0)}
+    checked = Checked(None, [np.zeros((2, 3), "float32")], [], vms, {"tuned": 0.001, "untuned": UNTUNED_TIMING_S * 3})
+    time_builds(None, resolved, checked, rounds=2, compare_torch=False)  # type: ignore[arg-type]
+    assert _blocks(log) == ["tuned", "untuned"]
+    report = resolved.report
+    assert report.tuned_ms is not None and report.untuned_ms is not None
+    assert (report.torch_ms, report.onnxruntime_ms, report.notes) == (None, None, [])
+
+
+def test_time_builds_notes_an_alternative_without_a_call() -> None:
+    """The real alternatives of a model with no PyTorch module, not ingested as ONNX: two notes."""
+    resolved = _resolved_for(None)
+    vms = {"tuned": CountingVM("tuned", call_s=0.0), "untuned": CountingVM("untuned", call_s=0.0)}
+    checked = Checked(None, [np.zeros((2, 3), "float32")], [], vms, {"tuned": 0.001, "untuned": UNTUNED_TIMING_S * 3})
+    time_builds(None, resolved, checked, rounds=1)  # type: ignore[arg-type]
+    report = resolved.report
+    assert report.tuned_ms is not None and (report.torch_ms, report.onnxruntime_ms) == (None, None)
+    assert report.notes == ["no PyTorch module for this model: eager latency not measured",
+                            "no ONNX model and no PyTorch module to export: onnxruntime latency not measured"]
 
 
 def test_build_model_of_a_class_this_host_cannot_run_only_builds(fleet) -> None:  # type: ignore[no-untyped-def]
@@ -161,4 +205,83 @@ def test_build_model_of_a_class_this_host_cannot_run_only_builds(fleet) -> None:
     assert report.database_hits == 0 and report.workloads == 3
     assert (report.tuned_ms, report.untuned_ms, report.max_abs_diff) == (None, None, None)
     assert len(report.notes) == 1 and report.notes[0].startswith("not run: target llvm ")
-    assert report.notes[0].endswith(" cannot run on this host")
+    assert report.notes[0].endswith(" cannot run on this host (the class's recipe was built, not compared with others)")
+    assert report.delivered == "nhwc+prepack+fastmath+fold"
+
+
+def _slowed(monkeypatch: pytest.MonkeyPatch, slow: set[str], seconds: float = 0.02) -> None:
+    """Make the timed calls of the builds whose key is in ``slow`` take ``seconds`` longer (what a
+    layout conversion that costs more than it saves looks like to the timing)."""
+    import time
+
+    from tunefleet.delivery import build
+
+    real = build._call
+
+    def call(vm: Any, inputs: list[Any]) -> Any:
+        inner = real(vm, inputs)
+        key = next(k for k, v in _vms_seen[-1].items() if v is vm)
+        if key not in slow:
+            return inner
+        return lambda: (time.sleep(seconds), inner())[1]
+
+    _vms_seen: list[dict[str, Any]] = []
+    real_time_builds = build.time_builds
+
+    def time_builds_(store: Any, resolved: Any, checked: Any, **kw: Any) -> None:
+        _vms_seen.append(checked.vms)
+        real_time_builds(store, resolved, checked, **kw)
+
+    monkeypatch.setattr(build, "_call", call)
+    monkeypatch.setattr(build, "time_builds", time_builds_)
+
+
+def test_other_recipes_are_the_frontend_layout_with_and_without_prepacking(fleet) -> None:  # type: ignore[no-untyped-def]
+    from tunefleet.delivery.build import other_recipes
+
+    db, store = fleet
+    cnn = resolve(db, store, ingest(db, store, "small-cnn", image_size=16).model, "x86")
+    assert [r.name for r in other_recipes(cnn)] == ["native+prepack+fastmath+fold", "native+fastmath+fold"]
+    mlp = resolve(db, store, ingest(db, store, "mlp").model, "x86")  # no convolution: the layout changes nothing
+    assert [r.name for r in other_recipes(mlp)] == ["nhwc+fastmath+fold"]
+    gpu = resolve(db, store, mlp.model, "gpu")
+    assert other_recipes(gpu) == []  # the frontend's layout, no prepacking already
+
+
+def test_a_build_whose_layout_conversion_loses_is_not_delivered(fleet, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The class's recipe (NHWC) made slower than the others: the build under the frontend's
+    layout is delivered, exported, and the report says which and why."""
+    db, store = fleet
+    model = ingest(db, store, "small-cnn", image_size=16).model
+    _slowed(monkeypatch, {"tuned"})
+    out = tmp_path / "cnn.so"
+    report = build_model(db, store, model, "x86", output=out, compare_torch=False, rounds=3)
+    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold", "native+prepack+fastmath+fold",
+                                     "native+fastmath+fold", "untuned"}
+    assert report.builds_ms["nhwc+prepack+fastmath+fold"] > 20.0  # the slowed build
+    assert report.delivered != "nhwc+prepack+fastmath+fold" and report.tuned_ms == report.builds_ms[report.delivered]
+    assert report.recipe == "nhwc+prepack+fastmath+fold" and report.max_abs_diff is not None
+    assert report.output == str(out) and out.stat().st_size > 0
+    if report.delivered == "untuned":
+        assert any(n.startswith("delivered the UNTUNED build: every tuned build was slower") for n in report.notes)
+    else:
+        assert any(n.startswith(f"delivered the build under recipe {report.delivered}, not the class's "
+                                "nhwc+prepack+fastmath+fold: it was the fastest") for n in report.notes)
+
+
+def test_a_tuned_build_slower_than_the_untuned_one_is_never_delivered(fleet, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    db, store = fleet
+    model = ingest(db, store, "mlp").model
+    _slowed(monkeypatch, {"tuned", "nhwc+fastmath+fold"})
+    report = build_model(db, store, model, "x86", output=tmp_path / "mlp.so", compare_torch=False, rounds=3)
+    assert report.delivered == "untuned" and report.tuned_ms == report.untuned_ms
+    assert min(v for k, v in report.builds_ms.items() if k != "untuned") > report.untuned_ms
+    assert any(n.startswith("delivered the UNTUNED build: every tuned build was slower (") for n in report.notes)
+    assert (tmp_path / "mlp.so").stat().st_size > 0
+
+
+def test_with_nothing_slowed_the_fastest_build_is_delivered(fleet) -> None:  # type: ignore[no-untyped-def]
+    db, store = fleet
+    model = ingest(db, store, "mlp").model
+    report = build_model(db, store, model, "x86", compare_torch=False, rounds=3)
+    assert report.tuned_ms == min(report.builds_ms.values()) == report.builds_ms[report.delivered]

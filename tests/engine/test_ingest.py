@@ -61,7 +61,7 @@ def test_bad_sources(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
 def test_builtin_hardware_classes_are_seeded(engine) -> None:  # type: ignore[no-untyped-def]
     _, db, _ = engine
     classes = {h.name: h for h in db.hardware_classes()}
-    assert set(classes) >= {"x86", "arm", "gpu"}
+    assert set(classes) >= {"x86", "x86-avx2", "arm", "gpu"}
     assert classes["x86"].target["kind"] == "llvm" and classes["x86"].target["num-cores"] >= 1
     assert classes["arm"].target["mtriple"].startswith("aarch64")
     assert classes["gpu"].target["kind"] == "cuda"
@@ -76,14 +76,16 @@ def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # 
 
     db = Database.from_settings(engine_settings)
     seed_hardware_classes(db, engine_settings)
-    assert {h.name: class_recipe(h).name for h in db.hardware_classes()} == {
-        "x86": "nhwc+prepack+fastmath", "arm": "nhwc+prepack+fastmath", "gpu": "native"}
+    recipes = {h.name: class_recipe(h).name for h in db.hardware_classes()}
+    assert recipes.pop("x86-avx2") == recipes["x86"]  # the fixed AVX2 class gets the CPU recipe
+    assert recipes == {
+        "x86": "nhwc+prepack+fastmath+fold", "arm": "nhwc+prepack+fastmath+fold", "gpu": "native+fold"}
     native = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
                            hardware={"x86": {"layout": "native"}})
     seed_hardware_classes(db, native)
-    assert class_recipe(db.hardware_class("x86")).name == "native+prepack+fastmath"
+    assert class_recipe(db.hardware_class("x86")).name == "native+prepack+fastmath+fold"
     bad = load_settings(home=engine_settings.home, hardware={"x86": {"layout": "NCHW"}})
-    with pytest.raises(ConfigError, match="layout 'NCHW'; one of NHWC, native"):
+    with pytest.raises(ConfigError, match="layout 'NCHW'; one of NHWC, NCHWc, native"):
         configured_classes(bad)
     db.close()
 

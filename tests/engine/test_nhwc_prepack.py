@@ -34,7 +34,7 @@ def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
     store = LocalStore(settings.effective_store_path)
     model = ingest(db, store, "small-cnn", image_size=16).model
     ex = extract(db, store, model, "x86")
-    assert ex.recipe == "nhwc+prepack+fastmath"
+    assert ex.recipe == "nhwc+prepack+fastmath+fold"
     hw = db.hardware_class("x86")
     workloads = db.workloads(model.id, hw.id)
     assert any(wl.op_kind == "conv2d" for wl, _ in workloads)
@@ -51,7 +51,7 @@ def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
 
     # build_model checks the tuned outputs against the unconverted model's (CorrectnessError if not).
     report = build_model(db, store, model, "x86", compare_torch=False)
-    assert report.recipe == "nhwc+prepack+fastmath"
+    assert report.recipe == "nhwc+prepack+fastmath+fold"
     assert report.database_hits == report.tuned_workloads == report.workloads == len(workloads)
     assert report.max_abs_diff is not None and report.tuned_ms is not None
     # Weights repacked once at build time: some kernel reads packed weights, and no repacking

@@ -538,3 +538,19 @@ def test_pool_script_waits_for_the_prefect_api_offline(monkeypatch) -> None:  # 
     monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{server.server_port}/api")
     with pytest.raises(SystemExit, match="did not answer within 0 s"):
         script.wait_for_api(timeout_s=0, interval_s=0.01)
+
+
+def test_builtin_x86_avx2_class_runs_in_the_x86_pool_offline() -> None:
+    """Enabled, the fixed AVX2 class needs no target, runs on the x86 nodes and sets no TUNEFLEET_HARDWARE."""
+    values = merge(REQUIRED, {"hardware": {"x86-avx2": {"enabled": True}}})
+    listed = objects(render(values, namespace=NAMESPACE))
+    assert validate_strict(listed, KUBE_VERSIONS[-1:]) == len(listed)
+    objs = by_kind_name(listed)
+    worker = objs[("Deployment", "tunefleet-worker-x86-avx2")]["spec"]["template"]["spec"]
+    assert worker["nodeSelector"] == {"tunefleet.io/hardware": "x86", "kubernetes.io/arch": "amd64"}
+    job = flow_run_jobs(pools_spec(listed), NAMESPACE)["x86-avx2"]["spec"]["template"]["spec"]
+    assert job["nodeSelector"] == {"tunefleet.io/hardware": "x86", "kubernetes.io/arch": "amd64"}
+    assert "TUNEFLEET_HARDWARE" not in objs[("ConfigMap", "tunefleet-config")]["data"]
+    moved = merge(values, {"hardware": {"x86-avx2": {"nodePool": "c7i"}}})
+    data = by_kind_name(objects(render(moved)))[("ConfigMap", "tunefleet-config")]["data"]
+    assert json.loads(data["TUNEFLEET_HARDWARE"]) == {"x86-avx2": {"node_pool": "c7i"}}

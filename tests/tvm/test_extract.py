@@ -217,15 +217,19 @@ def test_hashes_are_stable_across_processes(mlp_workloads: list[ExtractedWorkloa
 
 
 def test_recipes(cpu_target: Any, mlp_mod: Any, mlp_params: dict[str, Any]) -> None:
-    assert recipe_for(cpu_target) == Recipe("NHWC", prepack=True, fast_math=True)
-    assert recipe_for(cpu_target).name == "nhwc+prepack+fastmath"
-    assert recipe_for(cpu_target, "native") == Recipe(None, prepack=True, fast_math=True)
-    assert recipe_for({"kind": "cuda", "arch": "sm_80"}) == Recipe(None, prepack=False)
-    for recipe in (Recipe("NHWC", True, True), Recipe("NHWC", True), Recipe(None, False, True), Recipe()):
+    assert recipe_for(cpu_target) == Recipe("NHWC", prepack=True, fast_math=True, fold=True)
+    assert recipe_for(cpu_target).name == "nhwc+prepack+fastmath+fold"
+    assert recipe_for(cpu_target, "native") == Recipe(None, prepack=True, fast_math=True, fold=True)
+    assert recipe_for(cpu_target, "NCHWc").name == "nchwc+prepack+fastmath+fold"
+    assert recipe_for({"kind": "cuda", "arch": "sm_80"}) == Recipe(None, prepack=False, fold=True)
+    for recipe in (Recipe("NHWC", True, True), Recipe("NHWC", True), Recipe(None, False, True), Recipe(),
+                   Recipe("NCHWc", True, True, True), Recipe(None, fold=True)):
         assert Recipe.from_name(recipe.name) == recipe
     with pytest.raises(ConfigError, match="unknown layout"):
         recipe_for(cpu_target, "NCHW4c")
-    for bad in ("nchw", "nhwc+fastmath+prepack", "nhwc+prepack+prepack", "nhwc+fast"):
+    with pytest.raises(ConfigError, match="not supported: the blocked NCHWc layout on a GPU"):
+        recipe_for({"kind": "cuda", "arch": "sm_80"}, "NCHWc")
+    for bad in ("nchw", "nhwc+fastmath+prepack", "nhwc+prepack+prepack", "nhwc+fast", "nhwc+fold+prepack"):
         with pytest.raises(ConfigError, match="unknown extraction recipe"):
             Recipe.from_name(bad)
     # Prepacking is part of a workload's identity: the same MLP hashes differently without it.
@@ -331,3 +335,87 @@ def test_nhwc_converts_relu6_and_tf_padding_without_transposes(cpu_target: Any) 
     expected = native["main"](x).numpy()
     assert np.abs(expected).max() > 1
     np.testing.assert_allclose(nhwc["main"](x).numpy(), expected, rtol=1e-5, atol=1e-4)
+
+
+def _conv_bn_relu_residual() -> Any:
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Block:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w: R.Tensor((16, 16, 3, 3), "float32"),
+                 gamma: R.Tensor((16,), "float32"), beta: R.Tensor((16,), "float32"),
+                 mean: R.Tensor((16,), "float32"), var: R.Tensor((16,), "float32")) -> R.Tensor((1, 16, 8, 8), "float32"):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                a = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+                bn = R.nn.batch_norm(a, gamma, beta, mean, var, axis=1)
+                b = R.nn.relu(bn[0])
+                c = R.nn.conv2d(b, w, padding=[1, 1, 1, 1])
+                d = R.add(c, x)
+                e = R.nn.relu(d)
+                R.output(e)
+            return e
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((16, 16, 3, 3)).astype("float32") * 0.1,
+              "gamma": rng.uniform(0.5, 1.5, 16).astype("float32"), "beta": rng.standard_normal(16).astype("float32"),
+              "mean": rng.standard_normal(16).astype("float32"), "var": rng.uniform(0.5, 1.5, 16).astype("float32")}
+    return Block, params
+
+
+def _build_and_compare(mod: Any, target: Any, params: dict[str, Any], recipe: Recipe, shape: tuple[int, ...]) -> None:
+    from tunefleet.tvm.compile import build_with_database
+
+    dev = tvm.cpu()
+    x = tvm.runtime.tensor(np.random.default_rng(1).standard_normal(shape).astype("float32"), dev)
+    reference = relax.VirtualMachine(tvm.compile(prepare_for_build(mod, target, params), target=target), dev)
+    built = relax.VirtualMachine(build_with_database(mod, target, ms.database.MemoryDatabase(), params=params,
+                                                     recipe=recipe).executable, dev)
+    np.testing.assert_allclose(built["main"](x).numpy(), reference["main"](x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHWc", None])
+def test_fold_puts_batchnorm_relu_and_the_residual_add_in_the_convolutions(cpu_target: Any, layout: str | None) -> None:
+    """Without ``fold``, BatchNorm becomes four elementwise ops after its convolution and a
+    tuple get-item stops FuseOps before the ReLU: the ReLU and the residual add + ReLU are
+    workloads of their own. With it, each convolution is one workload, epilogue included, and
+    the outputs equal the model's."""
+    block, params = _conv_bn_relu_residual()
+    names = {w.name for w in extract_workloads(block, cpu_target, params, recipe=Recipe(layout, prepack=True))}
+    assert any("relu" in n and "conv2d" not in n for n in names), names
+    folded = Recipe(layout, prepack=True, fold=True)
+    names = {w.name for w in extract_workloads(block, cpu_target, params, recipe=folded)}
+    assert all("conv2d" in n or "transpose" in n or "layout_transform" in n for n in names), names
+    assert not any("subtract" in n or "divide" in n for n in names), names
+    assert any("add" in n and "relu" in n and "conv2d" in n for n in names), names
+    _build_and_compare(block, cpu_target, params, folded, (1, 16, 8, 8))
+
+
+def test_nchwc_keeps_activations_blocked_between_convolutions(cpu_target: Any) -> None:
+    """Blocked NCHW[x]c: the convolutions become ``conv2d_NCHWc`` (TVM's own legalisation refuses
+    blocked layouts), their outputs stay blocked (one layout transform into the chain, one out)
+    and the build computes what the model does."""
+    from tunefleet.tvm.extract import channel_block
+
+    block, params = _conv_bn_relu_residual()
+    recipe = Recipe("NCHWc", prepack=True, fold=True)
+    fused = prepare_for_tuning(block, cpu_target, params, recipe=recipe)
+    names = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    convs = [n for n in names if "conv2d" in n]
+    assert len(convs) == 2 and all("NCHWc" in n for n in convs), names
+    assert len([n for n in names if "layout_transform" in n]) == 2, names
+    b = channel_block(cpu_target)
+    for name in convs:  # (N, C // b, H, W, b)
+        out = ms.arg_info.ArgInfo.from_prim_func(fused[name])[-1]
+        assert [int(d) for d in out.shape] == [1, 16 // b, 8, 8, b]
+    _build_and_compare(block, cpu_target, params, recipe, (1, 16, 8, 8))
+
+
+def test_channel_block_follows_the_vector_width() -> None:
+    from tunefleet.tvm.extract import channel_block
+    from tunefleet.tvm.targets import make_target
+
+    assert channel_block(make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})) == 8
+    assert channel_block(make_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})) == 16
+    assert channel_block(make_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 2})) == 4

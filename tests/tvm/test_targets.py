@@ -14,7 +14,9 @@ from tunefleet.tvm.targets import (
     cuda_target,
     host_cpu_target,
     make_target,
+    target_cpu_features,
     target_fingerprint,
+    x86_avx2_target,
 )
 
 
@@ -98,6 +100,25 @@ def test_arm_target_compiles_to_an_aarch64_target() -> None:
     target = make_target(spec)
     assert "arm_cpu" in [str(k) for k in target.keys]
     assert make_target(arm_target(mcpu="cortex-a72")).attrs["mcpu"] == "cortex-a72"
+
+
+def test_x86_avx2_target_is_haswell_with_a_fixed_triple() -> None:
+    spec = x86_avx2_target(num_cores=3)
+    assert spec == {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 3}
+    assert x86_avx2_target()["num-cores"] == len(os.sched_getaffinity(0))
+    assert make_target(spec).attrs["mcpu"] == "haswell"
+    with pytest.raises(InvalidTargetError):
+        x86_avx2_target(num_cores=0)
+
+
+def test_target_cpu_features_are_llvms_for_the_mcpu_and_mattr() -> None:
+    avx2 = target_cpu_features(x86_avx2_target(2))
+    assert {"avx", "avx2", "fma"} <= avx2 and not any(f.startswith("avx512") for f in avx2)
+    assert "avx512f" in target_cpu_features({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    without = target_cpu_features({"kind": "llvm", "mcpu": "skylake-avx512", "mattr": ["-avx512f"], "num-cores": 2})
+    assert "avx2" in without and "avx512f" not in without
+    assert target_cpu_features({"kind": "llvm", "num-cores": 2}) == set()  # generic: nothing asked for
+    assert target_cpu_features(cuda_target("sm_80")) == set()
 
 
 def test_cuda_target() -> None:

@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     from tunefleet.config import Settings
 
 
+def _model_name(text: str) -> str:
+    """An argparse ``type`` for ``ingest --name``: a name the database can hold, else one line."""
+    from tunefleet.models.ingest import check_name
+
+    return check_name(text)
+
+
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     ctx = api.connect(settings)
     res = api.ingest(ctx, args.source, name=args.name, batch_size=args.batch_size, image_size=args.image_size,
@@ -71,7 +78,8 @@ def cmd_extract(args: argparse.Namespace, settings: Settings) -> int:
 def _add_ingest(sub: Subparsers) -> None:
     ing = sub.add_parser("ingest", help="store a model (zoo name, ONNX file, .pt2 file or s3:// URI)")
     ing.add_argument("source", help="zoo name, path to an ONNX or .pt2 file, or s3://bucket/key")
-    ing.add_argument("--name", default=None, help="name to store the model under (default the zoo name or the file's stem)")
+    ing.add_argument("--name", type=_model_name, default=None,
+                     help="name to store the model under, at most 200 characters (default the zoo name or the file's stem)")
     zoo_options(ing)
     ing.set_defaults(handler=cmd_ingest)
 

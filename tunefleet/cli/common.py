@@ -45,10 +45,10 @@ def open_db(settings: Settings, *, check_schema: bool = True) -> Database:
     return Database.from_settings(settings, check_schema=check_schema)
 
 
-def at_least(minimum: int, flag: str) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``minimum``; anything else is one
-    :class:`~tunefleet.errors.ParameterError` line naming ``flag``, before any work (flags that
-    are :class:`~tunefleet.config.TuneKnobs` fields are checked by the options instead)."""
+def at_least(minimum: int, flag: str, *, at_most: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (and <= ``at_most``, if given); anything else
+    is one :class:`~tunefleet.errors.ParameterError` line naming ``flag``, before any work (flags
+    that are :class:`~tunefleet.config.TuneKnobs` fields are checked by the options instead)."""
     from tunefleet.errors import ParameterError
 
     def parse(text: str) -> int:
@@ -58,9 +58,53 @@ def at_least(minimum: int, flag: str) -> Callable[[str], int]:
             raise ParameterError(f"invalid {flag}: {text!r} (not an integer)") from None
         if value < minimum:
             raise ParameterError(f"invalid {flag}: {value} (must be >= {minimum})")
+        if at_most is not None and value > at_most:
+            raise ParameterError(f"invalid {flag}: {value} (must be <= {at_most})")
         return value
 
     return parse
+
+
+def between(low: float, high: float, flag: str) -> Callable[[str], float]:
+    """An argparse ``type``: a number strictly between ``low`` and ``high`` (so never ``inf`` or
+    ``nan``); anything else is one :class:`~tunefleet.errors.ParameterError` line naming ``flag``."""
+    from tunefleet.errors import ParameterError
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ParameterError(f"invalid {flag}: {text!r} (not a number)") from None
+        if not low < value < high:  # False for nan too
+            raise ParameterError(f"invalid {flag}: {value:g} (must be between {low:g} and {high:g}, exclusive)")
+        return value
+
+    return parse
+
+
+TCP_PORT = at_least(0, "--port", at_most=65535)
+"""An argparse ``type``: a TCP port to listen on (0: any free one)."""
+
+
+def listen_address(text: str) -> str:
+    """An argparse ``type`` for ``--addr``: an address of this machine to listen on (an IP address
+    or a host name that resolves to one), checked by binding it to a free port now, so that a
+    typo or another host's address is one :class:`~tunefleet.errors.ParameterError` line and not a
+    traceback once the server starts."""
+    import socket
+
+    from tunefleet.errors import ParameterError
+
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(text, 0, type=socket.SOCK_STREAM,
+                                                           flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(where)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ParameterError(f"invalid --addr: {text!r} (not an address of this machine to listen on: "
+                             f"{reason})") from None
+    return text
 
 
 def zoo_options(p: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from tunefleet import api
+from tunefleet.cli.common import between
 from tunefleet.cli.render import print_json, table
 
 if TYPE_CHECKING:
@@ -117,7 +118,8 @@ def _add_costmodel(sub: Subparsers) -> None:
     cmr.add_argument("--hardware", default="x86", help="hardware class to train for (default x86)")
     cmr.add_argument("--objective", choices=["reg:squarederror", "rank:pairwise"], default="reg:squarederror",
                      help="XGBoost objective (default reg:squarederror)")
-    cmr.add_argument("--holdout", type=float, default=0.2, help="fraction of workloads held out (default 0.2)")
+    cmr.add_argument("--holdout", type=between(0, 1, "--holdout"), default=0.2,
+                     help="fraction of workloads held out, between 0 and 1 (default 0.2)")
     cmr.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of XGBoost (default 0)")
     cmr.add_argument("--holdout-model", action="append", metavar="MODEL",
                      help="hold out the workloads only this model has (repeatable) instead of --holdout")

@@ -51,6 +51,11 @@ def report_table(report: Any) -> None:
         label = f"tunefleet tuned ({report.tuned_workloads}/{report.workloads} workloads tuned"
         label += f", {report.predicted_workloads} zero-shot" if report.predicted_workloads else ""
         label += f", {report.transferred_workloads} transferred)" if report.transferred_workloads else ")"
+        delivered = getattr(report, "delivered", "")
+        if delivered == "untuned":
+            label = "tunefleet: the UNTUNED build delivered (every tuned build was slower)"
+        elif delivered and delivered != report.recipe:
+            label += f", recipe {delivered}"
         rows.append((label, ms(report.tuned_ms), speed))
     if report.torch_ms is not None:
         speed = f"{report.untuned_ms / report.torch_ms:.2f}x" if report.untuned_ms else "-"
@@ -62,6 +67,9 @@ def report_table(report: Any) -> None:
     if report.recipe:
         print(f"recipe {report.recipe}: {report.database_hits} of {report.workloads} functions built from the database"
               + (f", {report.prepacked_weights} weight(s) prepacked at build time" if report.prepacked_weights else ""))
+    builds = getattr(report, "builds_ms", None) or {}
+    if len(builds) > 2:
+        print("builds timed side by side: " + ", ".join(f"{name} {v:.3f} ms" for name, v in builds.items()))
     if report.default_workloads:
         print(f"{report.default_workloads} of {report.workloads} workloads had no record and kept the default schedule")
     if report.predicted_workloads:

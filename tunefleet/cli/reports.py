@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tunefleet import api
-from tunefleet.cli.common import at_least
+from tunefleet.cli.common import TCP_PORT, at_least, listen_address
 from tunefleet.cli.render import print_json, table
 from tunefleet.errors import TunefleetError
 
@@ -103,8 +103,9 @@ def _add_report(sub: Subparsers) -> None:
 def _add_metrics(sub: Subparsers) -> None:
     met = sub.add_parser("metrics", help="Prometheus metrics").add_subparsers(dest="sub", required=True)
     mse = met.add_parser("serve", help="serve the fleet's gauges from the database on /metrics")
-    mse.add_argument("--port", type=at_least(0, "--port"), default=9464, help="TCP port to listen on (default 9464)")
-    mse.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    mse.add_argument("--port", type=TCP_PORT, default=9464, help="TCP port to listen on (default 9464)")
+    mse.add_argument("--addr", type=listen_address, default="127.0.0.1",
+                     help="address of this machine to listen on (default 127.0.0.1)")
     mse.add_argument("--interval", type=at_least(1, "--interval"), default=15, help="seconds between refreshes from the database (default 15)")
     mse.set_defaults(handler=cmd_metrics_serve)
 

@@ -42,6 +42,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     prefect_environment(settings, quiet=not args.verbose)
     from tunefleet.cli.progress import RunProgress
     from tunefleet.flows.pipeline import pipeline  # Prefect configures logging at import: after it
+    from tunefleet.tvm.native_log import native_stderr_to
 
     log_path = log_to_file(settings, "run", verbose=args.verbose)
     # With --json, stdout carries the result alone: everything else goes to stderr.
@@ -50,7 +51,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     console.rule(f"[bold]tunefleet run[/]: {args.model} on {args.hardware}, {what}")
     console.print(f"logs: {log_path}", highlight=False, soft_wrap=True)
     stop_on_ctrl_c(settings, _resume_command(args))
-    with RunProgress(settings, _model_name(args.model), args.hardware, console, ends_at=spend.ends_at):
+    # TVM's C++ warnings (fd 2, here and in every worker) go to the log file, not across the live
+    # line; Python's stderr (this console with --json, error lines, tracebacks) stays on the terminal.
+    with native_stderr_to(log_path), \
+            RunProgress(settings, _model_name(args.model), args.hardware, console, ends_at=spend.ends_at):
         result = pipeline(models=[args.model], hardware=[args.hardware], trials=args.trials,
                           budget=None if budget is None else str(budget), started_at=spend.started_at,
                           shard_trials=args.shard_trials, batch_size=args.batch_size, image_size=args.image_size,

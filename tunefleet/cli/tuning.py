@@ -99,6 +99,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
     from tunefleet.cli.progress import RunProgress
+    from tunefleet.tvm.native_log import native_stderr_to
 
     options = tune_options(args, settings)
     ctx = api.connect(settings)
@@ -106,11 +107,13 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     rounds, deadline = _tune_budget(args, ctx, options)
     # With --json, stdout carries the result alone: the log path and the live line go to stderr.
     console = Console(stderr=args.json, width=None if (sys.stderr if args.json else sys.stdout).isatty() else 160)
-    console.print(f"logs: {log_to_file(settings, 'tune', verbose=args.verbose)}", highlight=False, soft_wrap=True)
+    log_path = log_to_file(settings, "tune", verbose=args.verbose)
+    console.print(f"logs: {log_path}", highlight=False, soft_wrap=True)
     stop_on_ctrl_c(settings, f"tunefleet tune --hardware {args.hardware}")
     model = ctx.db.model(args.model).name if rounds is not None else None
     ends_at = deadline.at if deadline is not None else None
-    with RunProgress(settings, model, args.hardware, console, ends_at=ends_at):  # read from the database
+    # TVM's C++ warnings to the log file, as in `run` (tunefleet.tvm.native_log).
+    with native_stderr_to(log_path), RunProgress(settings, model, args.hardware, console, ends_at=ends_at):
         if args.workers > 1:
             codes = api.tune_with_workers(ctx, args.hardware, options, workers=args.workers,
                                           max_shards=args.max_shards, rounds=rounds, deadline=deadline)

@@ -10,6 +10,7 @@ integrity errors: a unique key a concurrent write took first is a retryable
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from tunefleet.db.connection import (
     make_engine,
     masked_url,
 )
-from tunefleet.errors import ConflictError, DatabaseError
+from tunefleet.errors import ConflictError, DatabaseError, ParameterError
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -36,6 +37,29 @@ if TYPE_CHECKING:
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+_HEX = re.compile(r"[0-9a-fA-F]+")
+
+
+def is_hex(text: str) -> bool:
+    """Whether ``text`` is hex digits only: what a sha256 or a structural hash (or a prefix of one)
+    is made of. Anything else is never a prefix: ``%`` and ``_`` would be SQL ``LIKE`` wildcards."""
+    return _HEX.fullmatch(text) is not None
+
+
+def check_fits(column: Any, value: str | None, what: str) -> str | None:
+    """``value``, or one :class:`~tunefleet.errors.ParameterError` line when it is longer than
+    ``column`` (a ``String(N)`` attribute of a table) holds.
+
+    Checked here, before the database, because the backends disagree: PostgreSQL refuses an
+    over-long value with a ``DataError`` at the write, SQLite stores it whole.
+    """
+    limit = getattr(column.type, "length", None)
+    if value is not None and limit is not None and len(value) > limit:
+        shown = value if len(value) <= 40 else f"{value[:40]}..."
+        raise ParameterError(f"invalid {what}: {len(value)} characters (at most {limit}): {shown!r}")
+    return value
 
 
 class DatabaseBase:

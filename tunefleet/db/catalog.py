@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from tunefleet.db._base import DatabaseBase
+from tunefleet.db._base import DatabaseBase, check_fits, is_hex
 from tunefleet.db.tables import HardwareClass, Measurement, Model, ModelWorkload, Workload
-from tunefleet.errors import NotFoundError
+from tunefleet.errors import NotFoundError, ParameterError
 
 
 def lock_hardware_classes(s: Session, hardware_class_ids: Iterable[int]) -> None:
@@ -26,6 +26,12 @@ def lock_hardware_classes(s: Session, hardware_class_ids: Iterable[int]) -> None
     for hw_id in sorted(set(hardware_class_ids)):
         s.execute(update(HardwareClass).where(HardwareClass.id == hw_id)
                   .values(node_pool=HardwareClass.node_pool, updated_at=HardwareClass.updated_at))
+
+
+def check_model_name(name: str) -> str:
+    """``name``, or one :class:`~tunefleet.errors.ParameterError` line if the ``models`` table
+    cannot hold it (what ``ingest --name`` and :meth:`CatalogMixin.add_model` refuse up front)."""
+    return check_fits(Model.name, name, "model name")  # type: ignore[return-value]
 
 
 def model_links(hardware_class_id: int | None = None) -> Any:
@@ -68,7 +74,11 @@ class CatalogMixin(DatabaseBase):
         capabilities: dict[str, Any] | None = None,
         layout: str | None = None,
     ) -> HardwareClass:
-        """Create or update a hardware class by name."""
+        """Create or update a hardware class by name (a name or node pool longer than its column
+        is one :class:`~tunefleet.errors.ParameterError` line, on every backend)."""
+        check_fits(HardwareClass.name, name, "hardware class name")
+        check_fits(HardwareClass.node_pool, node_pool, "hardware class node pool")
+        check_fits(HardwareClass.layout, layout, "hardware class layout")
         values = {
             "layout": layout,
             "target": target,
@@ -123,7 +133,11 @@ class CatalogMixin(DatabaseBase):
         input_info: list[Any] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> tuple[Model, bool]:
-        """Register a model by content hash; return (model, created). Same bytes → same row."""
+        """Register a model by content hash; return (model, created). Same bytes → same row.
+
+        A name longer than the ``models`` table holds is one :class:`~tunefleet.errors.ParameterError`
+        line on every backend (:func:`check_model_name`)."""
+        check_model_name(name)
         with self.session() as s:
             stmt = self._insert(Model).values(
                 name=name, source=source, format=format, sha256=sha256, artifact_uri=artifact_uri,
@@ -134,14 +148,15 @@ class CatalogMixin(DatabaseBase):
             return model, bool(res.rowcount)
 
     def model(self, ref: int | str) -> Model:
-        """A model by id, name (newest of that name) or sha256 prefix (>= 8 chars)."""
+        """A model by id, name (newest of that name) or sha256 prefix (>= 8 hex digits, in either
+        case; anything else is not a prefix: ``%`` and ``_`` match themselves only)."""
         with self.session() as s:
             if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
                 found = s.get(Model, int(ref))
             else:
                 found = s.scalars(select(Model).where(Model.name == ref).order_by(Model.id.desc()).limit(1)).first()
-                if found is None and len(ref) >= 8:
-                    found = s.scalars(select(Model).where(Model.sha256.startswith(ref))).first()
+                if found is None and len(ref) >= 8 and is_hex(ref):
+                    found = s.scalars(select(Model).where(Model.sha256.startswith(ref.lower(), autoescape=True))).first()
             if found is None:
                 raise NotFoundError(f"no model {ref!r}; see `tunefleet models list`")
             return found
@@ -206,14 +221,21 @@ class CatalogMixin(DatabaseBase):
                 ModelWorkload.model_id == model_id, ModelWorkload.hardware_class_id == hardware_class_id)))
 
     def workload(self, ref: int | str) -> Workload:
-        """A workload by id or structural hash (a unique prefix of >= 6 hex digits works)."""
+        """A workload by id or structural hash (a unique prefix of >= 6 hex digits works, in either
+        case); a reference that is neither is one :class:`~tunefleet.errors.ParameterError` line."""
         with self.session() as s:
             if isinstance(ref, int):
                 found = s.get(Workload, ref)
             else:
                 found = s.scalars(select(Workload).where(Workload.structural_hash == ref)).one_or_none()
+                if found is None and not is_hex(ref):
+                    raise ParameterError(f"invalid workload {ref!r}: give its id or its structural hash (hex digits, "
+                                         "or a prefix of at least 6); see `tunefleet workloads list`")
+                if found is None and ref != ref.lower():
+                    found = s.scalars(select(Workload).where(Workload.structural_hash == ref.lower())).one_or_none()
                 if found is None and len(ref) >= 6:
-                    matches = list(s.scalars(select(Workload).where(Workload.structural_hash.startswith(ref)).limit(2)))
+                    matches = list(s.scalars(select(Workload).where(
+                        Workload.structural_hash.startswith(ref.lower(), autoescape=True)).limit(2)))
                     if len(matches) > 1:
                         raise NotFoundError(f"workload prefix {ref!r} is ambiguous; give more digits")
                     found = matches[0] if matches else None

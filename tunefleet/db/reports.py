@@ -78,6 +78,10 @@ class WorkloadProgress:
     best_s: float | None
     default_s: float | None
     """Mean run time of the unscheduled program, when it was measured."""
+    rounds: dict[int, dict[str, int]]
+    """Shards of the workload on the class created since the given time that a budget's round
+    planned (:func:`tunefleet.planning.rounds.plan_round` records the round in the shard's
+    ``planned`` event), by round, then by state; empty without a budget."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,8 @@ class ReportsMixin(CatalogMixin):
 
     def model_progress(self, model_id: int, hardware_class_id: int, since: dt.datetime) -> list[WorkloadProgress]:
         """Per workload of a model on one class: shards by state, trials planned and spent, rows
-        committed since ``since`` (and their errors), the best and the default schedule's run time."""
+        committed since ``since`` (and their errors), the best and the default schedule's run time,
+        and the budget rounds planned since ``since`` with their shards' states."""
         m = Measurement
         with self.session() as s:
             linked = model_links(hardware_class_id)
@@ -205,12 +210,23 @@ class ReportsMixin(CatalogMixin):
                                   .group_by(m.workload_id)).all())
             default = dict(s.execute(select(m.workload_id, func.min(m.mean_run_s))
                                      .where(*scope, m.trace_sha256 == DEFAULT_TRACE_SHA256).group_by(m.workload_id)).all())
+            rounds: dict[int, dict[int, dict[str, int]]] = defaultdict(dict)
+            for wl, state, history in s.execute(
+                    select(Shard.workload_id, Shard.state, Shard.history)
+                    .where(Shard.hardware_class_id == hardware_class_id, Shard.workload_id.in_(ids),
+                           Shard.created_at >= since)):
+                planned = (history or [{}])[0].get("round")
+                if planned is not None:
+                    by_state = rounds[wl].setdefault(int(planned), {})
+                    by_state[state] = by_state.get(state, 0) + 1
         return [WorkloadProgress(wl, name, int(weight), dict(states[wl]), trials[wl], int(spent.get(wl, 0)),
-                                 *recent.get(wl, (0, 0)), best.get(wl), default.get(wl)) for wl, name, weight in links]
+                                 *recent.get(wl, (0, 0)), best.get(wl), default.get(wl), dict(rounds[wl]))
+                for wl, name, weight in links]
 
     def queue_progress(self, shard_ids: Sequence[int], since: dt.datetime) -> list[WorkloadProgress]:
         """:meth:`model_progress` over given shards (e.g. the queue a worker found when it started),
-        per workload; weights are 1 and the default's run time is not read (no model to weigh by)."""
+        per workload; weights are 1, and neither the run times nor the rounds are read (no model to
+        weigh by, no model's budget)."""
         m = Measurement
         ids = list(shard_ids)
         with self.session() as s:
@@ -230,5 +246,5 @@ class ReportsMixin(CatalogMixin):
             w["spent"] += int(spent.get(sid, 0))
             n, e = recent.get(sid, (0, 0))
             w["n"], w["e"] = w["n"] + n, w["e"] + e
-        return [WorkloadProgress(wl, w["name"], 1, dict(w["shards"]), w["trials"], w["spent"], w["n"], w["e"], None, None)
-                for wl, w in per.items()]
+        return [WorkloadProgress(wl, w["name"], 1, dict(w["shards"]), w["trials"], w["spent"], w["n"], w["e"],
+                                 None, None, {}) for wl, w in per.items()]

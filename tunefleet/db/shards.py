@@ -9,6 +9,7 @@ callers in :mod:`tunefleet.planning.shard_queue` and :mod:`tunefleet.planning.ro
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,10 +20,23 @@ from sqlalchemy.orm import Session, aliased
 
 from tunefleet.db.catalog import CatalogMixin, lock_hardware_classes, model_links
 from tunefleet.db.tables import InFlight, Measurement, Shard, TuningState, Workload, utcnow
-from tunefleet.errors import ConflictError, NotFoundError, StaleLeaseError
+from tunefleet.config import MAX_LEASE_S
+from tunefleet.errors import ConflictError, NotFoundError, ParameterError, StaleLeaseError
 from tunefleet.vocab import CANCELLED, CRASH, DEFAULT_TRACE_SHA256, DONE, FAILED, FILTERED, LEASED, PENDING
 
 _LEASE_RACES = 20  # a lost race retries with the next candidate, this many times at most
+
+
+def check_lease_s(lease_s: float) -> float:
+    """``lease_s``, or one :class:`~tunefleet.errors.ParameterError` line unless it is a positive
+    number of seconds up to :data:`~tunefleet.config.MAX_LEASE_S`: the same answer on both
+    backends, where ``inf`` would store no expiry on SQLite (a lease that never expires) and
+    overflow on PostgreSQL. The options refuse it first (at least 3 s there); this guards every
+    other caller."""
+    if not (math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
+        raise ParameterError(f"invalid lease_s: {lease_s!r} (a lease is a positive number of seconds, "
+                             f"at most {MAX_LEASE_S:g})")
+    return lease_s
 
 
 def db_now(dialect: str, plus_s: float = 0.0) -> Any:
@@ -374,6 +388,7 @@ class ShardsMixin(CatalogMixin):
         or None when no pending shard is left (or every candidate was taken by another worker
         meanwhile). ``now`` replaces the database's clock (tests only).
         """
+        check_lease_s(lease_s)
         for _ in range(_LEASE_RACES):
             try:
                 leased = self._lease_one(hardware_class_id, owner, lease_s, shard_id, now)
@@ -433,6 +448,7 @@ class ShardsMixin(CatalogMixin):
     ) -> Shard | None:
         """Renew a lease ``owner`` still holds on a shard of the class (attempts unchanged, a new
         generation: whatever the earlier holder under this owner still does is fenced out); None if none."""
+        check_lease_s(lease_s)
         with self.session() as s:
             stmt = select(Shard).where(Shard.hardware_class_id == hardware_class_id, Shard.state == LEASED,
                                        Shard.lease_owner == owner)
@@ -458,6 +474,7 @@ class ShardsMixin(CatalogMixin):
     def heartbeat_lease(self, shard_id: int, owner: str, *, lease_s: float, generation: int | None = None) -> bool:
         """Push ``owner``'s lease on a shard ``lease_s`` past the database's now; False if it no
         longer holds it (with ``generation``: that generation of it)."""
+        check_lease_s(lease_s)
         with self.session() as s:
             stmt = update(Shard).where(Shard.id == shard_id, Shard.state == LEASED, Shard.lease_owner == owner)
             if generation is not None:
@@ -597,8 +614,9 @@ class ShardsMixin(CatalogMixin):
         (a process stopped by its user): the shards go back to pending and the lease is not counted
         against their budget of leases. Returns their ids."""
         with self.session() as s:
+            # autoescape: "_" in a hostname is not a LIKE wildcard (node_1 must not match nodeX1)
             held = s.scalars(select(Shard).where(Shard.state == LEASED, (Shard.lease_owner == owner_prefix)
-                                                 | Shard.lease_owner.startswith(owner_prefix + ":")))
+                                                 | Shard.lease_owner.startswith(owner_prefix + ":", autoescape=True)))
             return [shard.id for shard in held.all() if self._give_back(s, shard, shard.lease_owner, "released")]
 
     def give_back_lease(self, shard_id: int, owner: str) -> bool:

@@ -1,10 +1,13 @@
 """Building a model with the best stored schedules, and its latency report against the untuned
 build and what the user would run instead.
 
-:func:`build_model` runs four steps, each usable on its own: :func:`resolve` (load the model,
+:func:`build_model` runs six steps, each usable on its own: :func:`resolve` (load the model,
 find its workloads, count what the database holds for them), :func:`compile_tuned` (build with
-the database's schedules, export), :func:`check` (against the untuned build) and
-:func:`time_builds` (both builds, then the alternatives).
+the database's schedules under the class's recipe), :func:`compile_others` (the same schedules
+under the other recipes: the frontend's layout, with and without prepacked weights),
+:func:`check` (every build against the untuned one), :func:`time_builds` (the builds alternating
+with the alternatives, as the bench times them) and :func:`deliver` (export the fastest; never a
+tuned build slower than the untuned one).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.delivery.best import transfer_lookup
+from tunefleet.delivery.timing import ROUNDS, estimate_s, time_alternating
 from tunefleet.errors import CorrectnessError, NotFoundError
 from tunefleet.vocab import STAGE_LOG_KEY, UNTUNED_TIMING_S
 
@@ -58,7 +62,12 @@ class BuildReport:
     zero_shot_s_per_task: float | None = None
     verified: int = 0
     recipe: str = ""
-    """The extraction recipe of the build (e.g. ``nhwc+prepack``)."""
+    """The extraction recipe of the class's build (e.g. ``nhwc+prepack+fastmath+fold``)."""
+    delivered: str = ""
+    """What :func:`deliver` kept: a recipe's name, or ``"untuned"`` when every tuned build was
+    slower than the untuned one. ``tuned_ms`` is its latency."""
+    builds_ms: dict[str, float] = field(default_factory=dict)
+    """Every build timed, by recipe name (and ``"untuned"``), in ms."""
     database_hits: int = 0
     """Fused functions built with a schedule from the database (the rest: default schedules)."""
     prepacked_weights: int = 0
@@ -82,23 +91,29 @@ def _stage(message: str, stage: str) -> None:
     log.info("%s", message, extra={STAGE_LOG_KEY: stage})
 
 
-def _time_vm(vm: Any, dev: Any, inputs: list[Any], repeat: int, *, one_call_s: float | None = None) -> float:
-    """Seconds per call of ``main``: the median of 3 repeats of ``repeat`` calls (``time_evaluator``,
-    which warms up with one more call).
+def _time_untuned(vm: Any, inputs: list[Any], one_call_s: float, rounds: int) -> float:
+    """Seconds per call of the untuned build's ``main``, timed apart from the tuned build and the
+    alternatives.
 
-    A build whose calls are slow (``one_call_s``, its first call's time, says so) is timed with
-    as many plain calls as fit in :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at least one, and
-    their median: the first call already warmed it up.
+    The untuned build is naive loops: a call can take seconds, and its figure is only the
+    reference of the speed-up. Timed with the tuned build, its calls would make every round of
+    the alternating timing long. When its alternating timing (warm-up and ``rounds`` rounds,
+    :func:`tunefleet.delivery.timing.estimate_s` of ``one_call_s``, its first call's time) fits in
+    :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, it is timed alone with
+    :func:`~tunefleet.delivery.timing.time_alternating`, the tuned build's measure; else with as
+    many plain calls as fit in ``UNTUNED_TIMING_S`` (at least one; the first call in :func:`check`
+    warmed it up), the median of their wall times: the same measure, a wall clock around one
+    call from Python, in fewer calls.
     """
-    if one_call_s is not None and one_call_s * (3 * max(1, repeat) + 1) > UNTUNED_TIMING_S:
-        times = []
-        for _ in range(max(1, int(UNTUNED_TIMING_S / one_call_s))):
-            t0 = time.perf_counter()
-            vm["main"](*inputs)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    timer = vm.time_evaluator("main", dev, number=max(1, repeat), repeat=3, min_repeat_ms=100)
-    return float(statistics.median(timer(*inputs).results))
+    main = vm["main"]
+    if estimate_s({"untuned": one_call_s}, rounds) <= UNTUNED_TIMING_S:
+        return float(time_alternating({"untuned": lambda: main(*inputs)}, rounds)["untuned"]["ms"]) / 1e3
+    times = []
+    for _ in range(max(1, int(UNTUNED_TIMING_S / one_call_s))):
+        t0 = time.perf_counter()
+        main(*inputs)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 @dataclass
@@ -154,9 +169,12 @@ class Checked:
     inputs : list of tvm.runtime.Tensor
         The same inputs on ``dev``.
     vms : dict of str to relax.VirtualMachine
-        ``"tuned"`` and ``"untuned"``.
+        ``"tuned"`` (the class's recipe), ``"untuned"``, and one per other recipe built
+        (:func:`compile_others`), keyed by the recipe's name.
     first_call_s : dict of str to float
         Seconds of each VM's first call, by the same keys.
+    executables : dict of str to tvm.relax.VMExecutable
+        The builds, by the same keys (what :func:`deliver` exports).
     """
 
     dev: Any
@@ -164,6 +182,7 @@ class Checked:
     inputs: list[Any]
     vms: dict[str, Any]
     first_call_s: dict[str, float]
+    executables: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve(
@@ -275,14 +294,9 @@ def compile_tuned(db: Database, resolved: Resolved, *, output: str | Path | None
     tvm.relax.VMExecutable
         The tuned build.
     """
-    from tunefleet.tvm.bridge import FleetDatabase
-    from tunefleet.tvm.compile import build_with_database
-
-    report, hardware, loaded = resolved.report, resolved.hardware.name, resolved.loaded
+    report, hardware = resolved.report, resolved.hardware.name
     t0 = time.perf_counter()
-    fleet_db = FleetDatabase(db, hardware, with_predictions=resolved.zero_shot is not None,
-                             transfer=transfer_lookup(db, hardware) if transfer else None)
-    built = build_with_database(loaded.mod, resolved.target, fleet_db, params=loaded.params, recipe=resolved.recipe)
+    built, fleet_db = _build_under(db, resolved, resolved.recipe, transfer=transfer)
     report.database_hits, report.prepacked_weights = len(built.hits), built.prepacked
     if built.preproc_left:
         report.notes.append(f"{built.preproc_left} weight repacking(s) left in main: they run on every call")
@@ -301,16 +315,92 @@ def compile_tuned(db: Database, resolved: Resolved, *, output: str | Path | None
     log.info("tuned build of %s for %s in %.1fs (%d database hits)", resolved.model.name, hardware,
              time.perf_counter() - t0, report.database_hits)
     if output is not None:
-        out = Path(output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        built.executable.export_library(str(out))
-        report.output = str(out)
+        _export(built.executable, output, report)
     return built.executable
 
 
-def check(resolved: Resolved, tuned_exec: Any) -> Checked:
-    """Build the untuned reference, run it and the tuned build once on the same random inputs,
-    and compare their outputs.
+def _build_under(db: Database, resolved: Resolved, recipe: Recipe, *, transfer: bool = False) -> tuple[Any, Any]:
+    """The model built under ``recipe`` with the class's stored schedules: (BuildResult, the
+    FleetDatabase it looked them up in)."""
+    from tunefleet.tvm.bridge import FleetDatabase
+    from tunefleet.tvm.compile import build_with_database
+
+    hardware, loaded = resolved.hardware.name, resolved.loaded
+    fleet_db = FleetDatabase(db, hardware, with_predictions=resolved.zero_shot is not None,
+                             transfer=transfer_lookup(db, hardware) if transfer else None)
+    return build_with_database(loaded.mod, resolved.target, fleet_db, params=loaded.params, recipe=recipe), fleet_db
+
+
+def _export(executable: Any, output: str | Path, report: BuildReport) -> None:
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    executable.export_library(str(out))
+    report.output = str(out)
+
+
+def other_recipes(resolved: Resolved) -> list[Recipe]:
+    """The recipes the build compares with the class's: the frontend's layout with the class's
+    prepacking, and without prepacking — those the class's recipe is not already. The frontend's
+    layout is left out for a model without a 2-D convolution (a layout conversion changes nothing
+    there)."""
+    from dataclasses import replace
+
+    recipe = resolved.recipe
+    out = []
+    if recipe.layout is not None and _has_conv2d(resolved.loaded.mod):
+        out.append(replace(recipe, layout=None))
+    if recipe.prepack:
+        out.append(replace(recipe, layout=None if out else recipe.layout, prepack=False))
+    return out
+
+
+def _has_conv2d(mod: Any) -> bool:
+    import tvm
+    from tvm import relax
+
+    op = tvm.ir.Op.get("relax.nn.conv2d")
+    found = False
+
+    @relax.expr_functor.visitor
+    class _Finder(relax.PyExprVisitor):  # type: ignore[misc]
+        def visit_call_(self, call: Any) -> None:
+            nonlocal found
+            found = found or call.op.same_as(op)
+            super().visit_call_(call)
+
+    finder = _Finder()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            finder.visit_expr(func)
+    return found
+
+
+def compile_others(db: Database, resolved: Resolved, *, transfer: bool = False) -> dict[str, Any]:
+    """Build the model under :func:`other_recipes` with the schedules already stored (nothing is
+    tuned for them: a workload without a record keeps its default schedule).
+
+    A recipe the class did not tune for can still win on a model: a single convolution whose
+    input and output transposes cost more than the NHWC kernel saves, or weights whose packing
+    was never tuned. :func:`deliver` keeps the fastest.
+
+    Returns
+    -------
+    dict of str to tvm.relax.VMExecutable
+        The builds by recipe name.
+    """
+    out = {}
+    for recipe in other_recipes(resolved):
+        t0 = time.perf_counter()
+        built, _ = _build_under(db, resolved, recipe, transfer=transfer)
+        log.info("build of %s under %s in %.1fs (%d database hits)", resolved.model.name, recipe.name,
+                 time.perf_counter() - t0, len(built.hits))
+        out[recipe.name] = built.executable
+    return out
+
+
+def check(resolved: Resolved, tuned_exec: Any, others: dict[str, Any] | None = None) -> Checked:
+    """Build the untuned reference, run it, the tuned build and the ``others``
+    (:func:`compile_others`) once on the same random inputs, and compare their outputs.
 
     The reference is the model as given (no layout conversion, no prepacking), so the recipe's
     rewrites are checked too. The report gets the largest absolute difference.
@@ -321,6 +411,8 @@ def check(resolved: Resolved, tuned_exec: Any) -> Checked:
         What :func:`resolve` found; its ``report`` is filled in.
     tuned_exec : tvm.relax.VMExecutable
         The tuned build (:func:`compile_tuned`), for the host CPU.
+    others : dict of str to tvm.relax.VMExecutable, optional
+        The builds under other recipes, by recipe name.
 
     Returns
     -------
@@ -330,7 +422,7 @@ def check(resolved: Resolved, tuned_exec: Any) -> Checked:
     Raises
     ------
     tunefleet.errors.CorrectnessError
-        An output of the tuned build is not close to the untuned one's.
+        An output of a tuned build is not close to the untuned one's.
     """
     import numpy as np
     import tvm
@@ -345,29 +437,42 @@ def check(resolved: Resolved, tuned_exec: Any) -> Checked:
     dev = tvm.cpu()
     inputs_np = loaded.random_inputs(seed=0)
     inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
-    vms = {"tuned": relax.VirtualMachine(tuned_exec, dev), "untuned": relax.VirtualMachine(untuned_exec, dev)}
+    executables = {"tuned": tuned_exec, **(others or {}), "untuned": untuned_exec}
+    vms = {k: relax.VirtualMachine(exe, dev) for k, exe in executables.items()}
     outs, first_call_s = {}, {}
     for k, vm in vms.items():
         t0 = time.perf_counter()
         outs[k] = _to_numpy(vm["main"](*inputs))
         first_call_s[k] = time.perf_counter() - t0
-    diffs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(outs["tuned"], outs["untuned"], strict=True)]
-    report.max_abs_diff = max(diffs) if diffs else 0.0
-    for a, b in zip(outs["tuned"], outs["untuned"], strict=True):
-        scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
-        if not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
-            raise CorrectnessError(
-                f"tuned build of {model.name} disagrees with the untuned build (max abs diff {report.max_abs_diff:.3g}); "
-                "a stored schedule is wrong for this model — report it"
-            )
-    return Checked(dev, inputs_np, inputs, vms, first_call_s)
+    for k in executables:
+        if k == "untuned":
+            continue
+        diffs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(outs[k], outs["untuned"], strict=True)]
+        max_diff = max(diffs) if diffs else 0.0
+        report.max_abs_diff = max(report.max_abs_diff or 0.0, max_diff)
+        for a, b in zip(outs[k], outs["untuned"], strict=True):
+            scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
+            if not np.allclose(a, b, rtol=1e-3, atol=1e-3 * scale):
+                which = "tuned build" if k == "tuned" else f"build under recipe {k}"
+                raise CorrectnessError(
+                    f"{which} of {model.name} disagrees with the untuned build (max abs diff {max_diff:.3g}); "
+                    "a stored schedule is wrong for this model — report it"
+                )
+    return Checked(dev, inputs_np, inputs, vms, first_call_s, executables)
 
 
-def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, repeat: int = 5,
+def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, rounds: int = ROUNDS,
                 compare_torch: bool = True) -> None:
-    """Time the tuned and the untuned build (:func:`_time_vm`) and, with ``compare_torch``, what
-    the user would run instead (:func:`tunefleet.delivery.alternatives.measure`) on the same
-    threads; the figures (ms) and notes go to ``resolved.report``.
+    """Time the tuned build and, with ``compare_torch``, what the user would run instead on the same
+    threads, in one alternating timing; then the untuned build apart. The figures (ms) and notes
+    go to ``resolved.report``.
+
+    The tuned build (``vm["main"](*inputs)``), PyTorch eager and onnxruntime (the calls of
+    :func:`tunefleet.delivery.alternatives.calls`) are timed together by
+    :func:`tunefleet.delivery.timing.time_alternating`, the function ``bench/versus_alternatives.py``
+    times them with: ``rounds`` rounds whose order rotates, a wall clock around each call from
+    Python. The untuned build is timed afterwards, alone (:func:`_time_untuned`: its calls can
+    take seconds; it is only the speed-up's reference).
 
     Parameters
     ----------
@@ -377,25 +482,70 @@ def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, r
         What :func:`resolve` found; its ``report`` is filled in.
     checked : Checked
         The builds :func:`check` ran.
-    repeat : int
-        Calls per timing repeat (:func:`_time_vm`).
+    rounds : int
+        Rounds of the alternating timing (:data:`tunefleet.delivery.timing.ROUNDS`, the bench's
+        default, by default).
     compare_torch : bool
         Also time PyTorch eager and onnxruntime.
     """
-    report, vms = resolved.report, checked.vms
-    report.tuned_ms = _time_vm(vms["tuned"], checked.dev, checked.inputs, repeat) * 1e3
-    report.untuned_ms = _time_vm(vms["untuned"], checked.dev, checked.inputs, repeat,
-                                 one_call_s=checked.first_call_s["untuned"]) * 1e3
+    report, vms, inputs = resolved.report, checked.vms, checked.inputs
+    untuned_alone = estimate_s({"untuned": checked.first_call_s["untuned"]}, rounds) > UNTUNED_TIMING_S
+    timed: dict[str, Any] = {k: _call(vm, inputs) for k, vm in vms.items() if k != "untuned" or not untuned_alone}
     if compare_torch:
         from tunefleet.delivery import alternatives
 
         model = resolved.model
-        _stage(f"timing what the user would run instead of {model.name}", "timing PyTorch eager and onnxruntime")
+        _stage(f"timing {model.name} against what the user would run instead",
+               "timing PyTorch eager and onnxruntime")
         onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
-        latencies, notes = alternatives.measure(checked.inputs_np, report.threads,
-                                                torch_module=resolved.loaded.torch_module, onnx_bytes=onnx_bytes)
-        report.torch_ms, report.onnxruntime_ms = latencies.get("torch"), latencies.get("onnxruntime")
+        alt_calls, notes = alternatives.calls(checked.inputs_np, report.threads,
+                                              torch_module=resolved.loaded.torch_module, onnx_bytes=onnx_bytes)
+        timed.update(alt_calls)
         report.notes += notes
+    latency = time_alternating(timed, rounds)
+    report.tuned_ms = latency["tuned"]["ms"]
+    report.torch_ms = latency.get("torch", {}).get("ms")
+    report.onnxruntime_ms = latency.get("onnxruntime", {}).get("ms")
+    report.untuned_ms = (_time_untuned(vms["untuned"], inputs, checked.first_call_s["untuned"], rounds) * 1e3
+                         if untuned_alone else latency["untuned"]["ms"])
+    report.builds_ms = {(resolved.recipe.name if k == "tuned" else k): latency[k]["ms"] for k in vms if k != "untuned"}
+    report.builds_ms["untuned"] = report.untuned_ms
+
+
+def _call(vm: Any, inputs: list[Any]) -> Any:
+    main = vm["main"]
+    return lambda: main(*inputs)
+
+
+def deliver(resolved: Resolved, checked: Checked, *, output: str | Path | None = None) -> str:
+    """Keep the fastest build :func:`time_builds` timed and export it to ``output``; say which and
+    why. A tuned build slower than the untuned one is never delivered: when every tuned build
+    is, the untuned build is, and the report says so.
+
+    Returns
+    -------
+    str
+        What was delivered: a recipe's name, or ``"untuned"`` (also ``report.delivered``).
+    """
+    report = resolved.report
+    by_key = {(resolved.recipe.name if k == "tuned" else k): k for k in checked.executables}
+    tuned = {name: ms for name, ms in report.builds_ms.items() if name != "untuned"}
+    best = min(tuned, key=tuned.__getitem__)
+    untuned_ms = report.builds_ms["untuned"]
+    chosen = "untuned" if untuned_ms < tuned[best] else best
+    report.delivered, report.tuned_ms = chosen, report.builds_ms[chosen]
+    side_by_side = ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(report.builds_ms.items(), key=lambda kv: kv[1]))
+    if chosen == "untuned":
+        report.notes.append(f"delivered the UNTUNED build: every tuned build was slower ({side_by_side}, timed "
+                            "side by side); tune longer, or the model's layout conversion costs more than it saves")
+        log.warning("build of %s for %s: every tuned build slower than the untuned one (%s)", resolved.model.name,
+                    resolved.hardware.name, side_by_side)
+    elif chosen != resolved.recipe.name:
+        report.notes.append(f"delivered the build under recipe {chosen}, not the class's {resolved.recipe.name}: "
+                            f"it was the fastest ({side_by_side}, timed side by side)")
+    if output is not None:
+        _export(checked.executables[by_key[chosen]], output, report)
+    return chosen
 
 
 def build_model(
@@ -405,7 +555,7 @@ def build_model(
     hardware: str,
     *,
     output: str | Path | None = None,
-    repeat: int = 5,
+    rounds: int = ROUNDS,
     compare_torch: bool = True,
     zero_shot: bool = False,
     top_k: int = 5,
@@ -413,9 +563,11 @@ def build_model(
     tuner: Any = None,
     transfer: bool = False,
 ) -> BuildReport:
-    """Compile a model with the best stored schedules; check it against the untuned build; time both
-    and, with ``compare_torch``, what the user would run instead (PyTorch eager, onnxruntime:
-    :mod:`tunefleet.delivery.alternatives`) on the same threads.
+    """Compile a model with the best stored schedules, under the class's recipe and the others
+    (:func:`other_recipes`); check them against the untuned build; time them and, with
+    ``compare_torch``, what the user would run instead (PyTorch eager, onnxruntime:
+    :mod:`tunefleet.delivery.alternatives`) side by side on the same threads; deliver the fastest
+    (never a tuned build slower than the untuned one).
 
     Workloads without a measurement keep the default schedule; the report says how many. With
     ``zero_shot``, they get the current cost model's best prediction instead
@@ -423,8 +575,9 @@ def build_model(
     ``verify`` of each on this node). With ``transfer``, the remaining ones get the best schedule
     of the most compatible class that builds for this one (:mod:`tunefleet.planning.transfer`).
 
-    The steps: :func:`resolve`, :func:`compile_tuned`, :func:`check`, :func:`time_builds`; a
-    target this host cannot run is built (and exported) only.
+    The steps: :func:`resolve`, :func:`compile_tuned`, :func:`compile_others`, :func:`check`,
+    :func:`time_builds`, :func:`deliver`; for a target this host cannot run, the class's recipe is
+    built (and exported) only.
 
     Parameters
     ----------
@@ -437,9 +590,9 @@ def build_model(
     hardware : str
         The hardware class to build for.
     output : str or pathlib.Path, optional
-        Where to export the tuned library.
-    repeat : int
-        Calls per timing repeat.
+        Where to export the delivered library.
+    rounds : int
+        Rounds of the alternating timing (see :func:`time_builds`).
     compare_torch : bool
         Also time PyTorch eager and onnxruntime.
     zero_shot, top_k, verify, tuner :
@@ -457,14 +610,18 @@ def build_model(
         The tuned build's outputs disagree with the untuned build's.
     """
     resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner)
-    tuned_exec = compile_tuned(db, resolved, output=output, transfer=transfer)
     report = resolved.report
     if not _host_can_run(resolved.target):
+        compile_tuned(db, resolved, output=output, transfer=transfer)
+        report.delivered = resolved.recipe.name
         report.notes.append(f"not run: target {resolved.target.kind.name} {resolved.hardware.target} "
-                            "cannot run on this host")
+                            "cannot run on this host (the class's recipe was built, not compared with others)")
         return report
-    checked = check(resolved, tuned_exec)
-    time_builds(store, resolved, checked, repeat=repeat, compare_torch=compare_torch)
+    tuned_exec = compile_tuned(db, resolved, transfer=transfer)
+    others = compile_others(db, resolved, transfer=transfer)
+    checked = check(resolved, tuned_exec, others)
+    time_builds(store, resolved, checked, rounds=rounds, compare_torch=compare_torch)
+    deliver(resolved, checked, output=output)
     return report
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -147,20 +148,26 @@ class TuneLoop:
         is spent, its deadline passes or no workload can use more trials.
     deadline : Deadline, optional
         Stop leasing at this time (default the rounds' deadline, if any).
+    pending : Callable[[], int], optional
+        Counts the class's pending shards, for a driver that reads the database its own way (the
+        Prefect flow: in a task run, retried like every task); default ``next_step``'s ``db``.
 
     Notes
     -----
     A driver loops ``while not isinstance(step := loop.next_step(db), Stop)``, carries out each
     step and reports it (:meth:`leased`, :meth:`refilled`; a :class:`Wait` needs no report), then
     calls :meth:`finish`. A step that raised (a lost lease, a transient error) is simply not
-    reported: the next step is the same kind again.
+    reported: the next step is the same kind again. That holds for :meth:`next_step` itself, the
+    one place the loop reads the database (how many shards are pending, when a lease found none):
+    if that read raises, nothing changed, and the driver retries it as it retries its own steps.
     """
 
     def __init__(self, hardware: str, *, max_shards: int | None = None, rounds: Rounds | None = None,
-                 deadline: Deadline | None = None) -> None:
+                 deadline: Deadline | None = None, pending: Callable[[], int] | None = None) -> None:
         self.hardware = hardware
         self.max_shards = max_shards
         self.rounds = rounds
+        self.pending = pending
         self.deadline = deadline or (rounds.deadline if rounds is not None else None)
         self.summary = TuneSummary(hardware)
         self.results: list[ShardResult] = []
@@ -171,8 +178,9 @@ class TuneLoop:
         self._waiting = False  # the wait is logged once, until a shard is tuned
         self._stop: Stop | None = None
 
-    def next_step(self, db: Database) -> Step:
-        """What to do next; ``db`` is read only to see whether shards are still pending."""
+    def next_step(self, db: Database | None = None) -> Step:
+        """What to do next; ``db`` is read only to see whether shards are still pending (not at
+        all with a ``pending`` counter)."""
         if self._stop is not None:
             return self._stop
         if self.max_shards is not None and len(self.results) >= self.max_shards:
@@ -184,7 +192,7 @@ class TuneLoop:
         planning = self.rounds if self.rounds is not None and self.rounds.stopped is None else None
         if planning is not None and not self._refilled:
             return Refill(planning)
-        if db.pending_shards(db.hardware_class(self.hardware).id):
+        if self._pending(db):
             # Pending shards none of which can be leased now: their workload is searched by
             # another worker, or they back off after a lost lease. Wait for them.
             if not self._waiting:
@@ -196,6 +204,15 @@ class TuneLoop:
         if planning is not None:  # the round planned was leased by other workers meanwhile: plan again
             return Refill(planning)
         return self._end(None)
+
+    def _pending(self, db: Database | None) -> int:
+        """How many shards of the class are pending (read before any state changes, so a read
+        that raises can simply be retried)."""
+        if self.pending is not None:
+            return self.pending()
+        if db is None:
+            raise ValueError("next_step needs db, or the loop a pending counter")
+        return len(db.pending_shards(db.hardware_class(self.hardware).id))
 
     def leased(self, result: ShardResult | None) -> None:
         """A :class:`Lease` tuned ``result``'s shard, or found none to lease (None)."""

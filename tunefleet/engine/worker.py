@@ -217,13 +217,17 @@ class Tuner:
         return result
 
     def close(self) -> None:
-        """Stop the builder (one this tuner made; a given one is left as it is) and the runner."""
+        """Stop the builder (one this tuner made; a given one is left as it is) and the runner; a
+        later shard starts them again."""
         if self._own_builder and self._builder is not None:
             self._builder.shutdown()
             self._builder = None
-        if self._runner is not None and hasattr(self._runner, "shutdown"):
-            self._runner.shutdown()
-        self._runner = None
+        runner, self._runner = self._runner, None
+        # MetaSchedule's LocalRunner has no shutdown of its own: its worker pool has (else its
+        # worker lives on until the runner is garbage-collected).
+        stop = getattr(runner, "shutdown", None) or getattr(getattr(runner, "pool", None), "shutdown", None)
+        if stop is not None:
+            stop()
 
 
 def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, max_shards: int | None = None,
@@ -246,8 +250,10 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     after a lost lease) are waited for, not left behind.
 
     A worker keeps going through faults that are not a shard's: a transient error (a lost database
-    connection) is logged in one line and waited out with ``backoff``, then the worker leases
-    again, taking its own shard back with no attempt spent (up to
+    connection) is logged in one line and waited out with ``backoff`` — wherever the loop meets
+    the database: leasing and tuning a shard (the worker then takes its own shard back with no
+    attempt spent), polling the pending shards while it waits, planning a budget's next round or
+    closing the rounds at the end — and the step is taken again (up to
     :data:`~tunefleet.vocab.TRANSIENT_RETRIES` in a row, then the error is raised); a lost lease
     (the shard cancelled, or expired and taken) moves on to the next shard; a builder or runner
     that cannot start is started again, and after :data:`START_FAILURES` failures in a row
@@ -259,17 +265,21 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     loop = TuneLoop(tuner.hardware, max_shards=max_shards, rounds=refill, deadline=deadline)
     backoff = backoff or Backoff()
     transient = start_failures = 0
+    summary: TuneSummary | None = None
     try:
-        while not isinstance(step := loop.next_step(db), Stop):
-            if isinstance(step, Refill):
-                loop.refilled(step.rounds.refill(db))
-                continue
-            if isinstance(step, Wait):
-                _wait(step.seconds)
-                continue
-            try:
-                result = tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=step.deadline,
-                                         reprioritise=not step.allocated)
+        while summary is None:
+            try:  # every step that reads or writes the database, the loop's own included
+                step = loop.next_step(db)
+                if isinstance(step, Stop):
+                    summary = loop.finish(db)
+                elif isinstance(step, Refill):
+                    loop.refilled(step.rounds.refill(db))
+                elif isinstance(step, Wait):
+                    _wait(step.seconds)
+                else:
+                    loop.leased(tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=step.deadline,
+                                                reprioritise=not step.allocated))
+                    start_failures = 0
             except WorkerStartError as exc:
                 start_failures += 1
                 if start_failures >= START_FAILURES:
@@ -287,16 +297,15 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
                 if transient > TRANSIENT_RETRIES:
                     raise
                 delay = backoff.delay(transient)
-                log.warning("transient error (retry %d of %d): %s; leasing again in %.0f s", transient,
+                log.warning("transient error (retry %d of %d): %s; trying again in %.0f s", transient,
                             TRANSIENT_RETRIES, str(exc).splitlines()[0], delay)
                 _wait(delay)
                 continue
-            transient = start_failures = 0
-            loop.leased(result)
+            transient = 0
     finally:
         if own:
             tuner.close()
-    return loop.finish(db)
+    return summary
 
 
 def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dict[str, Any],
@@ -305,7 +314,9 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dic
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.store import open_store
+    from tunefleet.tvm.native_log import redirect_native_stderr
 
+    redirect_native_stderr()  # before logging's handler takes sys.stderr: TVM's C++ lines to the log file
     settings = Settings(**settings_data)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(processName)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)

@@ -83,7 +83,12 @@ def ingest(
     image_size: int | None = None,
     seq_len: int | None = None,
 ) -> IngestResult:
-    """Ingest a model from a zoo name, a file path or an ``s3://`` URI."""
+    """Ingest a model from a zoo name, a file path or an ``s3://`` URI.
+
+    A ``name`` the database cannot hold is refused first, in one line, before anything is built,
+    read or stored (and a default name, the file's stem, before anything is stored)."""
+    if name is not None:
+        check_name(name)
     if source in _zoo_names():
         from tunefleet.models.zoo import build_zoo_model
 
@@ -113,8 +118,18 @@ def ingest(
     return _register(db, store, name or Path(filename).stem, fmt, fmt, data, loaded, meta)
 
 
+def check_name(name: str) -> str:
+    """``name``, or one :class:`~tunefleet.errors.ParameterError` line if it is longer than a model's
+    name may be (the ``models`` table's column; PostgreSQL would refuse it at the write and SQLite
+    store it whole, so both refuse it here)."""
+    from tunefleet.db import check_model_name
+
+    return check_model_name(name)
+
+
 def _register(db: Database, store: ArtifactStore, name: str, source: str, fmt: str, data: bytes,
               loaded: LoadedModel | None, meta: dict[str, Any]) -> IngestResult:
+    check_name(name)
     sha = hashlib.sha256(data).hexdigest()
     key, _ = store.put_content_addressed(data, prefix="models", suffix=_SUFFIX.get(fmt, ""))
     input_info = [[n, list(s), d] for n, s, d in loaded.input_info] if loaded is not None else []

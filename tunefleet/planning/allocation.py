@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tunefleet.vocab import UNTUNED_TIMING_S
+from tunefleet.vocab import TIMING_ROUND_S, TIMING_ROUNDS, UNTUNED_TIMING_S
 
 DEFAULT_MIN_TRIALS = 8
 """The default schedule plus one search round of 7 candidates. At the old flat default of 8
@@ -289,9 +289,12 @@ def _estimated(candidates: Sequence[WorkloadHistory], scores: dict[int, float | 
 def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | None = None) -> float:
     """Seconds to keep for building the model after tuning (``tunefleet run``'s last step).
 
-    The build loads and re-extracts the model, compiles it twice (tuned and untuned), checks the
-    outputs and times both builds and PyTorch eager (16 runs each; the untuned build only for
-    about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at least one run). Measured where the
+    The build loads and re-extracts the model, compiles it four times (the class's recipe, the two
+    other recipes it is compared with, untuned), checks the outputs and times the three tuned builds,
+    PyTorch eager and onnxruntime side by side (:data:`~tunefleet.vocab.TIMING_ROUNDS` rounds of
+    about :data:`~tunefleet.vocab.TIMING_ROUND_S` s each, at least 5 calls a round, after a
+    warm-up; the untuned build alone for about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at
+    least one run). Measured where the
     database knows it — the model's untuned (Σ weight × default run time) and tuned (Σ weight ×
     best) latencies, the mean build time of one candidate (``compile_s``: a workload's compile in
     the model's build takes about as long) — and estimated where not (a workload whose default is
@@ -307,8 +310,10 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     untuned = sum(defaults) * n / len(defaults) if defaults else 0.0
     tuned = sum(bests) * n / len(bests) if bests else untuned
     load = 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
-    compile_ = n * (compile_s if compile_s is not None else 0.5)
+    compile_ = 4 * n * (compile_s if compile_s is not None else 0.5)
     # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
-    # more call, at most time_evaluator's 16); the tuned build and eager, 16 each.
-    timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 32 * tuned
+    # more call); five runtimes alternating (the alternatives taken as fast as the tuned build),
+    # each warmed up for about 3 calls.
+    per_runtime = TIMING_ROUNDS * max(TIMING_ROUND_S, 5 * tuned) + max(0.2, 3 * tuned)
+    timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 5 * per_runtime + 3 * tuned
     return 1.2 * (load + compile_ + timing) + 5.0

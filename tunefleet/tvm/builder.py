@@ -65,6 +65,7 @@ from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
 from tunefleet.tvm.ffi_errors import keeps_failure
+from tunefleet.tvm.native_log import redirect_native_stderr
 from tunefleet.tvm.targets import target_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ def _worker_init(
     ready: Any, pids: Any, init_seconds: Any, initializer: Callable[[], None] | None
 ) -> None:  # pragma: no cover - runs in the worker
     """Pool initializer: import what ``default_build`` needs once, then report ready."""
+    redirect_native_stderr()  # TVM's C++ warnings go to the run's log file, if it has one
     start = time.perf_counter()
     import_tensor_intrinsics()
     from tvm.s_tir.meta_schedule.builder import local_builder  # noqa: F401

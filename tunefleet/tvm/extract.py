@@ -348,11 +348,49 @@ def prepare_for_build(
     if params:
         mod = _bind_params(mod, params, func_name)
     with target, tvm.transform.PassContext(opt_level=3):
+        if recipe.fold:  # BatchNorm's constants become the convolution's weights and a bias
+            mod = relax.transform.FoldBatchnormToConv2D()(mod)
+            mod = relax.transform.FoldConstant()(mod)
         mod = relax.transform.DecomposeOpsForInference()(mod)
+        if recipe.fold:
+            # A decomposed BatchNorm not after a convolution leaves a tuple and a get-item between
+            # its output and the next op, and FuseOps does not fuse across them.
+            mod = relax.transform.CanonicalizeBindings()(mod)
+            mod = relax.transform.DeadCodeElimination()(mod)
         if recipe.layout == "NHWC":
             mod = _ready_for_layout_conversion(mod)
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+        elif recipe.layout == "NCHWc":
+            block = channel_block(target)
+            mod = _ready_for_layout_conversion(mod)
+            mod = relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]})(mod)
+            # A tensor read by two blocked convolutions is transformed once, not once per reader.
+            mod = relax.transform.EliminateCommonSubexpr()(mod)
         return mod
+
+
+def channel_block(target: Target) -> int:
+    """The channel block of the NCHW[x]c layout for a CPU target: the float32 lanes of its widest
+    vector registers (16 with AVX-512, 8 with AVX or AVX2, 4 otherwise)."""
+    from tvm.target import codegen
+
+    if codegen.target_has_features("avx512f", target):
+        return 16
+    if codegen.target_has_features("avx", target):
+        return 8
+    return 4
+
+
+def _legalize_conv2d_nchwc(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``relax.nn.conv2d`` in a blocked layout as ``topi.nn.conv2d_NCHWc`` (TVM 0.27's own
+    legalisation refuses channel-chunked layouts; its Adreno pipeline legalises them the same
+    way); any other conv2d as TVM legalises it."""
+    attrs = call.attrs
+    if str(attrs.data_layout) == "NCHW" or not str(attrs.data_layout).endswith("c"):
+        return _tvm_legalization("relax.nn.conv2d")(bb, call)
+    return bb.call_te(topi.nn.conv2d_NCHWc, call.args[0], call.args[1], attrs.strides, attrs.padding,
+                      attrs.dilation, str(attrs.data_layout), str(attrs.out_layout), str(call.ty.dtype),
+                      primfunc_name_hint="conv2d_NCHWc")
 
 
 def _float_value(expr: Any) -> float | None:
@@ -451,7 +489,7 @@ def prepare_for_tuning(
     passes = [
         *_library_dispatch_passes(target),
         *([relax.transform.FastMathTransform()] if recipe.fast_math else []),
-        relax.transform.LegalizeOps(customize_legalize_map=_FAST_LEGALIZE if recipe.fast_math else None),
+        relax.transform.LegalizeOps(customize_legalize_map=_legalize_map(recipe)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -497,6 +535,13 @@ def _tvm_legalization(op_name: str) -> Any:
 
 _FAST_LEGALIZE = {"relax.nn.gelu": _fast_gelu, "relax.nn.gelu_tanh": _fast_gelu_tanh}
 """The fast-math recipe's legalisations, beside ``FastMathTransform`` (softmax, exp, erf, tanh)."""
+
+
+def _legalize_map(recipe: Recipe) -> dict[str, Any] | None:
+    """The recipe's own legalisations: fast math, blocked convolutions."""
+    legalize = {**(_FAST_LEGALIZE if recipe.fast_math else {}),
+                **({"relax.nn.conv2d": _legalize_conv2d_nchwc} if recipe.layout == "NCHWc" else {})}
+    return legalize or None
 
 
 def classify_op_kind(task_name: str, mod: IRModule | None = None) -> str:

@@ -67,9 +67,9 @@ be the parallelism's doing: a slice's fewer cores past the timeout, concurrent p
 GPU memory), and the serial outcome is what is committed (``retried`` in the batch's history).
 A candidate that fails serially (load error, exception, crashed worker, timeout) gets an error
 ``RunnerResult`` (workers' stderr goes to ``/dev/null`` unless this module logs at DEBUG, as
-LocalRunner does it); a worker that died or timed out is killed and replaced. :meth:`run` never
-hangs and never raises for a bad candidate (only :class:`RunnerStartupError` when a worker cannot
-start at all).
+LocalRunner does it; at DEBUG, to the run's log file: :mod:`tunefleet.tvm.native_log`); a worker
+that died or timed out is killed and replaced. :meth:`run` never hangs and never raises for a bad
+candidate (only :class:`RunnerStartupError` when a worker cannot start at all).
 
 Limits
 ------
@@ -116,6 +116,7 @@ from tvm.target import Target
 from tunefleet.errors import TunefleetError
 from tunefleet.tvm.builder import ensure_forkserver
 from tunefleet.tvm.ffi_errors import keeps_failure
+from tunefleet.tvm.native_log import redirect_native_stderr
 from tunefleet.tvm.runner import alloc_arguments, default_evaluator_config
 
 logger = logging.getLogger(__name__)
@@ -312,6 +313,8 @@ def _worker_main(
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 2)
             os.close(devnull)
+        else:  # DEBUG: TVM's C++ warnings go to the run's log file, if it has one
+            redirect_native_stderr()
         if cores is not None:
             os.sched_setaffinity(0, cores)
         for name, value in (thread_env or {}).items():

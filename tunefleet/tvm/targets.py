@@ -32,7 +32,9 @@ __all__ = [
     "cuda_target",
     "host_cpu_target",
     "make_target",
+    "target_cpu_features",
     "target_fingerprint",
+    "x86_avx2_target",
 ]
 
 
@@ -189,6 +191,61 @@ def host_cpu_target(num_cores: int | None = None) -> dict[str, Any]:
         spec["mcpu"] = mcpu
     spec["num-cores"] = int(num_cores)
     return spec
+
+
+#: LLVM's CPU for portable AVX2 code: AVX, AVX2, FMA (and F16C, BMI2), no AVX-512.
+X86_AVX2_MCPU = "haswell"
+
+
+def x86_avx2_target(num_cores: int | None = None) -> dict[str, Any]:
+    """The dict form of an ``llvm`` target for any x86-64 CPU with AVX2 and FMA.
+
+    The same on every host except ``num-cores``: ``mcpu`` is LLVM's ``haswell`` (256-bit AVX2 and
+    FMA, no AVX-512), so its code runs on Intel Haswell and later and AMD Zen and later, and
+    ``mtriple`` is fixed rather than the host's (on a non-x86 host the default triple would
+    make ``haswell`` an unknown CPU).
+
+    Parameters
+    ----------
+    num_cores : int, optional
+        Cores to tune for; defaults to the cores this process may run on.
+
+    Returns
+    -------
+    dict
+        ``{"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": N}``.
+    """
+    if num_cores is None:
+        num_cores = _host_core_count()
+    if num_cores < 1:
+        raise InvalidTargetError(f"Invalid target: num-cores must be >= 1, got {num_cores}.")
+    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": X86_AVX2_MCPU, "num-cores": int(num_cores)}
+
+
+def target_cpu_features(spec: Mapping[str, Any] | str | Target) -> set[str]:
+    """The CPU features (LLVM names: ``avx2``, ``fma``, ``avx512f`` ...) an ``llvm`` target's code
+    may use: those of its ``mcpu`` with its ``mattr`` applied, for its ``mtriple``.
+
+    Parameters
+    ----------
+    spec : Mapping or str or tvm.target.Target
+        Anything :func:`make_target` accepts.
+
+    Returns
+    -------
+    set of str
+        Empty for a target of another kind, or one without ``mcpu`` and ``mattr`` (LLVM's
+        generic CPU of the triple).
+    """
+    target = make_target(spec)
+    if target.kind.name != "llvm":
+        return set()
+    attrs = dict(target.attrs)
+    if not attrs.get("mcpu") and not attrs.get("mattr"):
+        return set()
+    from tvm.target import codegen
+
+    return {str(feature) for feature in codegen.llvm_get_cpu_features(target)}
 
 
 def arm_target(num_cores: int = 4, mcpu: str | None = None) -> dict[str, Any]:

@@ -120,13 +120,15 @@ app.kubernetes.io/part-of: tunefleet
 {{- end }}
 
 {{/* TUNEFLEET_HARDWARE: node-pool overrides and per-class settings; "" when nothing differs
-     from the built-in classes (setting it makes every command re-seed the classes). */}}
+     from the built-in classes (setting it makes every command re-seed the classes). A class's
+     built-in node pool is its name, but x86-avx2's is x86 (tunefleet.hardware.BUILTIN_FIGURES). */}}
 {{- define "tunefleet.hardwareSetting" -}}
 {{- $out := dict }}
+{{- $builtinPools := dict "x86-avx2" "x86" }}
 {{- range $name, $hw := .Values.hardware }}
 {{- if $hw.enabled }}
 {{- $entry := deepCopy (default (dict) $hw.settings) }}
-{{- if ne $hw.nodePool $name }}{{ $_ := set $entry "node_pool" $hw.nodePool }}{{ end }}
+{{- if ne $hw.nodePool (get $builtinPools $name | default $name) }}{{ $_ := set $entry "node_pool" $hw.nodePool }}{{ end }}
 {{- if $entry }}{{ $_ := set $out $name $entry }}{{ end }}
 {{- end }}
 {{- end }}
