@@ -32,10 +32,7 @@ from tunefleet.vocab import hardware_tag
 # -- the flow bodies' own database reads: task runs retried like every step's ---------------------
 # The steps' policy (TRANSIENT_RETRIES retries with backoff, for a TransientError only); never
 # cached: each read is asked again because its answer may have changed.
-_RETRIED = steps._RETRY
-
-
-@task(name="hardware_targets", cache_policy=NO_CACHE, **_RETRIED)
+@task(name="hardware_targets", cache_policy=NO_CACHE, **steps.RETRY)
 def hardware_targets(hardware: list[str]) -> dict[str, dict[str, Any]]:
     """The target of each hardware class; an unknown class is a :class:`NotFoundError` naming the
     known ones (bad input: not retried)."""
@@ -43,21 +40,21 @@ def hardware_targets(hardware: list[str]) -> dict[str, dict[str, Any]]:
     return {name: dict(db.hardware_class(name).target) for name in hardware}
 
 
-@task(name="pending_shards", cache_policy=NO_CACHE, **_RETRIED)
+@task(name="pending_shards", cache_policy=NO_CACHE, **steps.RETRY)
 def pending_shards(hardware: str) -> int:
     """How many shards of a hardware class are pending (the ``tune`` flow's poll while it waits)."""
     db = shared_context().db
     return len(db.pending_shards(db.hardware_class(hardware).id))
 
 
-@task(name="model_names", cache_policy=NO_CACHE, **_RETRIED)
+@task(name="model_names", cache_policy=NO_CACHE, **steps.RETRY)
 def model_names(model_ids: list[int]) -> dict[int, str]:
     """The stored models' names, by id."""
     db = shared_context().db
     return {model_id: db.model(model_id).name for model_id in model_ids}
 
 
-@task(name="current_cost_models", cache_policy=NO_CACHE, **_RETRIED)
+@task(name="current_cost_models", cache_policy=NO_CACHE, **steps.RETRY)
 def current_cost_models(hardware: list[str]) -> dict[str, bool]:
     """Whether each hardware class has a current (promoted) cost model."""
     db = shared_context().db

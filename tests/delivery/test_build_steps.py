@@ -285,3 +285,19 @@ def test_with_nothing_slowed_the_fastest_build_is_delivered(fleet) -> None:  # t
     model = ingest(db, store, "mlp").model
     report = build_model(db, store, model, "x86", compare_torch=False, rounds=3)
     assert report.tuned_ms == min(report.builds_ms.values()) == report.builds_ms[report.delivered]
+
+
+def test_a_build_whose_first_call_is_far_slower_is_not_timed() -> None:
+    """A build under another recipe whose stored schedules did not cover it runs default schedules:
+    its first call says it cannot win, and timing it would cost the budget seconds per call."""
+    log: list[str] = []
+    resolved = _resolved_for(None)
+    vms = {"tuned": CountingVM("tuned", log, call_s=0.0), "native+fastmath+fold": CountingVM("other", log, call_s=0.0),
+           "untuned": CountingVM("untuned", log, call_s=0.0)}
+    checked = Checked(None, [np.zeros((2, 3), "float32")], [], vms,
+                      {"tuned": 0.001, "native+fastmath+fold": 0.5, "untuned": 0.002})
+    time_builds(None, resolved, checked, rounds=3, compare_torch=False)  # type: ignore[arg-type]
+    assert "other" not in log and {"tuned", "untuned"} <= set(log)
+    assert set(resolved.report.builds_ms) == {"native", "untuned"}
+    assert resolved.report.notes == ["the build under recipe native+fastmath+fold was not timed: its first call "
+                                     "took 500.000 ms, 500x the fastest build's"]

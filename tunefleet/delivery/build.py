@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SCREEN_FACTOR = 3.0
+"""A build under another recipe is timed only if its first call took at most this many times the
+fastest build's first call (:func:`time_builds`)."""
+
 
 @dataclass
 class BuildReport:
@@ -463,16 +467,21 @@ def check(resolved: Resolved, tuned_exec: Any, others: dict[str, Any] | None = N
 
 def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, rounds: int = ROUNDS,
                 compare_torch: bool = True) -> None:
-    """Time the tuned build and, with ``compare_torch``, what the user would run instead on the same
-    threads, in one alternating timing; then the untuned build apart. The figures (ms) and notes
-    go to ``resolved.report``.
+    """Time the builds and, with ``compare_torch``, what the user would run instead on the same
+    threads, in one alternating timing; the untuned build with them, or apart when its calls are
+    slow. The figures (ms) and notes go to ``resolved.report``.
 
-    The tuned build (``vm["main"](*inputs)``), PyTorch eager and onnxruntime (the calls of
+    The builds (``vm["main"](*inputs)``), PyTorch eager and onnxruntime (the calls of
     :func:`tunefleet.delivery.alternatives.calls`) are timed together by
     :func:`tunefleet.delivery.timing.time_alternating`, the function ``bench/versus_alternatives.py``
     times them with: ``rounds`` rounds whose order rotates, a wall clock around each call from
-    Python. The untuned build is timed afterwards, alone (:func:`_time_untuned`: its calls can
-    take seconds; it is only the speed-up's reference).
+    Python. The untuned build joins them when its timing would fit in
+    :data:`~tunefleet.vocab.UNTUNED_TIMING_S`; else it is timed afterwards, alone
+    (:func:`_time_untuned`: its calls can take seconds; it is only the speed-up's reference).
+    A build under another recipe whose first call (in :func:`check`) took more than
+    :data:`SCREEN_FACTOR` times the fastest build's cannot win and is not timed (its stored
+    schedules did not cover it: default schedules run seconds where tuned ones run milliseconds);
+    a note gives its first call.
 
     Parameters
     ----------
@@ -488,9 +497,15 @@ def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, r
     compare_torch : bool
         Also time PyTorch eager and onnxruntime.
     """
-    report, vms, inputs = resolved.report, checked.vms, checked.inputs
-    untuned_alone = estimate_s({"untuned": checked.first_call_s["untuned"]}, rounds) > UNTUNED_TIMING_S
-    timed: dict[str, Any] = {k: _call(vm, inputs) for k, vm in vms.items() if k != "untuned" or not untuned_alone}
+    report, vms, inputs, first = resolved.report, checked.vms, checked.inputs, checked.first_call_s
+    untuned_alone = estimate_s({"untuned": first["untuned"]}, rounds) > UNTUNED_TIMING_S
+    fastest = min(first.values())
+    screened = [k for k in vms if k not in ("tuned", "untuned") and first[k] > SCREEN_FACTOR * fastest]
+    for k in screened:
+        report.notes.append(f"the build under recipe {k} was not timed: its first call took {first[k] * 1e3:.3f} ms, "
+                            f"{first[k] / fastest:.0f}x the fastest build's")
+    timed: dict[str, Any] = {k: _call(vm, inputs) for k, vm in vms.items()
+                             if k not in screened and (k != "untuned" or not untuned_alone)}
     if compare_torch:
         from tunefleet.delivery import alternatives
 
@@ -508,7 +523,8 @@ def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, r
     report.onnxruntime_ms = latency.get("onnxruntime", {}).get("ms")
     report.untuned_ms = (_time_untuned(vms["untuned"], inputs, checked.first_call_s["untuned"], rounds) * 1e3
                          if untuned_alone else latency["untuned"]["ms"])
-    report.builds_ms = {(resolved.recipe.name if k == "tuned" else k): latency[k]["ms"] for k in vms if k != "untuned"}
+    report.builds_ms = {(resolved.recipe.name if k == "tuned" else k): latency[k]["ms"] for k in vms
+                        if k != "untuned" and k not in screened}
     report.builds_ms["untuned"] = report.untuned_ms
 
 
