@@ -434,9 +434,12 @@ def check(resolved: Resolved, tuned_exec: Any, others: dict[str, Any] | None = N
 
     from tunefleet.tvm.extract import prepare_for_build
 
+    from tunefleet.tvm.threads import use_threads
+
     model, loaded, target, report = resolved.model, resolved.loaded, resolved.target, resolved.report
     _stage(f"checking {model.name}'s tuned build against the untuned one and timing both",
            "checking and timing the tuned model")
+    report.threads = use_threads(report.threads)  # the class's cores, as the alternatives get them
     untuned_exec = tvm.compile(prepare_for_build(loaded.mod, target, loaded.params), target=target)
     dev = tvm.cpu()
     inputs_np = loaded.random_inputs(seed=0)

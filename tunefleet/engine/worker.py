@@ -152,6 +152,9 @@ class Tuner:
     def runner(self) -> Any:
         if self._runner is None:
             from tunefleet.tvm.targets import make_target
+            from tunefleet.tvm.threads import use_threads
+
+            use_threads(self.threads)  # candidates are measured on the class's cores, as the model runs
 
             if self.options.parallel_measure:
                 from tunefleet.tvm.parallel_runner import AdaptiveParallelRunner

@@ -30,11 +30,12 @@ Design
   pull a pinned worker onto another worker's cores. The serial slot has all the cores and, for
   ``TVM_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``TVM_BIND_THREADS``, exactly the values this
   process has when the worker starts (unset stays unset), i.e. what LocalRunner's worker and a
-  model run in this process get. It does *not* force one thread per core: TVM's default thread
-  count on x86 is half the hardware threads, and serial figures taken with more threads than
-  LocalRunner and the final model use would pick schedules for a thread count nothing runs with
-  (what was seen on one machine: docs/performance.md, "Figures that used to live in
-  docstrings"). ``max_degree`` is capped at the number of usable cores.
+  model run in this process get. It forces no thread count of its own: the tuner sets
+  ``TVM_NUM_THREADS`` to the class's ``num-cores`` before it makes the runner
+  (:func:`tunefleet.tvm.threads.use_threads`), and the build times the model on as many, so
+  serial figures, LocalRunner's and the final model's share one thread count (TVM's own default,
+  half the hardware threads on x86, was half the cores on a VM without SMT: docs/performance.md).
+  ``max_degree`` is capped at the number of usable cores.
 * GPU targets (any other device type): ``d`` unpinned worker processes share GPU 0.
   **Unverified**: no GPU was available when this was written; the path is kept minimal (the
   same control loop, no pinning, no MPS/stream isolation).
