@@ -234,7 +234,7 @@ def main() -> int:
     version = dataset.export(db, store)
     print(f"export: {'v%d, %d rows' % (version.version, version.row_count) if version else 'nothing new'} "
           f"in {time.perf_counter() - t0:.0f}s")
-    table = dataset.renormalise(dataset.load(store, hardware=HW))
+    table = dataset.renormalise(dataset.load(db, store, hardware=HW))
     heldout = costmodel.model_holdout(db, heldout_models)
     print(f"dataset: {table.num_rows} rows, {len(set(table['workload_hash'].to_pylist()))} workloads; "
           f"held out: {len(heldout)} workloads only {', '.join(heldout_models)} have")

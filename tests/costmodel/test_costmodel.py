@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -183,7 +184,9 @@ def test_retrain_promotion(db_url: str, tmp_path, table: pa.Table) -> None:  # t
 
     first = costmodel.retrain(db, store, "x86", table=table, holdout_fraction=0.3)
     assert first.promoted and first.version == 2 and first.reason == "no current model"
-    assert first.artifact_uri == store.uri("costmodels/x86/v2.json")
+    first_key = store.key_from_uri(first.artifact_uri)
+    assert re.fullmatch(r"costmodels/x86/v2-[0-9a-f]{8}\.json", first_key), "a key of its own"
+    assert [(a.kind, a.key) for a in db.artifacts("cost_model")][-1:] == [("cost_model", first_key)]
     row = db.current_cost_model(hw_id)
     assert row is not None and row.id == first.cost_model_id and row.metrics["heldout"] == first.metrics["heldout"]
     m = row.metrics
@@ -203,14 +206,14 @@ def test_retrain_promotion(db_url: str, tmp_path, table: pa.Table) -> None:  # t
     assert db.current_cost_model(hw_id).id == first.cost_model_id  # type: ignore[union-attr]
     cur = worse.metrics["current_on_heldout"]
     assert cur["version"] == 2 and cur["peak@1"] == first.metrics["heldout"]["peak@1"]
-    assert store.exists("costmodels/x86/v3.json")
+    assert store.exists(store.key_from_uri(worse.artifact_uri))
 
     # The same training again does not strictly beat itself: kept, not promoted.
     same = costmodel.retrain(db, store, "x86", table=table, holdout_fraction=0.3)
     assert not same.promoted and db.current_cost_model(hw_id).id == first.cost_model_id  # type: ignore[union-attr]
 
     # A broken current artifact: the new model is promoted and the reason says why.
-    store.put_bytes("costmodels/x86/v2.json", b"not a model")
+    store.put_bytes(first_key, b"not a model")
     fresh = costmodel.retrain(db, store, "x86", table=table, holdout_fraction=0.3)
     assert fresh.promoted and "unusable" in fresh.reason
     assert db.current_cost_model(hw_id).id == fresh.cost_model_id  # type: ignore[union-attr]
@@ -321,7 +324,7 @@ def test_retrain_on_exported_mlp_dataset(db_url: str, tmp_path, mlp_workloads) -
     split = result.metrics["split"]
     assert split["train_workloads"] + split["test_workloads"] == len(mlp_workloads)
     assert result.metrics["heldout"]["n_workloads"] == split["test_workloads"]
-    table = dataset.load(store)
+    table = dataset.load(db, store)
     stored = costmodel._load_artifact(store, result.artifact_uri)  # registered either way
     np.testing.assert_array_equal(stored.predict(table), result.model.predict(table))
     db.upsert_hardware_class("arm", host_cpu_target(2), "arm")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -107,7 +108,9 @@ def test_export_incremental_versions(db_url: str, tmp_path, mlp_workloads) -> No
     assert v1.row_count == n_traces + 1 == len(all_ids) - 1  # all successes + the build error; bogus skipped
     assert seen[-1] == (len(all_ids), len(all_ids)) and [d for d, _ in seen] == sorted(d for d, _ in seen)
 
-    manifest = json.loads(store.get_bytes("datasets/v1/manifest.json"))
+    folder = v1.manifest["folder"]  # a folder of its own: datasets/v1-<token>/
+    assert re.fullmatch(r"datasets/v1-[0-9a-f]{8}/", folder)
+    manifest = json.loads(store.get_bytes(f"{folder}manifest.json"))
     assert manifest == v1.manifest == dataset.list_versions(db)[0].manifest
     assert manifest["schema_version"] == dataset.SCHEMA_VERSION and manifest["version"] == 1
     assert manifest["parents"] == [] and manifest["row_counts"] == {"x86": n_traces + 1}
@@ -120,10 +123,11 @@ def test_export_incremental_versions(db_url: str, tmp_path, mlp_workloads) -> No
     assert manifest["tvm_version"].startswith("0.27")
     x86 = manifest["hardware"]["x86"]
     assert (x86["labelled"], x86["errors"], x86["skipped_ids"]) == (n_traces, 1, bogus)
-    assert x86["file"] == "datasets/v1/hardware=x86/part-0.parquet"
-    assert dt_parse(manifest["created_at"]) and v1.uri == store.uri("datasets/v1/manifest.json")
+    assert x86["file"] == f"{folder}hardware=x86/part-0.parquet"
+    assert dt_parse(manifest["created_at"]) and v1.uri == store.uri(f"{folder}manifest.json")
+    assert [(a.kind, a.key) for a in db.artifacts()] == [("dataset", folder)], "the database registered its folder"
 
-    t1 = dataset.load(store)
+    t1 = dataset.load(db, store)
     assert t1.schema == dataset.schema() and t1.num_rows == v1.row_count
     assert t1["measurement_id"].to_pylist() == kept
     assert set(t1["hardware"].to_pylist()) == {"x86"} and set(t1["dataset_version"].to_pylist()) == {1}
@@ -140,20 +144,20 @@ def test_export_incremental_versions(db_url: str, tmp_path, mlp_workloads) -> No
     v2 = dataset.export(db, store)
     assert v2 is not None and (v2.version, v2.parents, v2.row_count) == (2, [1], 2)
     assert v2.measurement_ids["min"] > v1.measurement_ids["max"], "version id ranges are disjoint"
-    t2 = dataset.load(store, [2])
+    t2 = dataset.load(db, store, [2])
     assert t2["measurement_id"].to_pylist() == sorted(_db_rows(db))[-2:]
     assert t2["label"].to_pylist()[0] == 1.0 and 0.0 < t2["label"].to_pylist()[1] < 1e-3
     _check_rows(t2, db, first_export=False)
 
-    union = dataset.load(store)
+    union = dataset.load(db, store)
     assert union.num_rows == t1.num_rows + 2 and union.num_rows == len(set(union["measurement_id"].to_pylist()))
     assert union["measurement_id"].to_pylist() == [i for i in sorted(_db_rows(db)) if i not in bogus]
-    assert dataset.load(store, [1, 2]).equals(union)
+    assert dataset.load(db, store, [1, 2]).equals(union)
     # v1's best row of workload 0 is stale until renormalised against v2's faster schedule.
     relabelled = dataset.renormalise(union)
     _check_rows(relabelled, db, first_export=True)
-    assert dataset.load(store, hardware="arm").num_rows == 0
-    assert dataset.load(store, hardware="arm").schema == dataset.schema()
+    assert dataset.load(db, store, hardware="arm").num_rows == 0
+    assert dataset.load(db, store, hardware="arm").schema == dataset.schema()
     db.close()
 
 
@@ -170,10 +174,10 @@ def test_export_per_hardware_class(db_url: str, tmp_path, mlp_workloads) -> None
     assert v2 is not None and v2.parents == [1] and list(v2.row_counts) == ["x86"]
     assert v2.manifest["high_water"] == {"arm": v1.manifest["high_water"]["arm"], "x86": v2.manifest["high_water"]["x86"]}
     assert dataset.export(db, store) is None
-    union = dataset.load(store)
+    union = dataset.load(db, store)
     assert sorted(union["measurement_id"].to_pylist()) == sorted(_db_rows(db))
     assert [r for r in union["hardware"].to_pylist()] == ["arm"] * v1.row_count + ["x86"] * v2.row_count
-    assert dataset.load(store, hardware=["arm"]).num_rows == v1.row_count
+    assert dataset.load(db, store, hardware=["arm"]).num_rows == v1.row_count
     _check_rows(union, db, first_export=True)
     with pytest.raises(NotFoundError, match="unknown hardware class 'gpu'"):
         dataset.export(db, store, hardware="gpu")
@@ -226,14 +230,14 @@ def test_late_commit_with_a_lower_id_is_exported_next(db_url: str, tmp_path, mlp
                 conn.execute(measurements.insert().values(id=late_id, **late))
     finally:
         conn.close()
-    assert v1 is not None and late_id not in dataset.load(store, [1])["measurement_id"].to_pylist()
-    assert late_id < max(dataset.load(store, [1])["measurement_id"].to_pylist()), "the late row has a lower id"
+    assert v1 is not None and late_id not in dataset.load(db, store, [1])["measurement_id"].to_pylist()
+    assert late_id < max(dataset.load(db, store, [1])["measurement_id"].to_pylist()), "the late row has a lower id"
 
     v2 = dataset.export(db, store)
     assert v2 is not None and v2.row_count == 1, "the late measurement is exported by the next version"
-    assert dataset.load(store, [2])["measurement_id"].to_pylist() == [late_id]
+    assert dataset.load(db, store, [2])["measurement_id"].to_pylist() == [late_id]
     assert db.unexported_measurements() == [] and dataset.export(db, store) is None
-    union = dataset.load(store)["measurement_id"].to_pylist()
+    union = dataset.load(db, store)["measurement_id"].to_pylist()
     assert sorted(union) == sorted(_db_rows(db))
     db.close()
 
@@ -257,11 +261,11 @@ def test_concurrent_exports_never_take_a_measurement_twice(db_url: str, tmp_path
     (other,) = inner
     assert other is not None and other.version == 2
     assert [v.version for v in dataset.list_versions(db)] == [2], "the loser's reserved v1 is removed"
-    assert not [k for k in store.list() if k.startswith("datasets/v1/")], "the loser's files are removed"
+    assert not [k for k in store.list() if k.startswith("datasets/v1-")], "the loser's files are removed"
     bogus = [m.id for m in db.measurements() if m.trace_json == BOGUS_TRACE]
     marks = db.dataset_marks(db.datasets()[0].id)
     assert sorted(marks) == sorted(_db_rows(db)) and [i for i, o in marks.items() if o == "skipped"] == bogus
-    ids_exported = dataset.load(store)["measurement_id"].to_pylist()
+    ids_exported = dataset.load(db, store)["measurement_id"].to_pylist()
     assert len(ids_exported) == len(set(ids_exported)) == len(_db_rows(db)) - 1
     assert dataset.export(db, store) is None and db.unexported_measurements() == []
     db.close()
@@ -279,8 +283,8 @@ def test_failed_export_leaves_nothing(tmp_path, mlp_workloads) -> None:  # type:
     with pytest.raises(KeyboardInterrupt):
         dataset.export(db, store, batch_size=4, progress=interrupt)
     assert dataset.list_versions(db) == [] and [k for k in store.list() if k.endswith(".parquet")] == []
-    with pytest.raises(NotFoundError, match="no dataset in local store"):
-        dataset.load(store)
+    with pytest.raises(NotFoundError, match="no dataset in the database yet"):
+        dataset.load(db, store)
     v1 = dataset.export(db, store)
     assert v1 is not None and v1.version == 1
     db.close()
@@ -291,32 +295,33 @@ def test_missing_or_corrupt_files_name_the_file(tmp_path, mlp_workloads) -> None
     store = LocalStore(tmp_path / "artifacts")
     ids = _setup(db, mlp_workloads)
     db.commit_measurements(_first_batch(ids, mlp_workloads))
-    dataset.export(db, store)
-    key = "datasets/v1/hardware=x86/part-0.parquet"
+    v1 = dataset.export(db, store)
+    assert v1 is not None
+    key = v1.manifest["hardware"]["x86"]["file"]
     good = store.get_bytes(key)
 
     store.put_bytes(key, b"not parquet at all" * 10)
     with pytest.raises(DatasetError) as err:
-        dataset.load(store)
+        dataset.load(db, store)
     assert key in str(err.value) and "not a readable Parquet file" in str(err.value) and "\n" not in str(err.value)
 
     store.put_bytes(key, good[: len(good) // 2])  # truncated
     with pytest.raises(DatasetError, match="part-0.parquet") as err:
-        dataset.load(store)
+        dataset.load(db, store)
     assert "\n" not in str(err.value)
 
     store.delete(key)
     with pytest.raises(DatasetError, match=f"dataset file '{key}' .* is missing") as err:
-        dataset.load(store, [1])
+        dataset.load(db, store, [1])
     assert "\n" not in str(err.value)
 
     store.put_bytes(key, good)
-    assert dataset.load(store).num_rows == dataset.list_versions(db)[0].row_count
+    assert dataset.load(db, store).num_rows == dataset.list_versions(db)[0].row_count
     with pytest.raises(NotFoundError, match=r"no dataset version 7 .*\(versions: v1\)"):
-        dataset.load(store, [7])
-    store.put_bytes("datasets/v1/manifest.json", b"{half")
-    with pytest.raises(DatasetError, match="manifest.json' .* is not valid JSON"):
-        dataset.load(store)
+        dataset.load(db, store, [7])
+    # The manifest that counts is the database's; the store's copy is for other readers.
+    store.put_bytes(f"{v1.manifest['folder']}manifest.json", b"{half")
+    assert dataset.load(db, store).num_rows == v1.row_count
     assert isinstance(err.value, TunefleetError)
     db.close()
 
@@ -329,19 +334,22 @@ def test_export_to_s3(seaweedfs, tmp_path, mlp_workloads) -> None:  # type: igno
     ids = _setup(db, mlp_workloads)
     db.commit_measurements(_first_batch(ids, mlp_workloads))
     v1 = dataset.export(db, store)
-    assert v1 is not None and v1.uri.startswith("s3://") and v1.uri.endswith("/tunefleet/datasets/v1/manifest.json")
-    assert sorted(store.list("datasets/")) == ["datasets/v1/hardware=x86/part-0.parquet", "datasets/v1/manifest.json"]
+    assert v1 is not None and v1.uri.startswith("s3://")
+    folder = v1.manifest["folder"]
+    assert v1.uri.endswith(f"/tunefleet/{folder}manifest.json")
+    assert sorted(store.list("datasets/")) == [f"{folder}hardware=x86/part-0.parquet", f"{folder}manifest.json"]
     w = mlp_workloads[2]
     db.commit_measurements([_m(ids, w, 2, w.traces[0], 1e-6, repeat=3)])
     v2 = dataset.export(db, store)
     assert v2 is not None and v2.parents == [1] and v2.row_count == 1
-    assert dataset.stored_versions(store) == [1, 2]
-    union = dataset.load(store)
+    assert [v.version for v in dataset.list_versions(db)] == [1, 2]
+    union = dataset.load(db, store)
     assert union.num_rows == v1.row_count + 1
     _check_rows(dataset.renormalise(union), db, first_export=True)
-    store.put_bytes("datasets/v2/hardware=x86/part-0.parquet", b"garbage")
-    with pytest.raises(DatasetError, match="'datasets/v2/hardware=x86/part-0.parquet' in s3://"):
-        dataset.load(store)
+    part = v2.manifest["hardware"]["x86"]["file"]
+    store.put_bytes(part, b"garbage")
+    with pytest.raises(DatasetError, match=f"'{part}' in s3://"):
+        dataset.load(db, store)
     db.close()
 
 
@@ -376,7 +384,7 @@ def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-u
     assert v1 is not None and v1.row_count == n1 >= 12, "every measurement, errors included, is a row"
     assert v1.row_counts == {"x86": n1} and len(v1.manifest["workloads"]["x86"]) == 3
     assert v1.manifest["hardware"]["x86"]["labelled"] == db.count_measurements(errors=False)
-    t1 = dataset.load(store)
+    t1 = dataset.load(db, store)
     assert t1["measurement_id"].to_pylist() == sorted(_db_rows(db))
     _check_rows(t1, db, first_export=True)
     assert dataset.export(db, store) is None
@@ -386,7 +394,7 @@ def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-u
     v2 = dataset.export(db, store)
     assert v2 is not None and v2.parents == [1] and v2.row_count == db.count_measurements() - n1 > 0
     assert v2.measurement_ids["min"] > v1.measurement_ids["max"]
-    union = dataset.load(store)
+    union = dataset.load(db, store)
     assert union["measurement_id"].to_pylist() == sorted(_db_rows(db))
     _check_rows(dataset.renormalise(union), db, first_export=True)
     assert [v.version for v in dataset.list_versions(db)] == [1, 2]

@@ -249,7 +249,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         dataset.export(db, store, hardware="x86")  # the S3 outages lost nothing: one more export takes the rest
         assert db.unexported_measurements(db.hardware_class("x86").id) == []
         marks = {m: outcome for d in db.datasets() for m, outcome in db.dataset_marks(d.id).items()}
-        exported = dataset.load(store).column("measurement_id").to_pylist()
+        exported = dataset.load(db, store).column("measurement_id").to_pylist()
         assert len(exported) == len(set(exported)), "a measurement is in two dataset versions"
         assert set(exported) == {m for m, outcome in marks.items() if outcome == "row"}
         assert set(marks) == set(stored), "every measured candidate is in a dataset version or listed as skipped"

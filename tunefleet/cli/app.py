@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 MODULES = (config_db, catalog, tuning, run, delivery, learning, reports, cluster)
 
 #: The order ``tunefleet --help`` lists the commands in.
-COMMANDS = ("config", "db", "run", "report", "dataset", "costmodel", "metrics", "deploy", "ingest", "extract", "plan",
-            "tune", "models", "workloads", "hardware", "shards", "best", "build", "export-db")
+COMMANDS = ("config", "db", "run", "report", "dataset", "costmodel", "gc", "metrics", "deploy", "ingest", "extract",
+            "plan", "tune", "models", "workloads", "hardware", "shards", "best", "build", "export-db")
 
 
 def build_parser() -> argparse.ArgumentParser:

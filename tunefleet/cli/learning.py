@@ -1,8 +1,11 @@
-"""Learning from the measurements: ``dataset export|list`` and ``costmodel retrain|list|promote``."""
+"""Learning from the measurements: ``dataset export|list``, ``costmodel retrain|list|promote``, and
+``gc``, which deletes the files of exports and retrains the database never registered."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import re
 from typing import TYPE_CHECKING, Any
 
 from tunefleet import api
@@ -99,6 +102,69 @@ def cmd_costmodel_promote(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
+    from tunefleet.learning.artifacts import collect
+
+    ctx = api.connect(settings)
+    found = collect(ctx.db, ctx.store, grace=args.grace, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    if args.json:
+        print_json({"dry_run": found.dry_run, "grace_s": found.grace.total_seconds(), "registered": found.registered,
+                    "deleted": [_unit(u) for u in found.deleted], "kept_young": [_unit(u) for u in found.young]})
+        return 0
+    for unit in found.deleted:
+        print(f"{verb} {unit.name} ({unit.kind}: {len(unit.keys)} file(s), {_size(unit.size)}, "
+              f"last written {_when(unit.modified)})")
+    done = "to delete" if args.dry_run else "deleted"
+    print(f"gc: {len(found.deleted)} unregistered artifact(s) {done} ({_size(sum(u.size for u in found.deleted))}), "
+          f"{len(found.young)} kept (written within the grace period of {_duration_text(found.grace)}), "
+          f"{found.registered} registered in {ctx.store.location}")
+    return 0
+
+
+def _unit(unit: Any) -> dict[str, Any]:
+    return {"name": unit.name, "kind": unit.kind, "keys": unit.keys, "bytes": unit.size, "modified": unit.modified}
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover - the loop always returns
+
+
+def _when(moment: dt.datetime | None) -> str:
+    return "-" if moment is None else moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+_GRACE = re.compile(r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?")
+
+
+def grace_period(text: str) -> dt.timedelta:
+    """An argparse ``type``: a duration such as ``1d``, ``12h``, ``1d12h``, ``30m``, ``90s`` or ``0``;
+    anything else is one :class:`~tunefleet.errors.ParameterError` line naming ``--grace``."""
+    from tunefleet.errors import ParameterError
+
+    value = text.strip().lower()
+    if value == "0":
+        return dt.timedelta(0)
+    match = _GRACE.fullmatch(value)
+    if match is None or not any(match.groupdict().values()):
+        raise ParameterError(f"invalid --grace: {text!r} (give a duration such as 1d, 12h, 30m, 90s or 0)")
+    d, h, m, s = (int(match[k] or 0) for k in ("d", "h", "m", "s"))
+    return dt.timedelta(days=d, hours=h, minutes=m, seconds=s)
+
+
+def _duration_text(period: dt.timedelta) -> str:
+    seconds = int(period.total_seconds())
+    d, rest = divmod(seconds, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return "".join(f"{n}{u}" for n, u in ((d, "d"), (h, "h"), (m, "m"), (s, "s")) if n) or "0"
+
+
 # -- parsers --------------------------------------------------------------------------------
 def _add_dataset(sub: Subparsers) -> None:
     ds = sub.add_parser("dataset", help="measurements as versioned Parquet datasets").add_subparsers(
@@ -133,5 +199,16 @@ def _add_costmodel(sub: Subparsers) -> None:
     cmp.set_defaults(handler=cmd_costmodel_promote)
 
 
+def _add_gc(sub: Subparsers) -> None:
+    gc = sub.add_parser("gc", help="delete artifacts (dataset files, cost models) the database never registered, "
+                                   "once older than a grace period")
+    gc.add_argument("--grace", type=grace_period, default=dt.timedelta(days=1), metavar="DURATION",
+                    help="delete only what was last written longer ago than this: 1d, 12h, 30m, 0 ... (default 1d; "
+                         "longer than any export or retrain runs)")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    gc.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    gc.set_defaults(handler=cmd_gc)
+
+
 #: This module's commands, each with what adds it to the parser (:func:`tunefleet.cli.app.build_parser`).
-PARSERS: dict[str, AddParser] = {"dataset": _add_dataset, "costmodel": _add_costmodel}
+PARSERS: dict[str, AddParser] = {"dataset": _add_dataset, "costmodel": _add_costmodel, "gc": _add_gc}

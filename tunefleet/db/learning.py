@@ -1,4 +1,5 @@
-"""Learning artifacts: cost-model predictions, dataset versions and cost-model versions."""
+"""Learning artifacts: cost-model predictions, dataset versions, cost-model versions, and the
+registry of what in the artifact store the database points to (``artifacts``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy import delete, func, insert, select, update
 from tunefleet.db._base import sha256_text
 from tunefleet.db.catalog import CatalogMixin, lock_hardware_classes
 from tunefleet.db.tables import (
+    Artifact,
     CostModel,
     Dataset,
     DatasetRow,
@@ -18,7 +20,7 @@ from tunefleet.db.tables import (
     Measurement,
     Prediction,
 )
-from tunefleet.errors import NotFoundError
+from tunefleet.errors import ConflictError, NotFoundError
 
 _MARK_CHUNK = 5000  # dataset marks inserted per statement
 
@@ -104,8 +106,12 @@ class LearningMixin(CatalogMixin):
         row_count: int,
         marks: Mapping[int, str] | None = None,
         hardware_class_ids: Iterable[int] = (),
+        artifact_key: str | None = None,
     ) -> None:
-        """Fill in a reserved dataset version once its files are written, and mark what it took.
+        """Register a reserved dataset version once its files are written, and mark what it took.
+
+        One transaction: the version's URI and manifest, its files (``artifact_key``, in
+        ``artifacts``) and the marks of its measurements — all of them or none.
 
         Parameters
         ----------
@@ -115,26 +121,55 @@ class LearningMixin(CatalogMixin):
         hardware_class_ids
             The classes of those measurements: locked first, so exports of a class are
             serialised here.
+        artifact_key
+            The store folder (ending in ``/``) or key of the version's files: registered, so
+            ``tunefleet gc`` keeps them.
 
         Raises
         ------
         ConflictError
             When another version marked one of these measurements first; nothing is changed.
+        NotFoundError
+            When the version is not a reservation (any more): removed, or registered already.
         """
         with self.session() as s:
             lock_hardware_classes(s, hardware_class_ids)
-            s.execute(update(Dataset).where(Dataset.id == dataset_id)
-                      .values(uri=uri, manifest=manifest, row_count=row_count))
+            done = s.execute(update(Dataset).where(Dataset.id == dataset_id, Dataset.uri == "")
+                             .values(uri=uri, manifest=manifest, row_count=row_count))
+            if done.rowcount != 1:
+                raise NotFoundError(f"dataset {dataset_id} is not a reserved version (removed or registered already)")
+            if artifact_key is not None:
+                self._add_artifact(s, "dataset", artifact_key, dataset_id=dataset_id)
             rows = [{"measurement_id": int(m), "dataset_id": dataset_id, "outcome": outcome}
                     for m, outcome in sorted((marks or {}).items())]
             for start in range(0, len(rows), _MARK_CHUNK):
                 s.execute(insert(DatasetRow), rows[start:start + _MARK_CHUNK])
 
     def delete_dataset(self, dataset_id: int) -> None:
-        """Remove a dataset version's row and its marks (a failed export gives its reservation back)."""
+        """Remove a dataset version's row, its marks and its registered files (which become garbage)."""
         with self.session() as s:
             s.execute(delete(DatasetRow).where(DatasetRow.dataset_id == dataset_id))
+            s.execute(delete(Artifact).where(Artifact.dataset_id == dataset_id))
             s.execute(delete(Dataset).where(Dataset.id == dataset_id))
+
+    def abandon_dataset(self, dataset_id: int) -> Dataset | None:
+        """Give back a reserved version whose export failed — unless it was registered after all.
+
+        What a failed export calls instead of guessing: its registering commit may have gone
+        through with only the acknowledgement lost. The reservation is removed only while it is
+        one (no URI), under the row's lock, so a commit still in flight wins.
+
+        Returns
+        -------
+        Dataset or None
+            None when the reservation is removed (or was gone): nothing was registered, the
+            export's files are garbage. The registered version when its commit went through.
+        """
+        with self.session() as s:
+            gone = s.execute(delete(Dataset).where(Dataset.id == dataset_id, Dataset.uri == ""))
+            if gone.rowcount:
+                return None
+            return s.get(Dataset, dataset_id)
 
     def _unexported(self, hardware_class_id: int | None) -> Any:
         stmt = select(Measurement).where(
@@ -231,26 +266,40 @@ class LearningMixin(CatalogMixin):
         metrics: dict[str, Any],
         promote: bool,
         expected_current: int | None,
+        artifact_key: str | None = None,
     ) -> bool:
-        """Complete a reserved cost model: its artifact, its metrics and, maybe, its promotion.
+        """Register a reserved cost model: its artifact, its metrics and, maybe, its promotion.
+
+        One transaction: the model's URI and metrics, its file (``artifact_key``, in
+        ``artifacts``) and its promotion.
 
         Parameters
         ----------
         promote
             Make it the class's current model, if the current one is still ``expected_current``
             (the one it was compared against; None: there was none).
+        artifact_key
+            The store key of the model's file: registered, so ``tunefleet gc`` keeps it.
 
         Returns
         -------
         bool
             False when ``promote`` was asked but another model became current meanwhile: nothing
             is written, the caller decides again against the new current model.
+
+        Raises
+        ------
+        NotFoundError
+            When the model is not a reservation (any more): removed, or registered already.
         """
         with self.session() as s:
             cm = s.get(CostModel, cost_model_id)
             if cm is None:
                 raise NotFoundError(f"no cost model {cost_model_id}")
             lock_hardware_classes(s, [cm.hardware_class_id])
+            s.refresh(cm)  # as it is under the lock
+            if cm.artifact_uri:
+                raise NotFoundError(f"cost model v{cm.version} is not a reservation: it is registered already")
             if promote:
                 current = s.scalar(select(CostModel.id).where(CostModel.hardware_class_id == cm.hardware_class_id,
                                                               CostModel.promoted.is_(True)))
@@ -260,12 +309,33 @@ class LearningMixin(CatalogMixin):
                           .values(promoted=False))
             s.execute(update(CostModel).where(CostModel.id == cost_model_id)
                       .values(artifact_uri=artifact_uri, metrics=metrics, promoted=promote))
+            if artifact_key is not None:
+                self._add_artifact(s, "cost_model", artifact_key, cost_model_id=cost_model_id)
             return True
 
     def delete_cost_model(self, cost_model_id: int) -> None:
-        """Remove a reserved cost model whose artifact could not be written (a missing id: nothing)."""
+        """Remove a cost model and its registered file (which becomes garbage); a missing id: nothing."""
         with self.session() as s:
+            s.execute(delete(Artifact).where(Artifact.cost_model_id == cost_model_id))
             s.execute(delete(CostModel).where(CostModel.id == cost_model_id))
+
+    def abandon_cost_model(self, cost_model_id: int) -> CostModel | None:
+        """Give back a reserved cost model whose retrain failed — unless it was registered after all.
+
+        As :meth:`abandon_dataset`: removed only while it is a reservation (no artifact URI), so a
+        registration whose acknowledgement was lost (maybe a promotion) is never undone.
+
+        Returns
+        -------
+        CostModel or None
+            None when the reservation is removed (or was gone): the retrain's file is garbage.
+            The registered model when its commit went through.
+        """
+        with self.session() as s:
+            gone = s.execute(delete(CostModel).where(CostModel.id == cost_model_id, CostModel.artifact_uri == ""))
+            if gone.rowcount:
+                return None
+            return s.get(CostModel, cost_model_id)
 
     def set_cost_model_uri(self, cost_model_id: int, uri: str) -> None:
         """Point a registered cost model at its artifact (a missing id changes nothing)."""
@@ -309,3 +379,27 @@ class LearningMixin(CatalogMixin):
             stmt = (select(CostModel, HardwareClass.name).join(HardwareClass)
                     .order_by(HardwareClass.name, CostModel.version))
             return [(cm, name) for cm, name in s.execute(stmt).all()]
+
+    # -- artifacts --------------------------------------------------------------------------
+    def _add_artifact(self, s: Any, kind: str, key: str, **owner: int) -> Artifact:
+        """Register ``key`` (a store key, or a folder ending in ``/``) in the session ``s``, for its owner."""
+        found = s.scalar(select(Artifact).where(Artifact.key == key))
+        if found is not None:
+            raise ConflictError(f"artifact {key!r} is registered already (as a {found.kind}); write it under a new key")
+        artifact = Artifact(kind=kind, key=key, **owner)
+        s.add(artifact)
+        s.flush()
+        return artifact
+
+    def artifacts(self, kind: str | None = None) -> list[Artifact]:
+        """Every registered artifact (of one kind), by key: what ``tunefleet gc`` keeps.
+
+        Register a new kind's artifacts with the owner's row, in one transaction, as
+        :meth:`update_dataset` and :meth:`finish_cost_model` do (see
+        :class:`~tunefleet.db.tables.Artifact`).
+        """
+        stmt = select(Artifact).order_by(Artifact.key)
+        if kind is not None:
+            stmt = stmt.where(Artifact.kind == kind)
+        with self.session() as s:
+            return list(s.scalars(stmt))

@@ -304,3 +304,29 @@ class CostModel(Base):
     artifact_uri: Mapped[str] = mapped_column(Text)
     promoted: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Artifact(Base):
+    """Something in the artifact store that the database points to: one object, or a folder of them.
+
+    The database says what exists; the store holds only what a row here lists. Every kind of
+    artifact is written first, under a key no other write uses (a version number and a random
+    token), and registered here in the transaction that records its owner (a dataset version's
+    marks, a cost model's metrics and promotion). Files no row lists are garbage — an export or
+    a retrain killed before its commit, or one whose commit failed — which ``tunefleet gc``
+    deletes once they are older than a grace period (:mod:`tunefleet.learning.artifacts`).
+
+    ``key`` is a store key, or a folder when it ends with ``/`` (a dataset version's Parquet files
+    and manifest). Each row belongs to one owner and goes with it (``ON DELETE CASCADE``). A new
+    kind (a hub bundle, a built library) registers the same way: a nullable owner column here,
+    and its root in the store in ``tunefleet.learning.artifacts.KINDS``. Nothing references this
+    table, so adding that column may rebuild it (Alembic's batch mode on SQLite) safely.
+    """
+
+    __tablename__ = "artifacts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))  # dataset | cost_model
+    key: Mapped[str] = mapped_column(String(1024), unique=True)
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), nullable=True)
+    cost_model_id: Mapped[int | None] = mapped_column(ForeignKey("cost_models.id", ondelete="CASCADE"), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

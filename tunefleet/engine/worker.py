@@ -119,7 +119,12 @@ class Tuner:
         return self._online
 
     def cost_model(self, db: Database, options: TuneOptions | None = None) -> TrainedModel | None:
-        """The class's current trained cost model (cached until another is promoted), or None."""
+        """The class's current trained cost model (cached until another is promoted), or None.
+
+        A model that cannot be used (its file gone, or not a cost model) is skipped until another
+        is promoted; one that cannot be *read* now (a transient store error) is read again at the
+        next shard: a blip is not a verdict.
+        """
         if self.store is None or not (options or self.options).wants_trained_model:
             return None
         row = db.current_cost_model(self.hardware_class_id)
@@ -131,6 +136,10 @@ class Tuner:
 
             try:
                 self._model = load_cost_model(db, self.store, self.hardware)
+            except TransientError as exc:
+                log.warning("current cost model v%s of %s cannot be read now, this shard tunes without it "
+                            "(the next one reads it again): %s", row.version, self.hardware, str(exc).splitlines()[0])
+                self._model = None
             except TunefleetError as exc:
                 log.warning("current cost model v%s of %s cannot be loaded, tuning without it: %s",
                             row.version, self.hardware, str(exc).splitlines()[0])

@@ -40,20 +40,29 @@ throughput (one normaliser per group), so ratios of labels are ratios of through
 Baselines on the same rows: ``random`` (seeded uniform scores) and ``untrained`` (all scores 0,
 so every pair is a tie: pairwise accuracy exactly 0.5, peak@k that of a random pick).
 
-Promotion: the new model is promoted when there is no current model (or the current model's
-artifact cannot be read), or its held-out ``peak@1`` is strictly higher than the current model's
-on the same held-out set, or equal with strictly higher ``pairwise_accuracy``. Otherwise it is
-registered but not promoted, and the result says why.
+Promotion: the new model is promoted when there is no current model (or the current model is
+unusable: its file is gone or is not a tunefleet cost model), or its held-out ``peak@1`` is
+strictly higher than the current model's on the same held-out set, or equal with strictly higher
+``pairwise_accuracy``. Otherwise it is registered but not promoted, and the result says why.
+A blip is not a verdict: when the current model cannot be *read* because of a transient error
+(the store unreachable — after the store's own retries), nothing is decided: the retrain fails
+with one line, a :class:`~tunefleet.errors.TransientError` (the Prefect ``retrain`` task retries
+it with its backoff; on the command line, run it again), registering nothing.
 
-The artifact is XGBoost's own JSON model (``costmodels/<hardware>/v<N>.json``), loadable with
-plain ``xgboost.Booster``; tunefleet's metadata (objective, feature layout) is kept in the
-booster's attribute ``tunefleet``.
+The artifact is XGBoost's own JSON model (``costmodels/<hardware>/v<N>-<token>.json``, a key no
+other retrain writes), loadable with plain ``xgboost.Booster``; tunefleet's metadata (objective,
+feature layout) is kept in the booster's attribute ``tunefleet``.
 
-Concurrent retrains of a class are serialised in the database, not only by the flow: the
-version is reserved (a row without an artifact) before the file is written, so no two retrains
-share a file; the artifact, the metrics and the promotion are then recorded in one transaction
-under the class's lock, and only if the current model is still the one the new model was
-compared with; otherwise it is compared again with the model that became current meanwhile.
+The database says which models exist. Concurrent retrains of a class are serialised in the
+database, not only by the flow: the version is reserved (a row without an artifact) before the
+file is written; the file, the metrics and the promotion are then registered in one transaction
+under the class's lock (the file in table ``artifacts``), and only if the current model is still
+the one the new model was compared with; otherwise it is compared again with the model that
+became current meanwhile. A failed retrain deletes its file only when the database says it
+registered nothing: when the commit went through and only its acknowledgement was lost, the
+registered (maybe promoted) model is returned and its file stays; when the database cannot say,
+the file stays and ``tunefleet gc`` deletes it if it was not registered
+(:mod:`tunefleet.learning.artifacts`).
 """
 
 from __future__ import annotations
@@ -66,7 +75,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tunefleet.errors import TunefleetError
+from tunefleet.errors import ArtifactNotFoundError, TransientError, TunefleetError
+from tunefleet.learning.artifacts import COST_MODEL, unique_name
 from tunefleet.learning.ranking import pairwise_credit
 
 if TYPE_CHECKING:
@@ -81,7 +91,7 @@ log = logging.getLogger(__name__)
 OBJECTIVES = ("reg:squarederror", "rank:pairwise")
 #: Aggregations over stores, concatenated in this order (see :func:`candidate_features`).
 AGGREGATIONS = ("sum", "mean", "max")
-PREFIX = "costmodels"
+PREFIX = COST_MODEL.root.rstrip("/")
 DEFAULT_PARAMS: dict[str, Any] = {
     "max_depth": 6,
     "eta": 0.2,
@@ -100,6 +110,11 @@ _META_ATTR = "tunefleet"
 
 class CostModelError(TunefleetError):
     """A cost model cannot be trained, evaluated, stored or loaded."""
+
+
+class CurrentModelUnavailableError(CostModelError, TransientError):
+    """The current cost model could not be read for a transient reason (the store unreachable):
+    nothing was decided about it; running the retrain again may work."""
 
 
 # -- features and rows ----------------------------------------------------------------------------
@@ -421,7 +436,8 @@ class RetrainResult:
 
 
 def model_key(hardware: str, version: int) -> str:
-    return f"{PREFIX}/{hardware}/v{version}.json"
+    """A new key for the file of version ``version`` (``costmodels/<class>/v<N>-<token>.json``), unused so far."""
+    return f"{PREFIX}/{hardware}/{unique_name(version)}.json"
 
 
 def _load_artifact(store: ArtifactStore, uri: str) -> TrainedModel:
@@ -453,10 +469,11 @@ def retrain(
 
     hw = db.hardware_class(hardware)
     if table is None:
-        versions = sorted(set(dataset_versions)) if dataset_versions else dataset.stored_versions(store)
+        versions = sorted(set(dataset_versions)) if dataset_versions else [
+            v.version for v in dataset.list_versions(db, include_incomplete=False)]
         if not versions:
-            raise CostModelError(f"no dataset in {store.location}; run `tunefleet dataset export` first")
-        table = dataset.load(store, versions, hardware=hardware)
+            raise CostModelError("no dataset in the database yet; run `tunefleet dataset export` first")
+        table = dataset.load(db, store, versions, hardware=hardware)
     else:
         versions = sorted(set(dataset_versions or set(table["dataset_version"].to_pylist())))
         if "hardware" in table.column_names:
@@ -493,7 +510,6 @@ def retrain(
     row = db.add_cost_model(hardware_class_id=hw.id, artifact_uri="", metrics={"state": "training"},
                             dataset_id=dataset_id)
     key = model_key(hardware, row.version)
-    uri = ""
     try:
         uri = store.put_bytes(key, data, "application/json")
         while True:
@@ -512,28 +528,46 @@ def retrain(
                 "reason": reason,
             }))
             if db.finish_cost_model(row.id, artifact_uri=uri, metrics=metrics, promote=promote,
-                                    expected_current=current_row.id if current_row is not None else None):
+                                    expected_current=current_row.id if current_row is not None else None,
+                                    artifact_key=key):
                 break
             log.info("cost model v%s of %s: another model became current meanwhile; comparing with it",
                      row.version, hardware)
-    except BaseException:
-        _abandon(db, store, row.id, key if uri else None)
-        raise
+    except BaseException as exc:
+        registered = _abandon(db, store, row.id, row.version, hardware, key)
+        if registered is None or not isinstance(exc, Exception):
+            raise
+        # The commit went through, only its acknowledgement was lost: the database's word stands.
+        metrics = dict(registered.metrics or {})
+        return RetrainResult(registered.id, registered.version, hardware, registered.artifact_uri,
+                             bool(registered.promoted), str(metrics.get("reason", "")), metrics, model)
     log.info("cost model v%s of %s: %s (%s)", row.version, hardware, "promoted" if promote else "not promoted", reason)
     return RetrainResult(row.id, row.version, hardware, uri, promote, reason, metrics, model)
 
 
 def _evaluate_current(store: ArtifactStore, row: Any, test_t: pa.Table, seed: int,
                       hardware: str) -> dict[str, Any] | None:
-    """The current model's metrics on the held-out rows, or its error when it cannot be used."""
+    """The current model's metrics on the held-out rows, or its error when it is unusable.
+
+    Unusable is a verdict on the model: its file is gone, or is not a tunefleet cost model. A
+    transient failure to read it says nothing about the model: it raises
+    :class:`CurrentModelUnavailableError` and nothing is decided.
+    """
     if row is None:
         return None
     current: dict[str, Any] = {"cost_model_id": row.id, "version": row.version}
     try:
-        current.update(evaluate(_load_artifact(store, row.artifact_uri), test_t, seed=seed))
-    except TunefleetError as exc:
+        model = _load_artifact(store, row.artifact_uri)
+    except (CostModelError, ArtifactNotFoundError) as exc:
         current["error"] = str(exc).splitlines()[0][:300]
         log.warning("current cost model v%s of %s cannot be evaluated: %s", row.version, hardware, current["error"])
+        return current
+    except TransientError as exc:
+        raise CurrentModelUnavailableError(
+            f"cannot read the current cost model v{row.version} of {hardware} to compare the new model with it: "
+            f"{str(exc).splitlines()[0][:300]}; nothing was promoted or registered: run the retrain again"
+        ) from None
+    current.update(evaluate(model, test_t, seed=seed))
     return current
 
 
@@ -557,18 +591,30 @@ def _decide(new: dict[str, Any], current: dict[str, Any] | None, floor: float) -
     return promote, reason
 
 
-def _abandon(db: Database, store: ArtifactStore, cost_model_id: int, key: str | None) -> None:
-    """Undo a failed retrain: its artifact and its reserved version (best effort, never masking)."""
-    if key is not None:
-        try:
-            store.delete(key)
-        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the retrain's own error
-            log.warning("retrain failed; could not remove %s: %s", key, str(exc).splitlines()[0][:300])
+def _abandon(db: Database, store: ArtifactStore, cost_model_id: int, version: int, hardware: str, key: str) -> Any:
+    """Undo a failed retrain as far as the database says it failed (best effort, never masking).
+
+    The reserved version is given back only while it is a reservation; then nothing points to
+    the file and it is removed. When the registering commit went through (only the
+    acknowledgement was lost), the registered model row is returned and its file stays. When the
+    database cannot say, the file stays too: unregistered, ``tunefleet gc`` deletes it later.
+    """
     try:
-        db.delete_cost_model(cost_model_id)
+        registered = db.abandon_cost_model(cost_model_id)
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the retrain's own error
+        log.warning("retrain of %s v%d failed, and the database cannot say whether it registered it (%s); its file "
+                    "stays: `tunefleet gc` deletes it if it did not", hardware, version, str(exc).splitlines()[0][:300])
+        return None
+    if registered is not None:
+        log.warning("retrain of %s v%d: the database registered it (its commit went through, the acknowledgement "
+                    "was lost); its file stays", hardware, version)
+        return registered
+    try:
+        store.delete(key)  # a file never written is no error
     except Exception as exc:  # noqa: BLE001 - same: the original error is re-raised by the caller
-        log.warning("retrain failed; its reserved cost model row stays (no artifact): %s",
-                    str(exc).splitlines()[0][:300])
+        log.warning("retrain of %s v%d failed; could not remove %s (`tunefleet gc` will): %s", hardware, version,
+                    key, str(exc).splitlines()[0][:300])
+    return None
 
 
 def _fmt(value: float | None) -> str:
@@ -589,7 +635,15 @@ def promote_version(db: Database, hardware: str, version: int) -> Any:
 
 
 def load_cost_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel | None:
-    """The current promoted cost model of a hardware class, or None when there is none."""
+    """The current promoted cost model of a hardware class, or None when there is none.
+
+    Raises
+    ------
+    CostModelError, ArtifactNotFoundError
+        When the model is unusable: its file is not a tunefleet cost model, or is gone.
+    TransientError
+        When its file cannot be read now (the store unreachable): try again later.
+    """
     hw = db.hardware_class(hardware)
     row = db.current_cost_model(hw.id)
     if row is None:
@@ -604,6 +658,7 @@ __all__ = [
     "aggregate_stores",
     "OBJECTIVES",
     "CostModelError",
+    "CurrentModelUnavailableError",
     "RetrainResult",
     "TrainedModel",
     "baselines",

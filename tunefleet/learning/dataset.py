@@ -1,21 +1,31 @@
 """Export measurements as a versioned Parquet dataset of program features and throughput labels.
 
-Pipeline step 6. Each :func:`export` writes one *version*::
+Pipeline step 6. Each :func:`export` writes one *version* under a folder of its own::
 
-    datasets/v{N}/hardware={class}/part-0.parquet   one file per hardware class with new rows
-    datasets/v{N}/manifest.json                     written last: a version without it is incomplete
+    datasets/v{N}-{token}/hardware={class}/part-0.parquet   one file per hardware class with new rows
+    datasets/v{N}-{token}/manifest.json                     what the version holds (a copy of its row's)
 
-through the artifact store's ``pyarrow.fs`` filesystem, and registers the version in the
-``datasets`` table. Exports are incremental: a version holds the committed measurements that no
-earlier version took, so the dataset is the union of all versions (:func:`load` reads them with
-hive partitioning on ``hardware``). When nothing is new, :func:`export` writes nothing and
-returns None.
+through the artifact store's ``pyarrow.fs`` filesystem (``token``: random, so no two exports ever
+write to one folder), then registers the version in the database. Exports are incremental: a
+version holds the committed measurements that no earlier version took, so the dataset is the
+union of all versions (:func:`load` reads them with hive partitioning on ``hardware``). When
+nothing is new, :func:`export` writes nothing and returns None.
 
-Which version took a measurement is recorded in the database (table ``dataset_rows``), in the
-same transaction that completes the version, for exactly the measurements the export read —
-written as a row, skipped or filtered. Selection is by that mark, not by id: a measurement whose
-transaction got a lower id but committed after an export read its rows is simply unmarked, and
-the next export takes it. :meth:`Database.unexported_measurements` lists what no version took.
+The database says which versions exist. The version number is reserved first (a ``datasets``
+row without a URI), the files are written, and then one transaction registers the version: its
+URI and manifest, its folder (table ``artifacts``) and the mark of every measurement the export
+read (table ``dataset_rows``: written as a row, skipped or filtered). :func:`load` and retraining
+list versions from the database, never from the store, and read the files their manifests
+(kept in the database) name: files no registered version points to — an export killed between
+writing and committing, or one whose commit failed — are never read, and are garbage that
+``tunefleet gc`` deletes after a grace period (:mod:`tunefleet.learning.artifacts`). A failed
+export removes its own files at once only when the database says it registered nothing; when
+the commit went through and only its acknowledgement was lost, the export returns the version it
+registered; when the database cannot say (unreachable), the files are left for ``gc``.
+
+Selection is by the marks, not by id: a measurement whose transaction got a lower id but
+committed after an export read its rows is simply unmarked, and the next export takes it.
+:meth:`Database.unexported_measurements` lists what no version took.
 
 Rows and decisions
 ------------------
@@ -42,11 +52,10 @@ Rows and decisions
   is skipped with a warning and listed under ``skipped_ids`` in the manifest; it is marked
   ``skipped`` and not retried by later exports.
 
-Concurrent exports: the version number is reserved in the database before any file is written,
-so two exports never write over each other's files. They are serialised per hardware class
-where it matters, when a version is completed: the class rows are locked, and a measurement
-can be marked by one version only. An export that read measurements another one completed
-meanwhile registers nothing, removes its files and raises
+Concurrent exports: each writes to its own folder, so none writes over another's files. They
+are serialised per hardware class where it matters, when a version is registered: the class rows
+are locked, and a measurement can be marked by one version only. An export that read
+measurements another one registered meanwhile registers nothing, removes its files and raises
 :class:`~tunefleet.errors.ConflictError` (retryable: run it again to export what is left).
 The pipeline's export task also runs under a Prefect tag with a concurrency limit of 1, which
 avoids that wasted work.
@@ -58,7 +67,6 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +74,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from tunefleet.errors import ConflictError, NotFoundError, TunefleetError
+from tunefleet.learning.artifacts import DATASET, unique_name
 from tunefleet.vocab import FILTERED
 
 if TYPE_CHECKING:
@@ -81,12 +90,11 @@ log = logging.getLogger(__name__)
 #: Layout of the rows and the manifest; bumped on any incompatible change.
 SCHEMA_VERSION = 1
 #: Key prefix of every dataset version in the artifact store.
-PREFIX = "datasets"
+PREFIX = DATASET.root.rstrip("/")
 #: Length of one PerStoreFeature vector (default parameters).
 FEATURE_DIMS = 164
 #: Name of the partition column (a directory level ``hardware={name}``, not stored in the files).
 PARTITION = "hardware"
-_MANIFEST_RE = re.compile(rf"^{PREFIX}/v(\d+)/manifest\.json$")
 _CONTEXT_CACHE = 128  # TuneContexts kept while exporting (one per workload and hardware class)
 #: What an export did with a measurement it read (``dataset_rows.outcome``).
 ROW, SKIPPED = "row", "skipped"  # and FILTERED: a candidate never measured
@@ -162,17 +170,19 @@ class DatasetVersion:
         )
 
 
-def version_prefix(version: int) -> str:
-    return f"{PREFIX}/v{version}"
+def version_folder(version: int) -> str:
+    """A new folder for the files of version ``version`` (``datasets/v{N}-{token}``), unused so far."""
+    return f"{PREFIX}/{unique_name(version)}"
 
 
-def manifest_key(version: int) -> str:
-    return f"{version_prefix(version)}/manifest.json"
+def manifest_key(folder: str) -> str:
+    """Key of the manifest of the version written to ``folder``."""
+    return f"{folder}/manifest.json"
 
 
-def part_key(version: int, hardware: str) -> str:
+def part_key(folder: str, hardware: str) -> str:
     """Key of a version's Parquet file for one hardware class (name URI-encoded as hive does)."""
-    return f"{version_prefix(version)}/{PARTITION}={quote(hardware, safe='')}/part-0.parquet"
+    return f"{folder}/{PARTITION}={quote(hardware, safe='')}/part-0.parquet"
 
 
 # -- registry ---------------------------------------------------------------------------------
@@ -383,8 +393,12 @@ def export(
     DatasetError
         When a file cannot be written; the reserved version is removed again.
     ConflictError
-        When another export completed a version with some of the same measurements while this
+        When another export registered a version with some of the same measurements while this
         one ran; this one's files and reserved version are removed again (run it again).
+    DatabaseError
+        When the database fails, with the version not registered — or maybe registered, when
+        it fails while committing and stays unreachable: then the files stay (``tunefleet gc``
+        deletes them if the version was not registered after all).
     NotFoundError
         When ``hardware`` names no hardware class.
     """
@@ -400,10 +414,12 @@ def export(
     import tvm
 
     created = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    # Reserve the version number first: files go under it, so no two exports share a path.
+    # Reserve the version number first: the files carry it. They go to a folder of their own,
+    # and the version exists once one transaction registers it with its marks.
     reserved = db.add_dataset(uri="", manifest={"state": "writing", "schema_version": SCHEMA_VERSION,
                                                 "created_at": created.isoformat()}, row_count=0)
     version = reserved.version
+    folder = version_folder(version)
     fs, base = store.filesystem()
     written: list[str] = []
     log.info("dataset export v%d: %d new measurements in %d hardware class(es)", version, total, len(plans))
@@ -413,14 +429,15 @@ def export(
         per_class: dict[str, dict[str, Any]] = {}
         marks: dict[int, str] = {}
         for plan in plans:
-            stats, done = _export_class(db, fs, base, store.location, version, plan, featurizer, batch_size,
-                                        written, progress, done, total, marks)
+            stats, done = _export_class(db, fs, base, store.location, version, folder, plan, featurizer,
+                                        batch_size, written, progress, done, total, marks)
             per_class[plan.hw.name] = stats
         all_ids = [s["measurement_ids"] for s in per_class.values() if s["measurement_ids"]]
         manifest: dict[str, Any] = {
             "state": "complete",
             "schema_version": SCHEMA_VERSION,
             "version": version,
+            "folder": f"{folder}/",
             "created_at": created.isoformat(),
             "parents": [v.version for v in previous],
             "row_counts": {name: s["rows"] for name, s in per_class.items()},
@@ -448,22 +465,24 @@ def export(
             "columns": _arrow_schema().names,
             "tvm_version": tvm.__version__,
         }
-        key = manifest_key(version)
+        key = manifest_key(folder)
+        written.append(key)
         uri = store.put_bytes(key, json.dumps(manifest, indent=2, sort_keys=True).encode(),
                               content_type="application/json")
-        written.append(key)
         row_count = sum(s["rows"] for s in per_class.values())
         try:
             db.update_dataset(reserved.id, uri=uri, manifest=manifest, row_count=row_count, marks=marks,
-                              hardware_class_ids=[p.hw.id for p in plans])
+                              hardware_class_ids=[p.hw.id for p in plans], artifact_key=f"{folder}/")
         except ConflictError:
             raise ConflictError(
                 f"dataset export v{version}: another export completed a version with some of the same "
                 f"measurements meanwhile; v{version} is not registered, run the export again"
             ) from None
-    except BaseException:
-        _abandon(db, store, fs, base, reserved.id, version, written)
-        raise
+    except BaseException as exc:
+        registered = _abandon(db, fs, base, reserved.id, version, written)
+        if registered is None or not isinstance(exc, Exception):
+            raise
+        return DatasetVersion.from_row(registered)  # the commit went through: only its acknowledgement was lost
     result = DatasetVersion(version=version, uri=uri, created_at=reserved.created_at, row_count=row_count,
                             complete=True, row_counts=manifest["row_counts"], parents=manifest["parents"],
                             measurement_ids=manifest["measurement_ids"], manifest=manifest)
@@ -473,15 +492,16 @@ def export(
 
 
 def _export_class(
-    db: Database, fs: Any, base: str, location: str, version: int, plan: _ClassPlan, featurizer: _Featurizer,
-    batch_size: int, written: list[str], progress: Progress | None, done: int, total: int, marks: dict[int, str],
+    db: Database, fs: Any, base: str, location: str, version: int, folder: str, plan: _ClassPlan,
+    featurizer: _Featurizer, batch_size: int, written: list[str], progress: Progress | None, done: int, total: int,
+    marks: dict[int, str],
 ) -> tuple[dict[str, Any], int]:
     """Write one class's unexported measurements; record in ``marks`` what became of each one read."""
     import pyarrow.parquet as pq
 
     hw = plan.hw
     best = db.best_run_s_by_workload(hw.id, plan.high_water)
-    key = part_key(version, hw.name)
+    key = part_key(folder, hw.name)
     path = f"{base}/{key}"
     writer = None
     rows = errors = filtered = 0
@@ -548,52 +568,52 @@ def _export_class(
     return stats, done
 
 
-def _abandon(db: Database, store: ArtifactStore, fs: Any, base: str, dataset_id: int, version: int,
-             written: list[str]) -> None:
-    """Undo a failed export: remove its files and its reserved row (best effort, never masking)."""
+def _abandon(db: Database, fs: Any, base: str, dataset_id: int, version: int,
+             written: list[str]) -> Dataset | None:
+    """Undo a failed export as far as the database says it failed (best effort, never masking).
+
+    The reservation is given back only while it is one; then nothing points to the files and
+    they are removed. When its registering commit went through (only the acknowledgement was
+    lost), the registered version is returned and its files stay. When the database cannot say,
+    the files stay too: unregistered, ``tunefleet gc`` deletes them after its grace period.
+    """
+    try:
+        registered = db.abandon_dataset(dataset_id)
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the export's own error
+        log.warning("dataset export v%d failed, and the database cannot say whether it registered it (%s); "
+                    "its files stay: `tunefleet gc` deletes them if it did not", version, _one_line(exc))
+        return None
+    if registered is not None:
+        log.warning("dataset export v%d: the database registered it (its commit went through, the acknowledgement "
+                    "was lost); its files stay", version)
+        return registered
     for key in written:
         try:
             fs.delete_file(f"{base}/{key}")
-        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the export's own error
-            log.warning("dataset export v%d failed; could not remove %s: %s", version, key, _one_line(exc))
-    try:
-        db.delete_dataset(dataset_id)
-    except Exception as exc:  # noqa: BLE001 - same: the original error is re-raised by the caller
-        log.warning("dataset export v%d failed; its reserved row stays (incomplete): %s", version, _one_line(exc))
+        except FileNotFoundError:
+            pass  # never written (the failure came first)
+        except Exception as exc:  # noqa: BLE001 - same: the original error is re-raised by the caller
+            log.warning("dataset export v%d failed; could not remove %s (`tunefleet gc` will): %s", version, key,
+                        _one_line(exc))
+    return None
 
 
 # -- reading ----------------------------------------------------------------------------------
-def stored_versions(store: ArtifactStore) -> list[int]:
-    """Versions with a manifest in the store (complete exports), ascending."""
-    found = []
-    for key in store.list(f"{PREFIX}/v"):
-        match = _MANIFEST_RE.match(key)
-        if match:
-            found.append(int(match.group(1)))
-    return sorted(found)
-
-
-def read_manifest(store: ArtifactStore, version: int) -> dict[str, Any]:
-    """The manifest of one version, as written by :func:`export`."""
-    key = manifest_key(version)
-    try:
-        manifest = json.loads(store.get_bytes(key))
-    except NotFoundError:
-        known = ", ".join(f"v{v}" for v in stored_versions(store)) or "none"
-        raise NotFoundError(f"no dataset version {version} in {store.location} (versions: {known})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"dataset manifest {key!r} in {store.location} is not valid JSON: {_one_line(exc)}") from None
-    if not isinstance(manifest, dict) or "schema_version" not in manifest:
-        raise DatasetError(f"dataset manifest {key!r} in {store.location} has no schema_version")
+def _registered_manifest(v: DatasetVersion) -> dict[str, Any]:
+    """The manifest of a registered version, checked to be one this tunefleet reads."""
+    manifest = v.manifest
+    if "schema_version" not in manifest:
+        raise DatasetError(f"dataset version {v.version} has no schema_version in its manifest")
     if int(manifest["schema_version"]) > SCHEMA_VERSION:
         raise DatasetError(
-            f"dataset version {version} has schema version {manifest['schema_version']}; this tunefleet reads "
+            f"dataset version {v.version} has schema version {manifest['schema_version']}; this tunefleet reads "
             f"up to {SCHEMA_VERSION}: upgrade tunefleet"
         )
     return manifest
 
 
 def load(
+    db: Database,
     store: ArtifactStore,
     versions: Sequence[int] | None = None,
     *,
@@ -601,12 +621,18 @@ def load(
 ) -> pa.Table:
     """Read dataset versions back as one Arrow table (see :func:`schema`).
 
+    Which versions exist, and which files each one holds, the database says (the versions it
+    registered, with their manifests); files in the store that no registered version names are
+    never read.
+
     Parameters
     ----------
+    db
+        The tunefleet database the versions are registered in.
     store
         The artifact store the versions were exported to.
     versions
-        Versions to read; every complete version in the store by default. Since versions are
+        Versions to read; every registered (complete) version by default. Since versions are
         incremental, reading all of them gives every exported measurement once.
     hardware
         Only these hardware classes (a name or names); all by default.
@@ -620,7 +646,7 @@ def load(
     Raises
     ------
     NotFoundError
-        When the store has no dataset, or a requested version is not in it.
+        When the database registered no dataset version, or not a requested one.
     DatasetError
         When a file the manifest lists is missing or not a readable Parquet file (the message
         names the file).
@@ -630,17 +656,22 @@ def load(
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
+    registered = {v.version: v for v in list_versions(db, include_incomplete=False)}
     if versions is None:
-        versions = stored_versions(store)
+        versions = sorted(registered)
         if not versions:
-            raise NotFoundError(f"no dataset in {store.location}; run `tunefleet dataset export` first")
+            raise NotFoundError("no dataset in the database yet; run `tunefleet dataset export` first")
+    missing = sorted(set(versions) - set(registered))
+    if missing:
+        known = ", ".join(f"v{v}" for v in sorted(registered)) or "none"
+        raise NotFoundError(f"no dataset version {missing[0]} in the database (versions: {known})")
     wanted = {hardware} if isinstance(hardware, str) else (set(hardware) if hardware is not None else None)
     fs, base = store.filesystem()
     full = schema()
     partitioning = pads.partitioning(pa.schema([full.field(PARTITION)]), flavor="hive")
     parts: list[pa.Table] = []
     for version in sorted(set(versions)):
-        manifest = read_manifest(store, version)
+        manifest = _registered_manifest(registered[version])
         for name in sorted(manifest.get("hardware") or {}):
             entry = manifest["hardware"][name]
             if not entry.get("file") or (wanted is not None and name not in wanted):
@@ -660,7 +691,7 @@ def load(
                 )
             try:
                 table = pads.dataset([path], schema=full, filesystem=fs, format="parquet", partitioning=partitioning,
-                                     partition_base_dir=f"{base}/{version_prefix(version)}").to_table()
+                                     partition_base_dir=f"{base}/{key.rsplit(f'/{PARTITION}=', 1)[0]}").to_table()
             except (OSError, pa.ArrowException) as exc:
                 raise DatasetError(f"dataset file {where} cannot be read: {_one_line(exc)}") from None
             parts.append(table)
@@ -726,8 +757,7 @@ __all__ = [
     "load",
     "manifest_key",
     "part_key",
-    "read_manifest",
     "renormalise",
     "schema",
-    "stored_versions",
+    "version_folder",
 ]

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tunefleet.errors import ConfigError
-from tunefleet.store.base import ArtifactStore, check_key, content_key
+from tunefleet.store.base import ArtifactStore, StoredObject, check_key, content_key
 from tunefleet.store.local import LocalStore
 from tunefleet.store.s3 import S3Store
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
 
-__all__ = ["ArtifactStore", "LocalStore", "S3Store", "check_key", "content_key", "open_store"]
+__all__ = ["ArtifactStore", "LocalStore", "S3Store", "StoredObject", "check_key", "content_key", "open_store"]
 
 
 def open_store(settings: Settings) -> ArtifactStore:

@@ -7,12 +7,14 @@ reports a missing key with :class:`~tunefleet.errors.ArtifactNotFoundError`.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import io
 import logging
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 from tunefleet.errors import ArtifactNotFoundError, ArtifactStoreError
@@ -109,6 +111,16 @@ def content_key(sha256: str, prefix: str = "blobs", suffix: str = "") -> str:
         ``f"{prefix}/{sha256[:2]}/{sha256}{suffix}"``, validated.
     """
     return check_key(f"{prefix}/{sha256[:2]}/{sha256}{suffix}")
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of :meth:`ArtifactStore.list_objects`: its key, its size and when it was written."""
+
+    key: str
+    size: int
+    modified: dt.datetime
+    """When the object was last written, timezone-aware (UTC): the backend's clock (S3's server's)."""
 
 
 class ArtifactStore(ABC):
@@ -271,6 +283,17 @@ class ArtifactStore(ABC):
         -------
         Iterator[str]
             Keys in byte-wise (UTF-8) sorted order, however many there are.
+        """
+
+    @abstractmethod
+    def list_objects(self, prefix: str = "") -> Iterator[StoredObject]:
+        """As :meth:`list`, with each object's size and last-modified time (what ``tunefleet gc``
+        needs to tell an old unregistered file from one a running export is still writing).
+
+        Returns
+        -------
+        Iterator[StoredObject]
+            In the order of :meth:`list`.
         """
 
     @abstractmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import tempfile
@@ -12,7 +13,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from tunefleet.errors import ArtifactStoreError
-from tunefleet.store.base import ArtifactStore, check_key, check_prefix, copy_stream
+from tunefleet.store.base import ArtifactStore, StoredObject, check_key, check_prefix, copy_stream
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -121,6 +122,18 @@ class LocalStore(ArtifactStore):
                         keys.append(key)
         keys.sort()  # code-point order == UTF-8 byte order, as S3 lists
         return iter(keys)
+
+    def list_objects(self, prefix: str = "") -> Iterator[StoredObject]:
+        found = []
+        for key in self.list(prefix):
+            try:
+                info = self._path(key).stat()
+            except FileNotFoundError:
+                continue  # deleted since it was listed
+            except OSError as exc:
+                raise ArtifactStoreError(f"cannot look up {key!r} in {self.location}: {exc.strerror or exc}") from None
+            found.append(StoredObject(key, info.st_size, dt.datetime.fromtimestamp(info.st_mtime, dt.timezone.utc)))
+        return iter(found)
 
     def delete(self, key: str) -> None:
         path = self._path(key)

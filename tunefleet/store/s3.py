@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tunefleet.config import mask_url
 from tunefleet.errors import ArtifactStoreError, ArtifactStoreUnavailableError
-from tunefleet.store.base import CHUNK_SIZE, ArtifactStore, check_key, check_prefix
+from tunefleet.store.base import CHUNK_SIZE, ArtifactStore, StoredObject, check_key, check_prefix
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -291,18 +291,29 @@ class S3Store(ArtifactStore):
         return True
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        return iter([obj.key for obj in self._listing(prefix)])
+
+    def list_objects(self, prefix: str = "") -> Iterator[StoredObject]:
+        return iter(self._listing(prefix))
+
+    def _listing(self, prefix: str) -> list[StoredObject]:
+        import datetime as dt
+
         check_prefix(prefix)
         cut = len(self.prefix)
-        keys: list[str] = []
+        found: list[StoredObject] = []
         with self._errors("list", prefix or None):
             for obj in self._client.list_objects(self.bucket, prefix=self.prefix + prefix, recursive=True):
                 name = obj.object_name
                 if name is None or name.endswith("/"):
                     continue  # directory markers (pyarrow creates them; SeaweedFS lists them)
-                keys.append(name[cut:])
+                modified = obj.last_modified or dt.datetime.now(dt.timezone.utc)
+                if modified.tzinfo is None:
+                    modified = modified.replace(tzinfo=dt.timezone.utc)
+                found.append(StoredObject(name[cut:], int(obj.size or 0), modified))
         # SeaweedFS lists depth-first ("a/b" before "a.txt"), not in S3's byte order.
-        keys.sort()
-        return iter(keys)
+        found.sort(key=lambda o: o.key)
+        return found
 
     def delete(self, key: str) -> None:
         from minio.error import S3Error

@@ -474,6 +474,98 @@ class ReportCases:
         assert [m.id for m in again.unexported_measurements()] == [arm_id]
         again.close()
 
+    def test_artifacts_are_registered_with_their_owner_or_not_at_all(
+        self, seeded: tuple[Database, int, int, int]
+    ) -> None:
+        db, wl, hw, _ = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.1 * (i + 1)]) for i in range(2)])
+        ids = [m.id for m in db.measurements(hardware_class_id=hw)]
+        taken = db.add_dataset(uri="", manifest={}, row_count=0)
+        db.update_dataset(taken.id, uri="u1", manifest={"state": "complete"}, row_count=1, marks={ids[0]: "row"},
+                          hardware_class_ids=[hw], artifact_key="datasets/v1-aa/")
+        v2 = db.add_dataset(uri="", manifest={"state": "writing"}, row_count=0)
+        with pytest.raises(ConflictError):  # a mark taken: neither the version nor its files are registered
+            db.update_dataset(v2.id, uri="u2", manifest={"state": "complete"}, row_count=1,
+                              marks={ids[0]: "row"}, hardware_class_ids=[hw], artifact_key="datasets/v2-bb/")
+        with pytest.raises(ConflictError, match="registered already"):  # a key is registered once
+            db.update_dataset(v2.id, uri="u2", manifest={"state": "complete"}, row_count=1,
+                              marks={ids[1]: "row"}, hardware_class_ids=[hw], artifact_key="datasets/v1-aa/")
+        assert [(a.kind, a.key, a.dataset_id) for a in db.artifacts()] == [("dataset", "datasets/v1-aa/", taken.id)]
+        db.update_dataset(v2.id, uri="u2", manifest={"state": "complete"}, row_count=1, marks={ids[1]: "row"},
+                          hardware_class_ids=[hw], artifact_key="datasets/v2-bb/")
+        with pytest.raises(NotFoundError, match="not a reserved version"):  # registered: not again
+            db.update_dataset(v2.id, uri="u3", manifest={}, row_count=0)
+
+        cm = db.add_cost_model(hardware_class_id=hw, artifact_uri="", metrics={"state": "training"})
+        assert db.finish_cost_model(cm.id, artifact_uri="u", metrics={"ok": 1}, promote=True, expected_current=None,
+                                    artifact_key="costmodels/x86/v1-cc.json")
+        with pytest.raises(NotFoundError, match="not a reservation"):
+            db.finish_cost_model(cm.id, artifact_uri="u", metrics={}, promote=False, expected_current=None)
+        assert [(a.kind, a.key) for a in db.artifacts("cost_model")] == [("cost_model", "costmodels/x86/v1-cc.json")]
+        assert [a.key for a in db.artifacts()] == ["costmodels/x86/v1-cc.json", "datasets/v1-aa/", "datasets/v2-bb/"]
+
+        # Removing an owner removes what it registered: its files become garbage.
+        db.delete_dataset(taken.id)
+        assert [a.key for a in db.artifacts("dataset")] == ["datasets/v2-bb/"]
+        db.delete_cost_model(cm.id)
+        assert db.artifacts("cost_model") == []
+
+    def test_abandoning_gives_back_a_reservation_never_a_registration(
+        self, seeded: tuple[Database, int, int, int]
+    ) -> None:
+        """What a failed export or retrain calls when it cannot know whether its commit went through."""
+        db, _, hw, _ = seeded
+        reserved = db.add_dataset(uri="", manifest={"state": "writing"}, row_count=0)
+        assert db.abandon_dataset(reserved.id) is None and db.datasets() == []
+        assert db.abandon_dataset(reserved.id) is None  # gone already: nothing
+        registered = db.add_dataset(uri="", manifest={"state": "writing"}, row_count=0)
+        db.update_dataset(registered.id, uri="u", manifest={"state": "complete"}, row_count=0,
+                          artifact_key="datasets/v1-aa/")
+        kept = db.abandon_dataset(registered.id)  # its commit went through: the registration stands
+        assert kept is not None and kept.id == registered.id and kept.uri == "u"
+        assert [d.id for d in db.datasets()] == [registered.id] and len(db.artifacts()) == 1
+
+        old = db.add_cost_model(hardware_class_id=hw, artifact_uri="", metrics={})
+        assert db.finish_cost_model(old.id, artifact_uri="u1", metrics={}, promote=True, expected_current=None)
+        reserved_cm = db.add_cost_model(hardware_class_id=hw, artifact_uri="", metrics={})
+        assert db.abandon_cost_model(reserved_cm.id) is None
+        assert db.next_cost_model_version(hw) == 2, "the reserved version is given back"
+        new = db.add_cost_model(hardware_class_id=hw, artifact_uri="", metrics={})
+        assert db.finish_cost_model(new.id, artifact_uri="u2", metrics={}, promote=True, expected_current=old.id,
+                                    artifact_key="costmodels/x86/v2-dd.json")
+        kept_cm = db.abandon_cost_model(new.id)  # promoted, then its acknowledgement lost: still current
+        assert kept_cm is not None and kept_cm.promoted
+        current = db.current_cost_model(hw)
+        assert current is not None and current.id == new.id
+        assert [a.key for a in db.artifacts("cost_model")] == ["costmodels/x86/v2-dd.json"]
+
+    def test_migration_registers_the_files_earlier_versions_wrote(
+        self, db_url: str, seeded: tuple[Database, int, int, int]
+    ) -> None:
+        from alembic.script import ScriptDirectory
+
+        from tunefleet.db.connection import alembic_config
+
+        db, _, hw, arm = seeded
+        script = ScriptDirectory.from_config(alembic_config(None))  # type: ignore[arg-type]
+        revision = next(r for r in script.walk_revisions() if r.path.endswith("_artifacts.py"))
+        downgrade(db.engine, str(revision.down_revision))
+        # As exports and retrains before it left them: a killed export and an unfinished retrain
+        # (no URI) next to complete ones, under the keys they always used.
+        db.add_dataset(uri="u1", manifest={"state": "complete"}, row_count=1)
+        db.add_dataset(uri="", manifest={"state": "writing"}, row_count=0)
+        db.add_dataset(uri="u3", manifest={"state": "complete"}, row_count=1)
+        db.add_cost_model(hardware_class_id=hw, artifact_uri="s3://b/costmodels/x86/v1.json", metrics={})
+        db.add_cost_model(hardware_class_id=hw, artifact_uri="", metrics={})
+        db.add_cost_model(hardware_class_id=arm, artifact_uri="file:///a/costmodels/arm/v1.json", metrics={})
+        upgrade(db.engine)
+        again = Database(db_url)
+        v1, _, v3 = again.datasets()
+        assert [(a.kind, a.key, a.dataset_id) for a in again.artifacts("dataset")] == [
+            ("dataset", "datasets/v1/", v1.id), ("dataset", "datasets/v3/", v3.id)]
+        assert [a.key for a in again.artifacts("cost_model")] == ["costmodels/arm/v1.json", "costmodels/x86/v1.json"]
+        again.close()
+
 
 class DatabaseContract(ShardCases, ReportCases):
     """What every database backend must do."""
