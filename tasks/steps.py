@@ -163,7 +163,7 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
 
         metrics = FleetMetrics()
         publish_fleet_metrics(ctx.db, metrics, report)
-        metrics.push(gateway, grouping_key={"instance": "accounting"})
+        metrics.publish(gateway, grouping_key={"instance": "accounting"})  # an outage is a warning, not a failure
     return [r.as_dict() for r in rows]
 
 

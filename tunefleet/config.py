@@ -39,6 +39,19 @@ every third of it, so a longer lease buys nothing but a longer wait after a cras
 minutes (the default lease is 120 s): a day is generous, and it keeps the expiry far inside the
 date arithmetic of both backends (``inf`` never expired on SQLite and overflowed on PostgreSQL)."""
 
+DEFAULT_DB_STATEMENT_TIMEOUT_S = 600.0
+"""The longest statement on PostgreSQL, lock waits included: a query that hangs fails after 10
+minutes instead of never (every tunefleet statement takes well under a minute; schema migrations,
+which may rewrite large tables, are exempt)."""
+DEFAULT_DB_LOCK_TIMEOUT_S = 30.0
+"""The longest wait for a lock on PostgreSQL: tunefleet's transactions are short (no lock is held
+across TVM work), so a wait this long means the holder is stuck; the waiter fails with a transient
+:class:`~tunefleet.errors.DatabaseUnavailableError` instead of waiting forever."""
+DEFAULT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
+"""How long a PostgreSQL session may sit idle inside an open transaction before the server ends it
+and releases its locks (a stuck or interrupted thread's): tunefleet never idles in one for more
+than a moment."""
+
 # A database URL's scheme, as SQLAlchemy reads it: dialect[+driver]://... (parsed here without
 # SQLAlchemy, which only tunefleet.db imports).
 _URL_SCHEME = re.compile(r"^(?P<backend>[A-Za-z][A-Za-z0-9_]*)(\+[A-Za-z0-9_]+)?://")
@@ -172,8 +185,16 @@ class Settings(BaseSettings, TuneKnobs):
         "PostgreSQL: postgresql+psycopg2://user:pass@host:5432/db",
     )
     db_connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
-    db_statement_timeout_s: float = Field(default=0.0, ge=0, le=86_400,
-                                          description="0 = no limit (PostgreSQL only); at most a day.")
+    db_statement_timeout_s: float = Field(default=DEFAULT_DB_STATEMENT_TIMEOUT_S, ge=0, le=86_400,
+                                          description="Longest statement, lock waits included (PostgreSQL "
+                                          "only; migrations are exempt); 0 = no limit; at most a day.")
+    db_lock_timeout_s: float = Field(default=DEFAULT_DB_LOCK_TIMEOUT_S, ge=0, le=86_400,
+                                     description="Longest wait for a row or table lock another session holds "
+                                     "(PostgreSQL only; SQLite waits TUNEFLEET_DB_CONNECT_TIMEOUT_S); 0 = no limit.")
+    db_idle_in_transaction_timeout_s: float = Field(
+        default=DEFAULT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S, ge=0, le=86_400,
+        description="The server ends a session left idle inside a transaction this long, releasing its locks "
+        "(PostgreSQL only); 0 = never.")
     db_auto_migrate: bool = Field(default=True, description="Create the schema in an empty database.")
 
     store: Literal["local", "s3"] = "local"

@@ -78,13 +78,14 @@ def test_template_variables(templates) -> None:  # type: ignore[no-untyped-def]
              "cpu_request", "cpu_limit", "memory_request"}
     for hw, template in templates.items():
         props = template["variables"]["properties"]
-        assert stock | {"node_selector", "tolerations", "gpu_limit"} <= set(props)
+        assert stock | {"node_selector", "tolerations", "gpu_limit", "active_deadline_seconds"} <= set(props)
         assert props["image"]["default"] == "tunefleet:0.1.0"
         assert props["namespace"]["default"] == "tunefleet"
         assert props["service_account_name"]["default"] == "tunefleet-worker"
         assert props["env"]["default"]["PREFECT_LOGGING_EXTRA_LOGGERS"] == "tunefleet"
         assert props["labels"]["default"] == {"tunefleet.io/hardware": hw}
         assert props["gpu_limit"]["default"] == (1 if hw == "gpu" else None)
+        assert props["active_deadline_seconds"]["default"] == job_templates.DEFAULT_ACTIVE_DEADLINE_S
 
 
 @pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
@@ -104,6 +105,8 @@ def test_rendered_job_validates_offline_strict(deployment, templates) -> None:  
     assert spec["serviceAccountName"] == "tunefleet-worker"
     assert job["spec"]["template"]["metadata"]["labels"]["tunefleet.io/hardware"] == hw
     assert job["metadata"]["labels"]["prefect.io/deployment-name"] == deployment["name"]
+    # no flow run holds its node forever: Kubernetes ends the Job after its deadline
+    assert job["spec"]["activeDeadlineSeconds"] == job_templates.DEFAULT_ACTIVE_DEADLINE_S
     ctr = container(job)
     assert ctr["image"] == "tunefleet:0.1.0"
     assert {"name": "PREFECT_LOGGING_EXTRA_LOGGERS", "value": "tunefleet"} in ctr["env"]
@@ -177,6 +180,25 @@ def test_gpu_limit_override_offline(templates) -> None:  # type: ignore[no-untyp
     two = job_templates.render_job(templates["gpu"], {"gpu_limit": 2})
     job_templates.validate_manifest(two)
     assert container(two)["resources"]["limits"]["nvidia.com/gpu"] == 2
+
+
+def test_job_deadline_is_a_job_variable_offline(templates) -> None:  # type: ignore[no-untyped-def]
+    hour = job_templates.render_job(templates["x86"], {"active_deadline_seconds": 3600})
+    job_templates.validate_manifest(hour)
+    assert hour["spec"]["activeDeadlineSeconds"] == 3600
+    lifted = job_templates.render_job(templates["x86"], {"active_deadline_seconds": None})
+    job_templates.validate_manifest(lifted)
+    assert lifted["spec"].get("activeDeadlineSeconds") is None  # null: no deadline
+    for bad in (0, -5, "1h"):
+        with pytest.raises(TunefleetError, match="active_deadline_seconds"):
+            job_templates.render_job(templates["x86"], {"active_deadline_seconds": bad})
+    pool = job_templates.base_job_template("x86", active_deadline_s=900)
+    assert job_templates.render_job(pool)["spec"]["activeDeadlineSeconds"] == 900
+    assert "activeDeadlineSeconds" not in job_templates.render_job(
+        job_templates.base_job_template("x86", active_deadline_s=None))["spec"]
+    for bad_arg in (0, 1.5, True):
+        with pytest.raises(ConfigError, match="Job deadline"):
+            job_templates.base_job_template("x86", active_deadline_s=bad_arg)  # type: ignore[arg-type]
 
 
 def test_invalid_job_variables_are_rejected_offline(templates) -> None:  # type: ignore[no-untyped-def]

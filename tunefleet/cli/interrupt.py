@@ -44,20 +44,33 @@ def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
     signal.signal(signal.SIGINT, stop)
 
 
+RELEASE_LOCK_TIMEOUT_S = 5.0
+"""The longest Ctrl-C waits for a shard's row lock before it leaves that lease to expire."""
+
+
 def _stop_children_and_give_back(settings: Settings, resume: str) -> None:
-    """Ctrl-C's work before the exit: give this process tree's leases back, stop the children."""
+    """Ctrl-C's work before the exit: give this process tree's leases back, stop the children.
+
+    The handler runs on the thread it interrupted, which may be inside a transaction that holds
+    the very rows the release updates (a batch being committed, a lease being renewed): that
+    transaction is rolled back first (its batch is lost anyway), or the release, on a connection
+    of its own, would wait for a thread that never resumes. A lock held elsewhere (a child, a
+    stuck thread) is waited for at most :data:`RELEASE_LOCK_TIMEOUT_S`."""
     import os
 
     import psutil
 
     from tunefleet.db import Database
+    from tunefleet.db.connection import roll_back_this_thread
     from tunefleet.engine.worker import worker_owner
 
     children = psutil.Process().children(recursive=True)
     owners = [worker_owner(pid) for pid in (os.getpid(), *(c.pid for c in children))]
     try:
+        roll_back_this_thread()
         db = Database.from_settings(settings, check_schema=False)
-        released = f"{sum(len(db.release_leases(owner)) for owner in owners)} shard lease(s) given back"
+        given = sum(len(db.release_leases(owner, lock_timeout_s=RELEASE_LOCK_TIMEOUT_S)) for owner in owners)
+        released = f"{given} shard lease(s) given back"
     except Exception as exc:  # noqa: BLE001 - the leases then expire on their own
         from tunefleet.config import mask_secrets
 

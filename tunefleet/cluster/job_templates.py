@@ -11,6 +11,10 @@ prefect-kubernetes' stock template with tunefleet's changes:
   ``tunefleet-worker``, CPU/memory requests (memory is also the limit), tunefleet's logs
   forwarded to the flow-run logs, a TTL for finished Jobs, a longer pod-start timeout (the image
   is large);
+* a deadline (``activeDeadlineSeconds``, variable ``active_deadline_seconds``, default
+  :data:`DEFAULT_ACTIVE_DEADLINE_S`): Kubernetes ends a flow-run Job still running after it, so a
+  flow run that hangs (a stuck tuning process, a wait that never ends) gives its node back
+  instead of holding it forever; its shards' leases lapse and other workers take them over;
 * ``completions``/``parallelism`` moved from the pod spec (where the stock template puts them,
   and where Kubernetes does not know them: ``kubernetes-validate --strict`` rejects the Job) to the
   Job spec. prefect-kubernetes 0.8 checks that a job manifest still "has" them under
@@ -55,6 +59,11 @@ DEFAULT_CPU_REQUEST = "2"
 DEFAULT_MEMORY_REQUEST = "4Gi"
 DEFAULT_FINISHED_JOB_TTL = 86400
 DEFAULT_POD_WATCH_TIMEOUT = 300
+DEFAULT_ACTIVE_DEADLINE_S = 6 * 3600
+"""Seconds a flow-run Job may run before Kubernetes ends it: six hours, 24 times the default
+budget (``TUNEFLEET_BUDGET``, 15 minutes of wall time for a whole pipeline run) and room for a
+long trial budget; a deployment whose runs take longer raises ``active_deadline_seconds`` in its
+job variables (the Helm chart: ``jobs.activeDeadlineSeconds``), and ``None`` there lifts it."""
 DEFAULT_KUBERNETES_VERSION = "1.30"
 _JOB_COUNTS = ("completions", "parallelism")
 
@@ -103,6 +112,7 @@ def base_job_template(
     node_pool: str | None = None,
     cpu_request: str = DEFAULT_CPU_REQUEST,
     memory_request: str = DEFAULT_MEMORY_REQUEST,
+    active_deadline_s: int | None = DEFAULT_ACTIVE_DEADLINE_S,
 ) -> dict[str, Any]:
     """The base job template of the Kubernetes work pool of one hardware class.
 
@@ -125,6 +135,9 @@ def base_job_template(
         tolerate; defaults to ``hardware``. Job and pod labels always carry ``hardware``.
     cpu_request, memory_request : str
         Default resource requests (Kubernetes quantities); the memory request is also the limit.
+    active_deadline_s : int or None
+        Default seconds a flow-run Job may run before Kubernetes ends it (``activeDeadlineSeconds``);
+        None: no deadline.
 
     Returns
     -------
@@ -135,7 +148,8 @@ def base_job_template(
     Raises
     ------
     ConfigError
-        If a name is not a valid Kubernetes label value or ``gpus`` is negative.
+        If a name is not a valid Kubernetes label value, ``gpus`` is negative or
+        ``active_deadline_s`` is not a positive integer.
     NotSupportedError
         If prefect-kubernetes is not installed.
     """
@@ -147,6 +161,10 @@ def base_job_template(
     gpus = (1 if hardware == "gpu" else 0) if gpus is None else gpus
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
         raise ConfigError(f"invalid GPU count {gpus!r}: use an integer >= 0")
+    if active_deadline_s is not None and (isinstance(active_deadline_s, bool)
+                                          or not isinstance(active_deadline_s, int) or active_deadline_s < 1):
+        raise ConfigError(f"invalid Job deadline {active_deadline_s!r}: use a whole number of seconds >= 1, "
+                          "or None for no deadline")
 
     template = copy.deepcopy(_worker_module().KubernetesWorker.get_default_base_job_template())
     config: dict[str, Any] = template["job_configuration"]
@@ -160,6 +178,8 @@ def base_job_template(
     for field in _JOB_COUNTS:
         job_spec["template"]["spec"].pop(field, None)
         job_spec[field] = 1
+    # null: the placeholder stays unresolved and the worker drops the key (no deadline).
+    job_spec["activeDeadlineSeconds"] = "{{ active_deadline_seconds }}"
     pod = job_spec["template"]
     pod.setdefault("metadata", {}).setdefault("labels", {})[HARDWARE_LABEL] = hardware
     pod_spec = pod["spec"]
@@ -214,6 +234,14 @@ def base_job_template(
             "additionalProperties": False,
         },
         "default": tolerations,
+    }
+    props["active_deadline_seconds"] = {
+        "title": "Active Deadline Seconds",
+        "description": ("Seconds a flow-run Job may run before Kubernetes ends it (activeDeadlineSeconds), so "
+                        "that a hung flow run gives its node back; its shards' leases lapse and other workers "
+                        "take them over. Raise it for runs that take longer; null: no deadline."),
+        "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+        "default": active_deadline_s,
     }
     props["gpu_limit"] = {
         "title": "GPU Limit",

@@ -21,6 +21,11 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from tunefleet.config import (
+    DEFAULT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S,
+    DEFAULT_DB_LOCK_TIMEOUT_S,
+    DEFAULT_DB_STATEMENT_TIMEOUT_S,
+)
 from tunefleet.db.connection import (
     db_error_class,
     describe_db_error,
@@ -71,6 +76,9 @@ class DatabaseBase:
         SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg2://...``).
     connect_timeout_s:
         Bound on connecting (and on SQLite's wait for a lock).
+    statement_timeout_s, lock_timeout_s, idle_in_transaction_timeout_s:
+        PostgreSQL's bounds on a statement, a lock wait and a transaction left idle (0: none);
+        see :func:`~tunefleet.db.connection.make_engine`.
     auto_migrate:
         Create the schema in an empty database. An outdated or unknown schema is always refused.
     """
@@ -80,12 +88,16 @@ class DatabaseBase:
         url: str,
         *,
         connect_timeout_s: float = 5.0,
-        statement_timeout_s: float = 0.0,
+        statement_timeout_s: float = DEFAULT_DB_STATEMENT_TIMEOUT_S,
+        lock_timeout_s: float = DEFAULT_DB_LOCK_TIMEOUT_S,
+        idle_in_transaction_timeout_s: float = DEFAULT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S,
         auto_migrate: bool = True,
         check_schema: bool = True,
     ) -> None:
         self.url = url
-        self.engine = make_engine(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s)
+        self.engine = make_engine(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s,
+                                  lock_timeout_s=lock_timeout_s,
+                                  idle_in_transaction_timeout_s=idle_in_transaction_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._hw_ids: dict[str, int] = {}
         self._tx = threading.local()  # this thread's open :meth:`transaction`, if any
@@ -98,6 +110,8 @@ class DatabaseBase:
             settings.effective_database_url,
             connect_timeout_s=settings.db_connect_timeout_s,
             statement_timeout_s=settings.db_statement_timeout_s,
+            lock_timeout_s=settings.db_lock_timeout_s,
+            idle_in_transaction_timeout_s=settings.db_idle_in_transaction_timeout_s,
             auto_migrate=settings.db_auto_migrate,
             **kwargs,
         )

@@ -3,21 +3,44 @@
 An empty database is migrated to the newest revision on first use (``db_auto_migrate``); a
 database at an older revision is refused with "run `tunefleet db upgrade`"; one at a revision
 this tunefleet does not know (written by a newer release) is refused outright.
+
+Nothing waits forever. Every PostgreSQL session starts with a statement timeout, a lock timeout
+and an idle-in-transaction timeout (``TUNEFLEET_DB_*_TIMEOUT_S``: a stuck query fails, a blocked
+one gives up, a stuck holder's transaction is ended by the server and its locks released) and
+TCP keepalives on both ends (libpq's ``keepalives*`` find a server that went silent, the server's
+``tcp_keepalives_*`` a worker node that vanished holding a lock). SQLite waits for a lock at most
+its busy timeout. The connections this process has checked out are known by thread, so Ctrl-C
+can roll back the transaction it interrupted before it gives the leases back
+(:func:`roll_back_this_thread`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
-from tunefleet.config import mask_secrets, mask_url
-from tunefleet.errors import DatabaseError, DatabaseUnavailableError, SchemaOutdatedError, SchemaTooNewError
+from tunefleet.config import (
+    DEFAULT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S,
+    DEFAULT_DB_LOCK_TIMEOUT_S,
+    DEFAULT_DB_STATEMENT_TIMEOUT_S,
+    mask_secrets,
+    mask_url,
+)
+from tunefleet.errors import (
+    DatabaseError,
+    DatabaseUnavailableError,
+    SchemaOutdatedError,
+    SchemaTooNewError,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -32,11 +55,23 @@ def masked_url(url: str) -> str:
     return mask_url(url)
 
 
+# What a bound on waiting says when it ends a statement (PostgreSQL SQLSTATEs), and the setting
+# that sets the bound.
+_BOUNDS = {
+    "55P03": "TUNEFLEET_DB_LOCK_TIMEOUT_S: another session held the lock longer",  # lock_not_available
+    "57014": "TUNEFLEET_DB_STATEMENT_TIMEOUT_S",  # query_canceled: the statement timeout
+    "25P03": "TUNEFLEET_DB_IDLE_IN_TRANSACTION_TIMEOUT_S",  # idle_in_transaction_session_timeout
+}
+
+
 def describe_db_error(exc: BaseException) -> str:
-    """First line of the driver's message, without SQLAlchemy's boilerplate (passwords masked)."""
+    """First line of the driver's message, without SQLAlchemy's boilerplate (passwords masked);
+    a timeout names the setting that bounds it."""
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
-    return mask_secrets(text[0].strip()) if text else type(orig).__name__
+    line = mask_secrets(text[0].strip()) if text else type(orig).__name__
+    bound = _BOUNDS.get(getattr(orig, "pgcode", None) or "")
+    return f"{line} ({bound})" if bound and "timeout" in line else line
 
 
 _PERMANENT = ("authentication failed", "does not exist", "permission denied", "no password supplied",
@@ -90,8 +125,94 @@ def is_unique_violation(exc: BaseException) -> bool:
     return "UNIQUE constraint failed" in str(orig)  # SQLite, primary keys included
 
 
-def make_engine(url: str, *, connect_timeout_s: float = 5.0, statement_timeout_s: float = 0.0) -> Engine:
-    """Create an engine with bounded connection time on every backend."""
+KEEPALIVE_IDLE_S = 30
+"""Seconds of silence on a PostgreSQL connection before TCP keepalive probes start (both ends)."""
+KEEPALIVE_INTERVAL_S = 10
+"""Seconds between two keepalive probes."""
+KEEPALIVE_COUNT = 3
+"""Unanswered probes that end the connection: a peer gone silent is found in about a minute
+(30 + 3 x 10 s), not after the kernel's default two hours."""
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def postgres_connect_args(*, connect_timeout_s: float = 5.0,
+                          statement_timeout_s: float = DEFAULT_DB_STATEMENT_TIMEOUT_S,
+                          lock_timeout_s: float = DEFAULT_DB_LOCK_TIMEOUT_S,
+                          idle_in_transaction_timeout_s: float = DEFAULT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S
+                          ) -> dict[str, object]:
+    """libpq connection parameters: the connect timeout, client keepalives, and the session's
+    timeouts and server-side keepalives as startup ``options`` (no round trip; a timeout of 0 is
+    left out: no limit).
+
+    A pooler that refuses startup options (PgBouncer without ``ignore_startup_parameters =
+    options``) needs every timeout at 0, or the options allowed."""
+    session = {
+        "statement_timeout": _ms(statement_timeout_s),
+        "lock_timeout": _ms(lock_timeout_s),
+        "idle_in_transaction_session_timeout": _ms(idle_in_transaction_timeout_s),
+    }
+    options = [f"-c {name}={value}" for name, value in session.items() if value > 0]
+    if options:  # the server's probes of a silent client ride along with the timeouts
+        options += [f"-c tcp_keepalives_idle={KEEPALIVE_IDLE_S}", f"-c tcp_keepalives_interval={KEEPALIVE_INTERVAL_S}",
+                    f"-c tcp_keepalives_count={KEEPALIVE_COUNT}"]
+    args: dict[str, object] = {
+        "connect_timeout": max(2, math.ceil(connect_timeout_s)),
+        "keepalives": 1, "keepalives_idle": KEEPALIVE_IDLE_S, "keepalives_interval": KEEPALIVE_INTERVAL_S,
+        "keepalives_count": KEEPALIVE_COUNT,
+    }
+    if options:
+        args["options"] = " ".join(options)
+    return args
+
+
+# The DB-API connections checked out of every engine of this process, with the thread that checked
+# each out: what Ctrl-C's handler, running on the thread it interrupted, rolls back first.
+_CHECKED_OUT: dict[int, tuple[int, Any]] = {}
+_CHECKED_OUT_LOCK = threading.Lock()
+
+
+def _track_checkouts(engine: Engine) -> None:
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        with _CHECKED_OUT_LOCK:
+            _CHECKED_OUT[id(record)] = (threading.get_ident(), dbapi_conn)
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_conn: Any, record: Any) -> None:
+        with _CHECKED_OUT_LOCK:
+            _CHECKED_OUT.pop(id(record), None)
+
+
+def roll_back_this_thread() -> int:
+    """Roll back every transaction the calling thread has open on a connection of this process
+    (any engine), releasing its locks; how many connections were rolled back.
+
+    For a signal handler: Python runs it on the main thread between two bytecodes, so a
+    transaction that thread had open is idle, and a new connection waiting for its locks would
+    wait on a thread that never resumes. Other threads' connections are left alone (they finish
+    their short transactions by themselves). What the interrupted code does next with its
+    connection is not this function's concern: the caller exits."""
+    me = threading.get_ident()
+    with _CHECKED_OUT_LOCK:
+        mine = [conn for thread, conn in _CHECKED_OUT.values() if thread == me]
+    done = 0
+    for conn in mine:
+        with contextlib.suppress(Exception):  # a connection already broken holds no lock
+            conn.rollback()
+            done += 1
+    return done
+
+
+def make_engine(url: str, *, connect_timeout_s: float = 5.0,
+                statement_timeout_s: float = DEFAULT_DB_STATEMENT_TIMEOUT_S,
+                lock_timeout_s: float = DEFAULT_DB_LOCK_TIMEOUT_S,
+                idle_in_transaction_timeout_s: float = DEFAULT_DB_IDLE_IN_TRANSACTION_TIMEOUT_S) -> Engine:
+    """Create an engine whose waits are all bounded: connecting, and on PostgreSQL statements,
+    lock waits, idle transactions and silent peers (:func:`postgres_connect_args`); on SQLite lock
+    waits (its busy timeout is ``connect_timeout_s``)."""
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError) as exc:  # e.g. a port that is not a number
@@ -116,17 +237,36 @@ def make_engine(url: str, *, connect_timeout_s: float = 5.0, statement_timeout_s
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
+        _track_checkouts(engine)
         return engine
     if backend == "postgresql":
-        connect_args: dict[str, object] = {"connect_timeout": max(2, math.ceil(connect_timeout_s))}
-        if statement_timeout_s > 0:
-            connect_args["options"] = f"-c statement_timeout={int(statement_timeout_s * 1000)}"
+        connect_args = postgres_connect_args(connect_timeout_s=connect_timeout_s,
+                                             statement_timeout_s=statement_timeout_s, lock_timeout_s=lock_timeout_s,
+                                             idle_in_transaction_timeout_s=idle_in_transaction_timeout_s)
         # No pool_pre_ping: it costs a round trip per checkout, a large share of a short query
         # (docs/performance.md, "Figures that used to live in docstrings").
         # A dropped connection fails one operation, SQLAlchemy then invalidates the pool and the
         # next operation reconnects; callers retry transient DatabaseErrors.
-        return create_engine(url, connect_args=connect_args, pool_size=5, max_overflow=5, pool_recycle=1800)
+        engine = create_engine(url, connect_args=connect_args, pool_size=5, max_overflow=5, pool_recycle=1800)
+        _track_checkouts(engine)
+        return engine
     raise DatabaseError(f"unsupported database {backend!r} in {masked_url(url)}; use sqlite or postgresql")
+
+
+class _Unbounded:
+    """The engine as Alembic's ``env.py`` uses it (``begin()``), with no statement timeout inside
+    the migration's transaction: a migration may rewrite a large table (its lock waits stay
+    bounded)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[Any]:
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
+            yield conn
 
 
 def alembic_config(engine: Engine) -> Config:
@@ -134,7 +274,7 @@ def alembic_config(engine: Engine) -> Config:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.attributes["engine"] = engine
+    cfg.attributes["engine"] = engine if engine is None else _Unbounded(engine)
     return cfg
 
 

@@ -609,11 +609,18 @@ class ShardsMixin(CatalogMixin):
                 s.execute(gone if state == DONE else gone.where(InFlight.deaths == 0))
             return res.rowcount == 1
 
-    def release_leases(self, owner_prefix: str) -> list[int]:
+    def release_leases(self, owner_prefix: str, *, lock_timeout_s: float | None = None) -> list[int]:
         """Give back every lease whose owner is ``owner_prefix`` or starts with ``owner_prefix + ":"``
         (a process stopped by its user): the shards go back to pending and the lease is not counted
-        against their budget of leases. Returns their ids."""
+        against their budget of leases. Returns their ids.
+
+        ``lock_timeout_s`` bounds this transaction's waits for the shards' row locks on PostgreSQL
+        (default: the session's lock timeout; SQLite waits its busy timeout): a process stopping
+        gives up rather than wait on a lock holder that may never finish, and its leases then
+        expire by themselves."""
         with self.session() as s:
+            if lock_timeout_s is not None and self.dialect == "postgresql":
+                s.execute(select(func.set_config("lock_timeout", f"{max(1, round(lock_timeout_s * 1000))}ms", True)))
             # autoescape: "_" in a hostname is not a LIKE wildcard (node_1 must not match nodeX1)
             held = s.scalars(select(Shard).where(Shard.state == LEASED, (Shard.lease_owner == owner_prefix)
                                                  | Shard.lease_owner.startswith(owner_prefix + ":", autoescape=True)))

@@ -100,12 +100,7 @@ class ShardAccountant:
     def push(self) -> None:
         if self.metrics is None or not self.pushgateway:
             return
-        from tunefleet.errors import TunefleetError
-
-        try:
-            self.metrics.push(self.pushgateway, grouping_key=self.grouping_key)
-        except TunefleetError as exc:
-            log.warning("metrics not pushed: %s", exc)
+        self.metrics.publish(self.pushgateway, grouping_key=self.grouping_key)  # an outage: one warning
 
     @property
     def source(self) -> str:

@@ -13,6 +13,12 @@ Two ways out, as the architecture's "metrics" row says:
   ``{"shard": "123", "hardware": "x86"}``. The push is a PUT: it replaces that group only, so
   concurrent shards never overwrite each other and the final values stay after the job exits.
 
+A Pushgateway outage never fails a flow or a tuning step: they call :meth:`FleetMetrics.publish`,
+which retries a failed push briefly, then says once per outage, as a warning with the reason, that
+metrics are not pushed, skips pushes to that gateway for :data:`PUSH_COOLDOWN_S` (so a gateway
+that swallows packets does not cost a timeout per batch), and says when pushes work again.
+:meth:`FleetMetrics.push` is the single attempt, raising :class:`PushgatewayError`.
+
 Semantics
 ---------
 * A measured candidate is **useful** when it strictly beat the best latency measured so far for
@@ -33,7 +39,9 @@ counter reset and ``increase()`` still counts both attempts.
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
@@ -94,6 +102,49 @@ _SOURCE_RE = re.compile(r"^(?:%s)(?:\+(?:%s))*$" % (("|".join(ENERGY_SOURCES),) 
 _WORKLOAD_RE = re.compile(r"^[0-9a-f]{16,}$")
 #: Default seconds a push may take before it fails.
 PUSH_TIMEOUT_S: Final = 5.0
+#: Attempts of one :meth:`FleetMetrics.publish` (the retries are for a gateway restarting).
+PUSH_ATTEMPTS: Final = 3
+#: Seconds before the first retry of a failed push; each further retry waits twice as long.
+PUSH_RETRY_S: Final = 0.5
+#: Seconds after a publish gave up during which pushes to that gateway are skipped.
+PUSH_COOLDOWN_S: Final = 30.0
+
+log = logging.getLogger(__name__)
+
+
+class _Outages:
+    """Gateways whose last publish gave up, by masked address: when, and whether it was said.
+
+    Process-wide, so that a warning about one outage is logged once however many
+    :class:`FleetMetrics` (one per shard) push to that gateway."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: dict[str, float] = {}
+
+    def skipping(self, gateway: str, now: float) -> bool:
+        with self._lock:
+            since = self._since.get(gateway)
+            return since is not None and now - since < PUSH_COOLDOWN_S
+
+    def failed(self, gateway: str, now: float) -> bool:
+        """Note a publish that gave up; whether the outage is new (to be said)."""
+        with self._lock:
+            new = gateway not in self._since
+            self._since[gateway] = now
+            return new
+
+    def recovered(self, gateway: str) -> bool:
+        """Note a push that worked; whether an outage ended with it."""
+        with self._lock:
+            return self._since.pop(gateway, None) is not None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._since.clear()
+
+
+_OUTAGES = _Outages()
 
 
 def _without_credentials(gateway: str) -> tuple[str, Callable[..., Callable[[], None]]]:
@@ -118,6 +169,15 @@ def _without_credentials(gateway: str) -> tuple[str, Callable[..., Callable[[], 
 
 class PushgatewayError(TransientError):
     """Metrics could not be pushed to the Pushgateway (unreachable, timed out, or refused)."""
+
+
+def _retryable(exc: PushgatewayError) -> bool:
+    """Whether a failed push may work when tried again: no answer, or a server error (5xx); a
+    refusal (4xx: wrong path, credentials) will not."""
+    from urllib.error import HTTPError
+
+    cause = exc.__cause__
+    return not (isinstance(cause, HTTPError) and 400 <= cause.code < 500)
 
 
 def _nonempty(value: str, what: str) -> str:
@@ -349,6 +409,60 @@ class FleetMetrics:
                 f"cannot push metrics to the Pushgateway at {mask_url(gateway)} (job {job!r}, group {dict(grouping_key)}): "
                 f"{detail}"
             ) from exc
+
+    def publish(
+        self,
+        gateway: str,
+        job: str = "tunefleet",
+        *,
+        grouping_key: Mapping[str, str],
+        timeout: float = PUSH_TIMEOUT_S,
+        attempts: int = PUSH_ATTEMPTS,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> bool:
+        """:meth:`push`, for a flow or a tuning step that must go on whatever the Pushgateway does:
+        never raises for a failed push; whether the metrics were pushed.
+
+        A failed push (gateway down, restarting, timing out, answering 5xx) is tried again after
+        :data:`PUSH_RETRY_S`, then twice that, up to ``attempts`` in all; a refusal (4xx: a wrong
+        address or credentials) is not. Once a publish gives up, a warning names the gateway and
+        the reason — once per outage and process — and pushes to that gateway are skipped for
+        :data:`PUSH_COOLDOWN_S`; the next one that works says so. A wrong ``grouping_key`` is a
+        bug and still raises ``ValueError``.
+
+        Parameters
+        ----------
+        gateway, job, grouping_key, timeout
+            As for :meth:`push`.
+        attempts
+            Pushes tried at most.
+        sleep
+            Waits between attempts (tests pass a hook).
+        """
+        where = mask_url(gateway)
+        if _OUTAGES.skipping(where, time.monotonic()):
+            log.debug("metrics not pushed to the Pushgateway at %s: it failed less than %g s ago", where,
+                      PUSH_COOLDOWN_S)
+            return False
+        delay = PUSH_RETRY_S
+        for attempt in range(1, max(1, attempts) + 1):
+            try:
+                self.push(gateway, job, grouping_key=grouping_key, timeout=timeout)
+            except PushgatewayError as exc:
+                if attempt < attempts and _retryable(exc):
+                    log.debug("%s; trying again in %g s", exc, delay)
+                    sleep(delay)
+                    delay *= 2
+                    continue
+                if _OUTAGES.failed(where, time.monotonic()):
+                    log.warning("%s; metrics are not pushed to it until it answers again (tuning goes on)", exc)
+                else:
+                    log.debug("%s", exc)
+                return False
+            if _OUTAGES.recovered(where):
+                log.info("metrics pushed to the Pushgateway at %s again", where)
+            return True
+        return False  # pragma: no cover - the loop returns
 
     def _check_grouping_key(self, grouping_key: Mapping[str, str]) -> None:
         for family in self.registry.collect():

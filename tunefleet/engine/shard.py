@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.planning import shard_queue
-from tunefleet.engine.heartbeat import Heartbeat
+from tunefleet.engine.heartbeat import Heartbeat, ProgressClock, bound_build_timeout
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.policies import (Accounting, DeadlinePolicy, Filter, Preemption, ShapeWarmStart, ShardPolicy,
                                        Transfer, WarmStart)
@@ -144,6 +144,9 @@ class ShardRun:
         from tunefleet.tvm.commit import ShardProgress
 
         self.progress = ShardProgress()
+        self.progress_clock = ProgressClock()
+        """Touched whenever the tuning thread makes progress; the heartbeat renews the lease only
+        while it was touched less than a lease ago."""
         self.known: set[str] = set()
         self.builder, self.runner = self.kit.builder, self.kit.runner
         self.online = self.kit.online_model
@@ -239,10 +242,15 @@ class ShardRun:
         def should_stop() -> str | None:
             # A lost lease or a dead heartbeat stops the search at the next round, even one that
             # commits nothing (tune() then raises it).
+            self.progress_clock.touch("a round started")
             return (self.heartbeat.reason() if self.heartbeat is not None else None) or policy_stop()
 
+        def on_proposed(cands: list[Any]) -> None:
+            self.progress_clock.touch("the search proposed a batch")
+            self.committer.in_flight(cands)
+
         self.search.should_stop = should_stop
-        self.search.on_proposed = lambda cands: self.committer.in_flight(cands)
+        self.search.on_proposed = on_proposed
         seed = self.options.seed
         self.ctx = ms.TuneContext(tvm.ir.load_json(self.wl.tir_json), target=self.target,
                                   space_generator="post-order-apply", search_strategy=self.search,
@@ -262,15 +270,18 @@ class ShardRun:
 
     def tune(self, policies: list[ShardPolicy]) -> None:
         """MetaSchedule's search to the shard's budget, committing every batch under a heartbeat
-        (fenced by the lease's generation); raises once the lease was lost or the heartbeat died."""
+        (fenced by the lease's generation) that renews the lease only while rounds start, batches
+        are proposed and batches committed, each less than a lease after the last; raises once the
+        lease was lost or the heartbeat died."""
         from tvm.s_tir import meta_schedule as ms
 
         from tunefleet.tvm.bridge import FleetDatabase
         from tunefleet.tvm.commit import CommitCallback
 
         accounting = next((p for p in policies if isinstance(p, Accounting)), None)
+        bound_build_timeout(self.builder, self.options.lease_s)
         with Heartbeat(self.db, self.shard.id, self.owner, self.options.lease_s,
-                       generation=self.shard.lease_generation) as hb, \
+                       generation=self.shard.lease_generation, progress=self.progress_clock) as hb, \
                 tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
             self.heartbeat = hb
             self.callback = CommitCallback(
@@ -278,7 +289,7 @@ class ShardRun:
                 measure_info=getattr(self.runner, "pop_measure_info", None),
                 annotate=accounting.annotate if accounting is not None else None, progress=self.progress,
                 build_wall=_build_wall(self.builder),
-                after_commit=[self._report_batch, *(p.after_round for p in policies), hb.check])
+                after_commit=[self._committed, self._report_batch, *(p.after_round for p in policies), hb.check])
             ms.tune_tasks(
                 tasks=[self.ctx], task_weights=[1.0], work_dir=tmp, max_trials_global=self.remaining,
                 num_trials_per_iter=min(self.options.trials_per_iter, self.remaining), builder=self.builder,
@@ -345,6 +356,9 @@ class ShardRun:
             return next((r for p in policies if (r := p.before_round())), None)
 
         return should_stop
+
+    def _committed(self, rows: list[Any], note: Any) -> None:
+        self.progress_clock.touch("a batch was committed")
 
     def _report_batch(self, rows: list[Any], note: Any) -> None:
         if self.kit.on_batch is not None:
