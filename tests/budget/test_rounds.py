@@ -67,15 +67,20 @@ class FakeTuner:
         return ShardResult(shard.id, DONE, len(rows), 0, 0, None, float(len(rows)))
 
 
-@pytest.fixture
-def db(tmp_path) -> Iterator[tuple[Database, int]]:  # type: ignore[no-untyped-def]
-    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    database.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")
+def add_stand_in_model(database: Database) -> int:
+    """A model ``m`` of the stand-in tuner's workloads (:data:`CURVES`, by name and weight); its id."""
     model, _ = database.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
     for name, (weight, _, _) in CURVES.items():
         wl, _ = database.add_workload(structural_hash=name, name=name, op_kind="dense", flops=1e6, tir_json="{}")
         database.link_model_workload(model.id, wl.id, weight)
-    yield database, model.id
+    return model.id
+
+
+@pytest.fixture
+def db(tmp_path) -> Iterator[tuple[Database, int]]:  # type: ignore[no-untyped-def]
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    database.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")
+    yield database, add_stand_in_model(database)
     database.close()
 
 

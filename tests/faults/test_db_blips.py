@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
-from tests.budget.test_rounds import CURVES, Clock, FakeTuner
+from tests.budget.test_rounds import Clock, FakeTuner, add_stand_in_model
 from tunefleet.budget import Budget
 from tunefleet.db import Database
 from tunefleet.engine.options import TuneOptions
@@ -94,10 +94,7 @@ def worker_db(db_url: str) -> Iterator[tuple[Database, Database, Blips]]:
     the stand-in tuner's workloads under one model."""
     direct = Database(db_url)
     direct.upsert_hardware_class("x86", {"kind": "llvm", "num-cores": 2}, "x86")
-    model, _ = direct.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
-    for name, (weight, _, _) in CURVES.items():
-        wl, _ = direct.add_workload(structural_hash=name, name=name, op_kind="dense", flops=1e6, tir_json="{}")
-        direct.link_model_workload(model.id, wl.id, weight)
+    add_stand_in_model(direct)
     with proxied_url(db_url) as (url, proxy):
         worker = Database(url, connect_timeout_s=2)
         blips = Blips(proxy)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.budget.test_rounds import CURVES, Clock, FakeTuner
+from tests.budget.test_rounds import Clock, FakeTuner, add_stand_in_model
 from tests.faults.test_db_blips import Blips, proxied_url
 from tunefleet.db import Database
 from tunefleet.errors import NotFoundError
@@ -30,17 +30,15 @@ def flow_db(flow_env, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     """The flows' database (the shared context's: through the proxy on PostgreSQL) with the
     stand-in's workloads, its blips, the stand-in tuner in every ``tune_shard``, and the flows'
     database reads retried at once (the steps' backoff, 5 s first, is not what is tested)."""
-    from tunefleet.context import Context, shared_context
     from tunefleet.flows import step_flows
+
+    from tunefleet.context import Context, shared_context
 
     with proxied_url(db_url) as (url, proxy):
         monkeypatch.setenv("TUNEFLEET_DATABASE_URL", url)
         monkeypatch.setenv("TUNEFLEET_DB_CONNECT_TIMEOUT_S", "2")
         db = shared_context().db
-        model, _ = db.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
-        for name, (weight, _, _) in CURVES.items():
-            wl, _ = db.add_workload(structural_hash=name, name=name, op_kind="dense", flops=1e6, tir_json="{}")
-            db.link_model_workload(model.id, wl.id, weight)
+        add_stand_in_model(db)
         tuner = FakeTuner(Clock())
         monkeypatch.setattr(Context, "tuner", lambda self, hardware: tuner)
         for read in ("hardware_targets", "pending_shards", "model_names", "current_cost_models"):
@@ -55,7 +53,11 @@ def flow_db(flow_env, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def _run_counts(name: str, state: Any) -> list[int]:
     """How many times each task run ``name``... of the flow run that ended in ``state`` ran."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId, TaskRunFilterName
+    from prefect.client.schemas.filters import (
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterName,
+    )
 
     flow_run = TaskRunFilterFlowRunId(any_=[state.state_details.flow_run_id])
     with get_client(sync_client=True) as client:
@@ -123,7 +125,6 @@ def test_the_build_and_retrain_flows_reads_are_retried_task_runs(flow_db: tuple[
     builds of a class without a current cost model: both reads are task runs retried like the
     rest (run here in a flow of their own: the flows around them build and train with TVM)."""
     from prefect import flow
-
     from tunefleet.flows import step_flows
 
     db, blips = flow_db

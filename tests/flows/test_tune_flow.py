@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from tunefleet.flows.step_flows import tune
 
-from tests.budget.test_rounds import CURVES, Clock, FakeTuner
+from tests.budget.test_rounds import Clock, FakeTuner, add_stand_in_model
 from tunefleet.db import Database
 from tunefleet.planning import shard_queue
 from tunefleet.vocab import DONE, PENDING
@@ -25,13 +25,10 @@ def stand_in(flow_env, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Databa
     from tunefleet.context import Context, shared_context
 
     db = shared_context().db
-    model, _ = db.add_model(name="m", source="zoo", format="x", sha256="a" * 64, artifact_uri="u")
-    for name, (weight, _, _) in CURVES.items():
-        wl, _ = db.add_workload(structural_hash=name, name=name, op_kind="dense", flops=1e6, tir_json="{}")
-        db.link_model_workload(model.id, wl.id, weight)
+    model_id = add_stand_in_model(db)
     tuner = FakeTuner(Clock())
     monkeypatch.setattr(Context, "tuner", lambda self, hardware: tuner)
-    yield db, model.id
+    yield db, model_id
 
 
 def test_the_tune_flow_waits_for_a_pending_shard_another_worker_holds_up(stand_in: tuple[Database, int]) -> None:

@@ -433,7 +433,6 @@ def check(resolved: Resolved, tuned_exec: Any, others: dict[str, Any] | None = N
     from tvm import relax
 
     from tunefleet.tvm.extract import prepare_for_build
-
     from tunefleet.tvm.threads import use_threads
 
     model, loaded, target, report = resolved.model, resolved.loaded, resolved.target, resolved.report
