@@ -27,6 +27,12 @@ class WorkerStartError(TransientError):
     shard was measured and no attempt spent; starting again may work."""
 
 
+class NodeFaultError(WorkerStartError):
+    """This node cannot build or run a workload's default schedule for a hardware class
+    (:func:`tunefleet.tvm.probe.probe`): the node is at fault, not a candidate. Nothing is stored
+    as a candidate error, no attempt is spent, and the worker stops leasing the class's shards."""
+
+
 class LeaseLostError(TransientError):
     """The worker no longer holds the shard's lease (expired and taken, cancelled, or done)."""
 

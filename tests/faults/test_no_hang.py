@@ -300,6 +300,59 @@ def test_a_tuning_thread_stuck_in_a_build_lets_its_lease_lapse_and_another_worke
     assert db.shard(shard.id).lease_owner == "rescuer"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("slow", ["build", "run"])
+def test_a_batch_longer_than_a_lease_keeps_its_lease_while_its_builds_and_runs_return(
+        engine, slow: str) -> None:  # type: ignore[no-untyped-def]
+    """Each build and each run that returns is progress: a batch of eight candidates whose builds
+    (or runs) take 0.8 s each lasts about two 3-second leases, and the lease holds throughout."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.engine.options import TuneOptions
+    from tunefleet.engine.shard import ShardKit, run_shard
+    from tunefleet.models.ingest import ingest
+    from tunefleet.models.workloads import extract
+    from tunefleet.testing import slow_steps
+    from tunefleet.tvm.builder import PersistentBuilder
+    from tunefleet.tvm.runner import default_evaluator_config
+    from tunefleet.tvm.targets import make_target
+    from tunefleet.vocab import DONE
+
+    _, db, store = engine
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    hw = db.hardware_class("x86")
+    wl = db.workloads(model.id)[0][0]
+    (shard,) = db.add_shards(hw.id, [(wl.id, 8, 1.0)])
+    leased = shard_queue.lease(db, "x86", "slow", lease_s=60, shard_id=shard.id)  # the heartbeat: 3 s leases
+    assert leased is not None
+    builder = PersistentBuilder(max_workers=1, f_build=slow_steps.slow_build if slow == "build" else None)
+    runner = ms.runner.LocalRunner(
+        evaluator_config=default_evaluator_config(make_target(hw.target)),
+        f_run_evaluator=slow_steps.slow_run if slow == "run" else None)
+    options = TuneOptions(seed=0, trials_per_iter=8, lease_s=3, warm_start_shapes=False, transfer=False)
+    stop, requeued = threading.Event(), []
+
+    def fleet() -> None:  # what the rest of the fleet does: take back every lease that lapsed
+        while not stop.wait(0.5):
+            requeued.extend(shard_queue.requeue_expired(db))
+
+    rescuer = threading.Thread(target=fleet, name="requeue-expired", daemon=True)
+    rescuer.start()
+    try:
+        result = run_shard(db, leased, "slow", options, ShardKit(builder=builder, runner=runner))
+    finally:
+        stop.set()
+        rescuer.join(10)
+        builder.shutdown()
+        runner.pool.shutdown()
+    assert requeued == []
+    assert result.state == DONE and result.measured == 8, result
+    assert result.seconds > 2 * 3  # the batch did last longer than a lease
+    after = db.shard(shard.id)
+    assert (after.state, after.leases, after.lost_leases) == (DONE, 1, 0)
+
+
 # -- Ctrl-C --------------------------------------------------------------------------------------
 
 def test_ctrl_c_gives_leases_back_while_the_interrupted_thread_holds_their_row_lock(

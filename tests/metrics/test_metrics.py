@@ -28,6 +28,7 @@ EXPECTED = {
     "tunefleet_model_energy_joules": ("gauge", {"model", "hardware", "kind"}),
     "tunefleet_model_cost": ("gauge", {"model", "hardware"}),
     "tunefleet_measure_parallelism": ("gauge", {"hardware"}),
+    "tunefleet_node_quarantined": ("gauge", {"hardware", "node"}),
     "tunefleet_last_push_timestamp_seconds": ("gauge", set()),
 }
 
@@ -41,6 +42,7 @@ def observe_everything(m: FleetMetrics) -> None:
     m.set_shard_states("x86", {"pending": 3, "leased": 1})
     m.set_model_totals("resnet18", "x86", useful_joules=10.0, wasted_joules=30.0, cost=0.002)
     m.set_measure_parallelism("x86", 2)
+    m.node_quarantined.labels(hardware="x86", node="node-1").set(1)
 
 
 def families(m: FleetMetrics) -> dict[str, object]:

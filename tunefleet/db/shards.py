@@ -626,22 +626,24 @@ class ShardsMixin(CatalogMixin):
                                                  | Shard.lease_owner.startswith(owner_prefix + ":", autoescape=True)))
             return [shard.id for shard in held.all() if self._give_back(s, shard, shard.lease_owner, "released")]
 
-    def give_back_lease(self, shard_id: int, owner: str) -> bool:
+    def give_back_lease(self, shard_id: int, owner: str, reason: str | None = None) -> bool:
         """Give back ``owner``'s lease on one shard (its worker could not measure: no builder or
-        runner), as :meth:`release_leases` does: pending again, the lease not counted against its
-        budget of leases. False if ``owner`` no longer holds it."""
+        runner, or a node fault), as :meth:`release_leases` does: pending again, the lease not
+        counted against its budget of leases; ``reason`` goes into its history. False if ``owner``
+        no longer holds it."""
         with self.session() as s:
             shard = s.get(Shard, shard_id)
             if shard is None:
                 raise NotFoundError(f"no shard {shard_id}")
-            return self._give_back(s, shard, owner, "given-back")
+            return self._give_back(s, shard, owner, "given-back", reason=reason)
 
-    def _give_back(self, s: Session, shard: Shard, owner: str | None, event: str) -> bool:
+    def _give_back(self, s: Session, shard: Shard, owner: str | None, event: str, *, reason: str | None = None) -> bool:
         """Leased by ``owner`` -> pending, the lease not counted as an attempt; whether it was so leased."""
+        why = {"reason": reason[:500]} if reason else {}
         res = s.execute(update(Shard).where(Shard.id == shard.id, Shard.state == LEASED, Shard.lease_owner == owner)
                         .values(state=PENDING, lease_owner=None, lease_expires_at=None,
                                 leases=self._greatest(Shard.leases - 1, 0),
-                                history=_event(shard, event, owner=owner), updated_at=utcnow()))
+                                history=_event(shard, event, owner=owner, **why), updated_at=utcnow()))
         return res.rowcount == 1
 
     def retry_shards(self, shard_ids: Sequence[int] | None = None, *,

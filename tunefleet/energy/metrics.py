@@ -71,6 +71,7 @@ __all__ = [
     "SHARD_STATES",
     "FleetMetrics",
     "PushgatewayError",
+    "publish_quarantine",
 ]
 
 #: Values of the ``kind`` label.
@@ -95,6 +96,7 @@ METRIC_NAMES: Final = (
     "tunefleet_model_energy_joules",
     "tunefleet_model_cost",
     "tunefleet_measure_parallelism",
+    "tunefleet_node_quarantined",
     "tunefleet_last_push_timestamp_seconds",
 )
 
@@ -249,6 +251,10 @@ class FleetMetrics:
         self.measure_parallelism = Gauge(
             "tunefleet_measure_parallelism", "Candidates measured at once by the adaptive parallel runner on a "
             "hardware class (1: serial measurement only).", ["hardware"], registry=r)
+        self.node_quarantined = Gauge(
+            "tunefleet_node_quarantined", "1 while a node is quarantined for a hardware class (its probe, a default "
+            "schedule built and run, fails: it leases none of the class's shards), 0 once the probe passes again.",
+            ["hardware", "node"], registry=r)
         self.last_push = Gauge(
             "tunefleet_last_push_timestamp_seconds", "Unix time of the last push of these metrics to a Pushgateway.",
             registry=r)
@@ -481,3 +487,14 @@ class FleetMetrics:
         """
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server
+
+
+def publish_quarantine(gateway: str, hardware: str, node: str, on: bool, *, reason: str | None = None) -> bool:
+    """Push ``tunefleet_node_quarantined{hardware, node}`` (1 while ``on``) to the Pushgateway, in
+    the node's and class's own group; never raises (:meth:`FleetMetrics.publish`). ``reason`` is
+    logged at debug level only: a label would make one series per message."""
+    metrics = FleetMetrics()
+    metrics.node_quarantined.labels(hardware=hardware, node=node).set(1 if on else 0)
+    if reason:
+        log.debug("node %s quarantined for %s: %s", node, hardware, reason)
+    return metrics.publish(gateway, grouping_key={"hardware": hardware, "node": node})

@@ -4,8 +4,8 @@ the tuning makes progress.
 A heartbeat that renewed the lease whatever the tuning thread did would keep a shard forever
 from the fleet once that thread hangs (a build that never returns, a deadlock): the worker's
 process is alive, so the lease never lapses. The tuning thread touches a :class:`ProgressClock`
-whenever something returns — a round starts, the search hands out a batch, a batch is committed —
-and the heartbeat renews the lease only while the last touch is less than a lease old; after
+whenever something returns — a round starts, the search hands out a batch, a build or a run
+returns, a batch is committed — and the heartbeat renews the lease only while the last touch is less than a lease old; after
 that the lease lapses and another worker takes the shard over. One build's timeout is kept
 below half a lease (:func:`bound_build_timeout`), so a build that is killed for its timeout
 returns well within it.

@@ -27,7 +27,7 @@ from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.policies import (Accounting, DeadlinePolicy, Filter, Preemption, ShapeWarmStart, ShardPolicy,
                                        Transfer, WarmStart)
 from tunefleet.planning.rounds import Deadline
-from tunefleet.errors import DatabaseError, TransientError, WorkerStartError
+from tunefleet.errors import DatabaseError, NodeFaultError, TransientError, WorkerStartError
 from tunefleet.planning.shard_queue import LeaseLostError
 from tunefleet.tvm.ffi_errors import collect_failures
 
@@ -181,6 +181,12 @@ class ShardRun:
             # this thread's list, or on an extension object C++ called from another thread).
             seen += [f for x in (self.callback, self.search, self.cost_model)
                      if (f := getattr(x, "failure", None)) is not None and f not in seen]
+            if (fault := next((e for e in seen if isinstance(e, NodeFaultError)), None)):
+                # The node cannot build or run even the default schedule: the shard goes to another
+                # node with no attempt spent, and the worker quarantines this node for the class.
+                shard_queue.give_back(self.db, self.shard.id, self.owner, reason=str(fault))
+                raise NodeFaultError(f"shard {self.shard.id} ({self.wl.name} on {self.hw.name}): {fault}; its "
+                                     "lease was given back") from None
             if (cause := next((e for e in seen if isinstance(e, (TransientError, DatabaseError))), None)):
                 raise cause from None
             if (dead := next((e for e in seen if _is_pool_failure(e)), None)):
@@ -272,14 +278,21 @@ class ShardRun:
         """MetaSchedule's search to the shard's budget, committing every batch under a heartbeat
         (fenced by the lease's generation) that renews the lease only while rounds start, batches
         are proposed and batches committed, each less than a lease after the last; raises once the
-        lease was lost or the heartbeat died."""
+        lease was lost or the heartbeat died. Each build and each run that returns is progress too
+        (one batch may take longer than a lease)."""
         from tvm.s_tir import meta_schedule as ms
 
         from tunefleet.tvm.bridge import FleetDatabase
         from tunefleet.tvm.commit import CommitCallback
 
+        from tunefleet.tvm.runner import ProgressRunner
+
         accounting = next((p for p in policies if isinstance(p, Accounting)), None)
         bound_build_timeout(self.builder, self.options.lease_s)
+        clock = self.progress_clock
+        if hasattr(self.builder, "on_returned"):  # PersistentBuilder: each build that returns is progress
+            self.builder.on_returned = lambda: clock.touch("a build returned")
+        runner = ProgressRunner(self.runner, lambda: clock.touch("a run returned"))
         with Heartbeat(self.db, self.shard.id, self.owner, self.options.lease_s,
                        generation=self.shard.lease_generation, progress=self.progress_clock) as hb, \
                 tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
@@ -288,12 +301,12 @@ class ShardRun:
                 self.committer, build_seconds=getattr(self.builder, "pop_build_time", None),
                 measure_info=getattr(self.runner, "pop_measure_info", None),
                 annotate=accounting.annotate if accounting is not None else None, progress=self.progress,
-                build_wall=_build_wall(self.builder),
+                build_wall=_build_wall(self.builder), node_check=self._probe_node,
                 after_commit=[self._committed, self._report_batch, *(p.after_round for p in policies), hb.check])
             ms.tune_tasks(
                 tasks=[self.ctx], task_weights=[1.0], work_dir=tmp, max_trials_global=self.remaining,
                 num_trials_per_iter=min(self.options.trials_per_iter, self.remaining), builder=self.builder,
-                runner=self.runner, database=FleetDatabase(self.db, self.hw.name), cost_model=self.cost_model,
+                runner=runner, database=FleetDatabase(self.db, self.hw.name), cost_model=self.cost_model,
                 measure_callbacks=[self.callback, ms.measure_callback.RemoveBuildArtifact(),
                                    ms.measure_callback.UpdateCostModel()],
                 task_scheduler="round-robin",
@@ -356,6 +369,13 @@ class ShardRun:
             return next((r for p in policies if (r := p.before_round())), None)
 
         return should_stop
+
+    def _probe_node(self) -> str | None:
+        """Why this node cannot build or run the workload's default schedule (None: it can)."""
+        from tunefleet.tvm.probe import probe
+
+        self.progress_clock.touch("a batch failed: probing the node")
+        return probe(self.target, self.builder, self.runner, self.ctx.mod)
 
     def _committed(self, rows: list[Any], note: Any) -> None:
         self.progress_clock.touch("a batch was committed")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tunefleet.engine.loop import Refill, Stop, TuneLoop, TuneSummary, Wait
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.shard import ShardKit, ShardResult, run_shard
-from tunefleet.errors import TransientError, TunefleetError, WorkerStartError
+from tunefleet.errors import NodeFaultError, TransientError, TunefleetError, WorkerStartError
 from tunefleet.planning import shard_queue
 from tunefleet.planning.rounds import Deadline, Rounds, RoundsState
 from tunefleet.planning.shard_queue import Backoff, LeaseLostError
@@ -100,6 +100,7 @@ class Tuner:
         self._unreadable: int | None = None
         self._warned_no_filter = False
         self._deadline: Deadline | None = None
+        self._probed = False
 
     def deadline(self, at: float) -> Deadline:
         """A :class:`Deadline` at ``at``, one per tuner, moved to ``at`` (for callers that lease one
@@ -178,19 +179,29 @@ class Tuner:
     def start(self) -> None:
         """Start the builder's and runner's processes now, before a shard is leased, so that one
         that cannot start never touches a shard; raises :class:`WorkerStartError` naming the cause
-        (what started is stopped: the next call starts afresh)."""
+        (what started is stopped: the next call starts afresh). The first start (and the first
+        after :meth:`close`) also probes the node (:func:`tunefleet.tvm.probe.probe`: a small
+        kernel built and run with them) and raises :class:`NodeFaultError` when it cannot."""
+        from tunefleet.tvm.targets import make_target
+
         try:
             if hasattr(self.builder, "warmup"):
                 self.builder.warmup()
             runner = self.runner  # a LocalRunner starts its worker in its constructor
             if hasattr(runner, "warmup"):
-                from tunefleet.tvm.targets import make_target
-
                 runner.warmup(make_target(self.target).kind.name == "llvm")
         except Exception as exc:  # whatever the fork or the import raised: the message names it
             self.close()
             raise WorkerStartError(f"the builder or runner of {self.hardware} could not start: "
                                    f"{type(exc).__name__}: {exc}") from exc
+        if not self._probed:
+            from tunefleet.tvm.probe import probe
+
+            reason = probe(make_target(self.target), self.builder, self.runner)
+            if reason is not None:
+                self.close()
+                raise NodeFaultError(f"this node cannot build or run code for {self.hardware}: {reason}")
+            self._probed = True
 
     def tune_next(self, db: Database, owner: str, options: TuneOptions | None = None, *,
                   shard_id: int | None = None, on_batch: CandidateHook | None = None,
@@ -230,7 +241,8 @@ class Tuner:
 
     def close(self) -> None:
         """Stop the builder (one this tuner made; a given one is left as it is) and the runner; a
-        later shard starts them again."""
+        later shard starts them again (and probes the node again)."""
+        self._probed = False
         if self._own_builder and self._builder is not None:
             self._builder.shutdown()
             self._builder = None
@@ -240,6 +252,20 @@ class Tuner:
         stop = getattr(runner, "shutdown", None) or getattr(getattr(runner, "pool", None), "shutdown", None)
         if stop is not None:
             stop()
+
+
+def quarantine(tuner: Tuner, fault: NodeFaultError | None, *, on: bool) -> None:
+    """Say that this node is quarantined for the tuner's class (``on``: a probe failed, ``fault``
+    says why; it leases none of the class's shards), or no longer is (a probe passed again): in the
+    log and as the ``tunefleet_node_quarantined`` gauge on the Pushgateway, when one is set."""
+    from tunefleet.energy.metrics import publish_quarantine
+
+    node = socket.gethostname()
+    if not on:
+        log.warning("node %s is no longer quarantined for %s: its probe passed", node, tuner.hardware)
+    if tuner.options.metrics_pushgateway:
+        publish_quarantine(tuner.options.metrics_pushgateway, tuner.hardware, node, on,
+                           reason=str(fault) if fault is not None else None)
 
 
 def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, max_shards: int | None = None,
@@ -291,7 +317,22 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
                 else:
                     loop.leased(tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=step.deadline,
                                                 reprioritise=not step.allocated))
+                    if start_failures:
+                        quarantine(tuner, None, on=False)
                     start_failures = 0
+            except NodeFaultError as exc:  # this node cannot build or run code for the class
+                start_failures += 1
+                quarantine(tuner, exc, on=True)
+                if start_failures >= START_FAILURES:
+                    raise NodeFaultError(f"node {socket.gethostname()} is quarantined for {tuner.hardware} and this "
+                                         f"worker stopped: {start_failures} probes in a row failed (last: {exc}); its "
+                                         "shards are left to other nodes") from exc
+                tuner.close()
+                delay = backoff.delay(start_failures)
+                log.warning("node %s quarantined for %s: %s; leasing none of its shards, probing again in %.0f s",
+                            socket.gethostname(), tuner.hardware, exc, delay)
+                _wait(delay)
+                continue
             except WorkerStartError as exc:
                 start_failures += 1
                 if start_failures >= START_FAILURES:

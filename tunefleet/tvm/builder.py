@@ -430,6 +430,8 @@ class PersistentBuilder(PyBuilder):
         self.f_export = f_export
         self.initializer = initializer
         self.on_build = on_build
+        self.on_returned: Callable[[], None] | None = None
+        """Called (from a pool thread) as each build of a batch returns, before the batch ends."""
         self.stats = BuilderStats()
         self.build_times: dict[str, float] = {}
         self.last_batch: list[BuildStat] = []
@@ -578,6 +580,14 @@ class PersistentBuilder(PyBuilder):
                     logger.exception("PersistentBuilder on_build callback failed")
         return [BuilderResult(s.artifact_path, s.error) for s in stats]
 
+    def _returned(self, done_at: dict[int, float], index: int) -> None:
+        done_at.setdefault(index, time.monotonic())
+        if self.on_returned is not None:
+            try:
+                self.on_returned()
+            except Exception:  # noqa: BLE001 - a callback must not break a build
+                logger.exception("PersistentBuilder on_returned callback failed")
+
     def _build_locked(self, inputs: list[BuilderInput]) -> list[BuildStat]:
         n = len(inputs)
         self.stats.batches += 1
@@ -598,7 +608,7 @@ class PersistentBuilder(PyBuilder):
                 except RuntimeError as exc:  # pebble gave up on the pool since it was checked
                     fut = Future()
                     fut.set_exception(BrokenProcessPool(str(exc)))
-                fut.add_done_callback(lambda _, i=index: done_at.setdefault(i, time.monotonic()))
+                fut.add_done_callback(lambda _, i=index: self._returned(done_at, i))
                 futures.append(fut)
             # pebble resolves every future: a result, TimeoutError or ProcessExpired. The bound is
             # a backstop for a worker killed from outside between taking a build and pebble

@@ -21,6 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from tunefleet.db import Database, NewMeasurement
 from tunefleet.db.shards import InFlightRow, LeaseFence
+from tunefleet.errors import NodeFaultError
 from tunefleet.tvm.ffi_errors import keeps_failure
 from tunefleet.tvm.traces import trace_json_of, trace_sha256_of
 from tunefleet.vocab import BUILD_ERROR, FILTERED, RUN_ERROR
@@ -153,14 +154,22 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
     after_commit:
         Called with (rows, what ``annotate`` returned) once the batch is committed; an exception
         stops the search (e.g. the lease was lost).
+    node_check:
+        Called when every candidate of a batch failed to build or run, before anything of it is
+        committed: it returns why the node cannot build or run the workload's default schedule
+        either (:func:`tunefleet.tvm.probe.probe`), and then the batch is the node's fault: nothing
+        is stored, and :class:`~tunefleet.errors.NodeFaultError` stops the search. None: the
+        candidates are at fault, and their errors are committed as usual.
     """
 
     def __init__(self, committer: CandidateCommitter, *, build_seconds: Callable[[str], float | None] | None = None,
                  measure_info: Callable[[str], dict[str, Any] | None] | None = None,
                  annotate: Callable[[list[NewMeasurement]], Any] | None = None,
                  after_commit: list[Callable[[list[NewMeasurement], Any], None]] | None = None,
-                 progress: ShardProgress | None = None, build_wall: Callable[[], float] | None = None) -> None:
+                 progress: ShardProgress | None = None, build_wall: Callable[[], float] | None = None,
+                 node_check: Callable[[], str | None] | None = None) -> None:
         self.committer = committer
+        self.node_check = node_check
         self.build_seconds, self.measure_info = build_seconds, measure_info
         self.build_wall = build_wall
         self._build_wall_seen = build_wall() if build_wall is not None else 0.0
@@ -192,6 +201,11 @@ class CommitCallback(ms.measure_callback.PyMeasureCallback):
         self._time_batch()
         rows = self.committer.measured(cands, built, ran, build_seconds=self.build_seconds,
                                        measure_info=self.measure_info)
+        if self.node_check is not None and rows and all(r.error_kind in (BUILD_ERROR, RUN_ERROR) for r in rows):
+            reason = self.node_check()
+            if reason is not None:
+                raise NodeFaultError(f"all {len(rows)} candidates of a batch failed and so did the workload's default "
+                                     f"schedule ({reason}): the node is at fault, nothing was stored")
         note = self.annotate(rows) if self.annotate is not None else None
         t0 = time.perf_counter()
         stored = self.committer.commit(rows)

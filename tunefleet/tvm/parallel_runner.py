@@ -519,6 +519,8 @@ class AdaptiveParallelRunner(PyRunner):
         self.f_cleanup = f_cleanup
         self.seed = int(seed)
         self.on_degree = on_degree
+        #: Called as each measurement returns (a shard's heartbeat counts it as progress).
+        self.on_returned: Callable[[], None] | None = None
         self.startup_timeout_s = float(startup_timeout_s)
         #: One dict per batch (see :meth:`run`).
         self.history: list[dict[str, Any]] = []
@@ -719,6 +721,7 @@ class AdaptiveParallelRunner(PyRunner):
                         "replacing it", worker.key, code,
                     )
                     idle.append(self._replace(worker))
+                    self._returned()
                     continue
                 if msg[0] == "ok":
                     outcome[index] = _Outcome(list(msg[1]), None, float(msg[2]))
@@ -727,6 +730,7 @@ class AdaptiveParallelRunner(PyRunner):
                         None, f"{_ERROR_PREFIX}: An exception occurred\n{msg[1]}", float(msg[2])
                     )
                 idle.append(worker)
+                self._returned()
             now = time.monotonic()
             for conn in [c for c, entry in busy.items() if entry[3] <= now]:
                 worker, index, started, _ = busy.pop(conn)
@@ -741,7 +745,13 @@ class AdaptiveParallelRunner(PyRunner):
                     "replacing it", self.timeout_s, worker.key,
                 )
                 idle.append(self._replace(worker))
+                self._returned()
         return outcome
+
+    def _returned(self) -> None:
+        """A measurement returned (a result, an error, a timeout): tell ``on_returned``."""
+        if self.on_returned is not None:
+            self.on_returned()
 
     def pop_measure_info(self, artifact_path: str) -> dict[str, Any] | None:
         """Remove and return how an artifact's committed figure was obtained (None if unknown).

@@ -39,12 +39,14 @@ seconds); create the runner once per tuning session.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import tvm
+from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.runner import PyRunner
 from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
 from tvm.target import Target
 
@@ -52,7 +54,7 @@ from tunefleet.tvm.targets import make_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["alloc_arguments", "default_evaluator_config", "make_runner"]
+__all__ = ["ProgressRunner", "alloc_arguments", "default_evaluator_config", "make_runner"]
 
 _CPU_DEFAULTS: dict[str, Any] = {
     "number": 1,
@@ -178,3 +180,27 @@ def make_runner(
         alloc_repeat=alloc_repeat,
         f_alloc_argument=alloc_arguments,
     )
+
+
+@derived_object
+class ProgressRunner(PyRunner):
+    """Measures with another runner and calls ``touch`` once per candidate whose run returned: a
+    shard's heartbeat renews its lease only while builds, runs and commits return
+    (:class:`tunefleet.engine.heartbeat.ProgressClock`), and one batch's runs may take longer
+    than a lease."""
+
+    def __init__(self, inner: Any, touch: Callable[[], None]) -> None:
+        super().__init__()
+        self.inner, self.touch = inner, touch
+
+    def run(self, runner_inputs: list[Any]) -> list[Any]:
+        if hasattr(self.inner, "on_returned"):  # the parallel runner: it says as each run returns
+            self.inner.on_returned = self.touch
+            return list(self.inner.run(runner_inputs))
+        # MetaSchedule's LocalRunner measures one candidate after another and returns only when all
+        # are done: hand it one at a time, which changes nothing else
+        futures: list[Any] = []
+        for one in runner_inputs:
+            futures += self.inner.run([one])
+            self.touch()
+        return futures
