@@ -15,6 +15,14 @@ from tunefleet.testing.postgres import PostgresServer  # noqa: E402
 DB_BACKENDS = ["sqlite", "postgresql"]
 
 
+def on_backend(name: str) -> pytest.MarkDecorator:
+    """Run a test that takes ``db_url`` on one backend only: for long end-to-end tests (real
+    tuning) whose database behaviour the contract suite (``tunefleet.testing.db_contract``)
+    already checks on both, so that the whole suite fits CI's time. Split them between backends."""
+    assert name in DB_BACKENDS, name
+    return pytest.mark.parametrize("db_url", [name], indirect=True)
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     """One real PostgreSQL cluster for the session; each test gets its own database."""

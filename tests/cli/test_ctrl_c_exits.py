@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 _SCRIPT = textwrap.dedent(
     """
     import time
@@ -40,14 +42,15 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def test_ctrl_c_exits_130_when_a_child_is_already_gone(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_exits_when_a_child_is_already_gone(tmp_path: Path, signum: int, code: int) -> None:
     env = dict(os.environ, TUNEFLEET_HOME=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-c", _SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == code
         assert "resume with: tunefleet run --model mlp" in proc.communicate()[1]
     finally:
         proc.kill()

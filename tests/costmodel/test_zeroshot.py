@@ -11,6 +11,7 @@ import logging
 import numpy as np
 import pytest
 
+from tests.conftest import on_backend
 from tunefleet.learning import costmodel
 from tunefleet.learning import dataset
 from tunefleet.planning import shard_queue
@@ -52,6 +53,7 @@ def _prediction_count(db) -> int:  # type: ignore[no-untyped-def]
         return int(s.scalar(select(func.count(Prediction.id))) or 0)
 
 
+@on_backend("sqlite")
 def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
     settings, db, store = engine
     hw = db.hardware_class("x86")
@@ -105,6 +107,7 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
     assert predict_workloads(db, store, "x86", [chosen[0].id]).workloads[0].status == "measured"
 
 
+@on_backend("postgresql")
 def test_warm_start_uses_current_model(engine, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     settings, db, store = engine
     trained = _train_current(db, store)

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import on_backend
 from tunefleet.learning import dataset
 from tunefleet.learning.dataset import DatasetError
 from tunefleet.db import Database, NewMeasurement
@@ -361,6 +362,7 @@ def dt_parse(text: str) -> Any:
 
 # -- slow: measurements from a real tiny tuning run ------------------------------------------------
 @pytest.mark.slow
+@on_backend("sqlite")
 def test_export_real_tuning(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from tunefleet.planning import shard_queue
     from tunefleet.config import load_settings

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import on_backend
 from tunefleet.db.database import FILTERED
 from tunefleet.db.tables import Measurement
 from tunefleet.energy.accounting import energy_report
@@ -51,6 +52,7 @@ def _extra_shard(db, workload_id: int, trials: int) -> int:  # type: ignore[no-u
         return int(shard.id)
 
 
+@on_backend("postgresql")
 def test_plateaued_workloads_are_preempted_and_their_trials_reallocated(engine) -> None:  # type: ignore[no-untyped-def]
     db, _, model = _mlp(engine)
     hw = db.hardware_class("x86")
@@ -106,6 +108,7 @@ def test_resumed_shard_keeps_the_plateau_state(engine) -> None:  # type: ignore[
     assert (again.state, again.measured, again.unused_trials) == ("done", 0, 8) and again.preempted
 
 
+@on_backend("sqlite")
 def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
 

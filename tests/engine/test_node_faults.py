@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import on_backend
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import START_FAILURES, Backoff, drain
 from tunefleet.errors import NodeFaultError
@@ -62,6 +63,7 @@ def _one_shard(db: Any, store: Any, trials: int) -> Any:
 
 
 @pytest.mark.slow
+@on_backend("postgresql")
 def test_a_node_that_cannot_link_is_quarantined_and_its_shard_goes_back_unspent(
         engine, compiler: Compiler, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     _, db, store = engine

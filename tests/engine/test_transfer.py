@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import on_backend
 from tunefleet.planning import shard_queue
 from tunefleet.db import NewMeasurement
 from tunefleet.db.tables import HardwareClass
@@ -38,6 +39,7 @@ def test_compatibility_rules() -> None:
 
 
 @pytest.mark.slow
+@on_backend("sqlite")
 def test_transfer_returns_only_schedules_that_build(engine) -> None:  # type: ignore[no-untyped-def]
     settings, db, store = engine
     model = ingest(db, store, "mlp").model

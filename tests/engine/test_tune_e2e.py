@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.conftest import on_backend
 from tunefleet.planning import shard_queue
 from tunefleet.db.database import sha256_text
 from tunefleet.delivery.best import best, export_json_database, metaschedule_database
@@ -70,6 +71,7 @@ def _committed(db, shard_id: int) -> dict[int, str]:  # type: ignore[no-untyped-
     return {m.id: m.trace_sha256 for m in db.measurements() if m.shard_id == shard_id}
 
 
+@on_backend("postgresql")
 def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Kill -9 a worker mid-shard: the next worker resumes, measures nothing already committed,
     and every committed measurement survives."""

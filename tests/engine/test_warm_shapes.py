@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import on_backend
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.policies import ShapeWarmStart
 from tunefleet.engine.shard import ShardRun, run_shard
@@ -24,6 +25,7 @@ def _shard(db, workload_id: int, trials: int):  # type: ignore[no-untyped-def]
     return shard_queue.lease(db, "x86", "w", shard_id=created.id)
 
 
+@on_backend("postgresql")
 def test_a_new_workload_first_measures_the_schedules_of_its_other_shapes(engine) -> None:  # type: ignore[no-untyped-def]
     import tvm
 

@@ -2,18 +2,25 @@
 
 A seeded schedule (printed, so a failure can be replayed with ``TUNEFLEET_FAULT_SEED``) injects,
 while the workers run: kill -9 of a worker (its replacement starts at once), connection drops
-of the database through a TCP proxy, and an S3 outage in the middle of a dataset export and of a
-cost-model retrain (both started by the loop, both cut off after their first write). The loop
-runs until every shard ended. Then: every shard is done (done-short only where its search space
-ran out, recorded as such); nothing was measured twice (no commit refused a row as a duplicate,
-no (workload, trace) stored twice); no measurement the test saw committed is missing; and every
-measured candidate is in a dataset version.
+of the database through a TCP proxy, an S3 outage in the middle of a dataset export and of a
+cost-model retrain (both started by the loop, both cut off after their first write), a node
+fault (a third worker whose C++ compiler stops working while it tunes), an export killed between
+its upload and its commit (``os._exit`` in a child process, no clean-up), an S3 blip while a
+retrain reads the current cost model, and a hung tuning thread (a worker's measuring process
+stopped with SIGSTOP for a few leases, then let go). The loop runs until every shard ended.
+Then: every shard is done (done-short only where its search space ran out, recorded as such);
+nothing was measured twice (no commit refused a row as a duplicate, no (workload, trace) stored
+twice); no measurement the test saw committed is missing; no candidate error came from the broken
+compiler; every measured candidate is in exactly one dataset version; and the blipped retrain
+promoted nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tunefleet.db import Database
@@ -37,7 +45,7 @@ pytestmark = pytest.mark.slow
 
 WORKERS = 2
 LEASE_S = 3
-RUN_LIMIT_S = 180  # the whole loop; the suite must stay under 4 minutes in CI
+RUN_LIMIT_S = 240  # the whole loop (about two minutes on 2 quiet cores); the suite must stay under 5 in CI
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +64,18 @@ class Faults:
     connections_cut: int = 0
     export_outages: int = 0
     retrain_outages: int = 0
+    node_faults: int = 0
+    exports_killed: int = 0
+    retrain_blips: int = 0
+    hangs: int = 0
     transient_seen: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return (f"fault seed {self.seed}: {self.kills} kill -9, {self.drops} database connection drops "
                 f"({self.connections_cut} connections cut), S3 outages during {self.export_outages} export(s) "
-                f"and {self.retrain_outages} retrain(s)")
+                f"and {self.retrain_outages} retrain(s), {self.node_faults} node fault(s), {self.exports_killed} "
+                f"export(s) killed before their commit, {self.retrain_blips} S3 blip(s) on the current cost model, "
+                f"{self.hangs} hung tuning thread(s)")
 
 
 class Fleet:
@@ -73,20 +87,43 @@ class Fleet:
         self.started = 0
         self.last_start = 0.0
 
-    def start(self) -> None:
+    def start(self, **env: str) -> subprocess.Popen[bytes]:
         self.started += 1
         self.last_start = time.monotonic()
         log = open(self.log_dir / f"worker-{self.started}.log", "wb")  # noqa: SIM115 - kept open by the child
-        self.procs.append(subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "tunefleet.cli.app", "tune", "--hardware", "x86", "--lease-s", str(LEASE_S),
              "--trials-per-iter", "4", "--seed", str(self.seed + self.started)],
-            env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT))
+            env={**self.env, **env}, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p in self.procs if p.poll() is None]
 
-    def kill_one(self, rng: random.Random) -> bool:
-        alive = self.alive()
+    def hang_one(self, rng: random.Random, seconds: float, spare: subprocess.Popen[bytes] | None = None) -> bool:
+        """Stop a worker's measuring process (MetaSchedule's runner worker) for ``seconds``: its
+        tuning thread waits on a run that does not return, while its heartbeat thread lives."""
+        alive = [p for p in self.alive() if p is not spare]
+        for proc in rng.sample(alive, len(alive)):
+            try:
+                runners = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                           if "tvm.exec.popen_worker" in " ".join(c.cmdline())]
+            except psutil.Error:
+                continue
+            if not runners:
+                continue
+            for r in runners:
+                r.suspend()
+            time.sleep(seconds)
+            for r in runners:
+                with contextlib.suppress(psutil.Error):
+                    r.resume()
+            return True
+        return False
+
+    def kill_one(self, rng: random.Random, spare: subprocess.Popen[bytes] | None = None) -> bool:
+        alive = [p for p in self.alive() if p is not spare]
         if not alive:
             return False
         victim = rng.choice(alive)
@@ -99,9 +136,12 @@ class Fleet:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(30)
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+    def logs(self, full: bool = False) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[None if full else -3000:]}"
                          for p in sorted(self.log_dir.glob("worker-*.log")))
+
+    def log_of(self, proc: subprocess.Popen[bytes]) -> str:
+        return (self.log_dir / f"worker-{self.procs.index(proc) + 1}.log").read_text(errors="replace")
 
 
 class _CutOnWrite:
@@ -119,10 +159,45 @@ class _CutOnWrite:
         return self.store.put_bytes(*args, **kwargs)
 
 
-def _outage_during(store: Any, proxy: TcpProxy, work: Any) -> str:
-    """Run ``work(store)`` with S3 cut off mid-way; the transient error it ended with ("" if none)."""
+class _CutOnRead:
+    """The store, with S3 cut off for the one read of ``key`` (the current cost model's file)."""
+
+    def __init__(self, store: Any, proxy: TcpProxy, key: str) -> None:
+        self.store, self.proxy, self.key = store, proxy, key
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def get_bytes(self, key: str) -> bytes:
+        if key == self.key:
+            self.key = ""
+            self.proxy.pause()
+        return self.store.get_bytes(key)
+
+
+#: A child process exporting a dataset with the worker's settings (the environment) that dies
+#: like kill -9 (no clean-up) after it uploaded its files, before the database commit.
+_KILLED_EXPORT = r"""
+import os
+from tunefleet.config import load_settings
+from tunefleet.db import Database
+from tunefleet.learning import dataset
+from tunefleet.store import open_store
+
+settings = load_settings()
+db = Database.from_settings(settings)
+db.update_dataset = lambda *args, **kwargs: os._exit(137)
+dataset.export(db, open_store(settings), hardware="x86")
+"""
+
+_BROKEN_COMPILER = '#!/bin/sh\necho "cxx: compiler not installed on this node" >&2\nexit 127\n'
+
+
+def _outage_during(store: Any, proxy: TcpProxy, work: Any, cut: Any = None) -> str:
+    """Run ``work(store)`` with S3 cut off mid-way (on the first write, or as ``cut`` wraps the
+    store); the transient error it ended with ("" if none)."""
     try:
-        work(_CutOnWrite(store, proxy))
+        work(cut(store) if cut is not None else _CutOnWrite(store, proxy))
         return ""
     except TransientError as exc:
         return str(exc).splitlines()[0]
@@ -170,16 +245,22 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         store = open_store(settings)
         model = ingest(db, store, "mlp").model
         extract(db, store, model, "x86")
-        planned, _ = shard_queue.plan(db, "x86", target_trials=40, shard_trials=8, model=model.id)
-        assert len(planned) >= 12
+        planned, _ = shard_queue.plan(db, "x86", target_trials=64, shard_trials=8, model=model.id)
+        assert len(planned) >= 20
 
         fleet = Fleet(env, tmp_path, seed)
         seen: dict[int, str] = {}  # every measurement the test saw committed
-        schedule = ["kill", "kill", "kill", "drop", "drop", "drop"]
+        schedule = ["kill", "kill", "kill", "drop", "drop", "drop", "node", "export-kill", "hang"]
         rng.shuffle(schedule)
-        at = sorted(rng.sample(range(len(schedule) + 1), 2))  # the export first, the retrain later
+        at = sorted(rng.sample(range(len(schedule) + 1), 3))  # the export first, the retrains later
         schedule.insert(at[0], "export")
         schedule.insert(at[1] + 1, "retrain")
+        schedule.insert(at[2] + 2, "retrain-blip")
+        compiler = tmp_path / "cxx"  # the node-fault worker's C++ compiler: working until it breaks
+        compiler.write_text(f'#!/bin/sh\nexec "{shutil.which("g++") or shutil.which("cc")}" "$@"\n')
+        compiler.chmod(0o755)
+        node_worker: subprocess.Popen[bytes] | None = None
+        hw_id = db.hardware_class("x86").id
         print("schedule:", ", ".join(schedule))
         started = time.monotonic()
         next_fault = started + rng.uniform(3, 5)
@@ -199,7 +280,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                     fleet.start()
                 if schedule and time.monotonic() >= next_fault:
                     kind = schedule.pop(0)
-                    if kind == "kill" and fleet.kill_one(rng):
+                    if kind == "kill" and fleet.kill_one(rng, spare=node_worker):
                         faults.kills += 1
                         print(f"  t={time.monotonic() - started:5.1f}s kill -9 a worker")
                     elif kind == "drop":
@@ -208,9 +289,10 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                         pg_proxy.resume()
                         faults.drops += 1
                         print(f"  t={time.monotonic() - started:5.1f}s database connections dropped")
-                    elif kind in ("export", "retrain") and not polled:
+                    elif kind in ("export", "retrain", "retrain-blip", "export-kill") and not polled:
                         schedule.insert(0, kind)  # nothing to export yet: try again at the next fault time
-                    elif kind == "retrain" and len({m.workload_id for m in polled if m.mean_run_s is not None}) < 2:
+                    elif kind in ("retrain", "retrain-blip") and \
+                            len({m.workload_id for m in polled if m.mean_run_s is not None}) < 2:
                         # A cost model holds whole workloads out: it needs two measured ones (seed 161903
                         # retrained with one and failed on that, not on the outage). Try again later.
                         schedule.insert(0, kind)
@@ -225,22 +307,63 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                         faults.retrain_outages += bool(err)
                         faults.transient_seen.append(err)
                         print(f"  t={time.monotonic() - started:5.1f}s S3 outage during a retrain: {err or 'got through'}")
+                    elif kind == "retrain-blip":
+                        dataset.export(db, store, hardware="x86")
+                        if db.current_cost_model(hw_id) is None:  # the cut retrain promoted nothing
+                            costmodel.retrain(db, store, "x86")
+                        current = db.current_cost_model(hw_id)
+                        if current is None:  # not promoted (too few rows yet): try again later
+                            schedule.insert(0, kind)
+                        else:
+                            key = store.key_from_uri(current.artifact_uri)
+                            err = _outage_during(store, s3_proxy, lambda st: costmodel.retrain(db, st, "x86"),
+                                                 cut=lambda st, key=key: _CutOnRead(st, s3_proxy, key))
+                            after = db.current_cost_model(hw_id)
+                            faults.retrain_blips += bool(err) and after is not None and after.id == current.id
+                            faults.transient_seen.append(err)
+                            print(f"  t={time.monotonic() - started:5.1f}s S3 blip while a retrain read the current "
+                                  f"model: {err or 'got through'}")
+                    elif kind == "export-kill":
+                        child = subprocess.run([sys.executable, "-c", _KILLED_EXPORT], check=False, env=env, capture_output=True,
+                                               text=True, timeout=120)
+                        faults.exports_killed += child.returncode == 137
+                        print(f"  t={time.monotonic() - started:5.1f}s an export killed before its commit "
+                              f"(exit {child.returncode})")
+                    elif kind == "node":
+                        node_worker = fleet.start(CXX=str(compiler))
+                        time.sleep(2.0)  # it leases and measures, then its compiler breaks
+                        compiler.write_text(_BROKEN_COMPILER)
+                        print(f"  t={time.monotonic() - started:5.1f}s the compiler of a third worker broke")
+                    elif kind == "hang":
+                        if fleet.hang_one(rng, 3 * LEASE_S, spare=node_worker):
+                            faults.hangs += 1
+                            print(f"  t={time.monotonic() - started:5.1f}s a worker's measuring process stopped for "
+                                  f"{3 * LEASE_S} s")
+                        else:
+                            schedule.insert(0, kind)  # no runner started yet: try again later
                     next_fault = time.monotonic() + rng.uniform(2, 4)
                 time.sleep(0.5)
         finally:
             fleet.stop()
             faults.connections_cut = pg_proxy.connections_cut
 
+        if node_worker is not None and "quarantined for x86" in fleet.log_of(node_worker):
+            faults.node_faults = 1
         print(faults.line())
         assert not schedule, f"the shards ended before these faults were injected: {schedule}"
         assert (faults.kills, faults.drops, faults.export_outages, faults.retrain_outages) == (3, 3, 1, 1), \
             faults.transient_seen
+        assert (faults.exports_killed, faults.retrain_blips, faults.hangs) == (1, 1, 1), faults.transient_seen
+        assert faults.node_faults == 1, f"the worker whose compiler broke was not quarantined\n{fleet.logs()}"
+        assert "looks stuck" in fleet.logs(full=True), "the hung worker's heartbeat never stopped renewing"
         final = shard_queue.list_shards(db)
         bad = [(s.id, s.state, s.error) for s in final
                if s.state != "done" or (s.history[-1]["event"] == "done-short" and s.history[-1].get("cause") != "exhausted")]
         assert not bad, f"shards not done: {bad}\n{fleet.logs()}"
         rows = db.measurements()
         stored = {m.id: m.trace_sha256 for m in rows}
+        assert not [m.id for m in rows if "compiler not installed" in (m.error_msg or "")], \
+            "a node fault was stored as candidate errors"
         assert seen.items() <= stored.items(), "a committed measurement was lost"
         twice = [k for k, n in Counter((m.workload_id, m.trace_sha256) for m in rows).items() if n > 1]
         assert not twice

@@ -301,7 +301,7 @@ def test_a_tuning_thread_stuck_in_a_build_lets_its_lease_lapse_and_another_worke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("slow", ["build", "run"])
+@pytest.mark.parametrize(("slow", "db_url"), [("build", "sqlite"), ("run", "postgresql")], indirect=["db_url"])
 def test_a_batch_longer_than_a_lease_keeps_its_lease_while_its_builds_and_runs_return(
         engine, slow: str) -> None:  # type: ignore[no-untyped-def]
     """Each build and each run that returns is progress: a batch of eight candidates whose builds

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -37,6 +36,11 @@ SENTINELS = {
     "s3SecretKey": "SENTINEL-S3-SECRET-4d8e",
     "prefectApiKey": "SENTINEL-PREFECT-KEY-b6a0",
 }
+
+# What the workers' Role grants, (apiGroup, resource, verb), and nothing more: what prefect-kubernetes'
+# worker and observer call (test_cluster_security_offline.py reads that from the installed package).
+WORKER_GRANTS = frozenset({("batch", "jobs", verb) for verb in ("create", "delete", "get", "list", "watch")}
+                          | {("", "pods", "list"), ("", "pods", "watch"), ("", "pods/log", "get")})
 
 # The least a user must give: endpoints and credentials.
 REQUIRED: dict[str, Any] = {
@@ -165,6 +169,12 @@ def flow_run_jobs(spec: Mapping[str, Any], namespace: str) -> dict[str, dict[str
     templates = pools_script().build_templates(spec, namespace)
     return {hw: job_templates.render_job(t, flow_run_name=f"tune-{hw}-run", deployment_name=f"tune-{hw}")
             for hw, t in templates.items()}
+
+
+def grants(role: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """A Role's rules as (apiGroup, resource, verb) triples."""
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
 
 
 def validate_strict(objs: list[dict[str, Any]], versions: tuple[str, ...] = KUBE_VERSIONS) -> int:

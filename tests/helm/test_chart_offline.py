@@ -28,11 +28,13 @@ from tests.helm.offline import (
     ROOT,
     SENTINELS,
     VALUE_SETS,
+    WORKER_GRANTS,
     by_kind_name,
     chart_defaults,
     containers,
     enabled_classes,
     flow_run_jobs,
+    grants,
     merge,
     objects,
     pod_specs,
@@ -246,7 +248,11 @@ def test_secrets_reach_pods_only_through_secret_key_refs_offline(set_name: str) 
     allowed = {secret_name(values)} | ({"tunefleet-migrate"} if not values["secrets"]["existingSecret"] else set())
     for label, entry in env_entries(objs):
         if entry["name"] in {"TUNEFLEET_DATABASE_URL", "TUNEFLEET_S3_ACCESS_KEY", "TUNEFLEET_S3_SECRET_KEY",
-                             "PREFECT_API_KEY", "PREFECT_API_DATABASE_CONNECTION_URL"} and "value" not in entry:
+                             "PREFECT_API_KEY", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_API_AUTH_STRING",
+                             "PREFECT_SERVER_API_AUTH_STRING"}:
+            if str(entry.get("value", "")).startswith("sqlite+aiosqlite:///"):
+                continue  # the server's SQLite file: a path, no credential
+            assert "value" not in entry, (label, entry["name"])
             ref = entry["valueFrom"]["secretKeyRef"]
             assert ref["name"] in allowed, (label, ref)
             assert ref["key"] in set(values["secrets"]["keys"].values())
@@ -356,11 +362,8 @@ def test_hooks_migrate_before_and_deploy_after_offline() -> None:
 
 def test_rbac_lets_workers_create_and_watch_jobs_offline() -> None:
     objs = by_kind_name(rendered("defaults"))
-    role = objs[("Role", "tunefleet-worker")]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    needed = {("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete", "patch")}
-    needed |= {("", r, v) for r in ("pods", "pods/log", "events") for v in ("get", "list", "watch")}
-    assert needed <= granted
+    granted = grants(objs[("Role", "tunefleet-worker")])
+    assert granted == WORKER_GRANTS, "exactly what the worker calls (test_cluster_security_offline.py)"
     assert not any(r in {"secrets", "*"} for _, r, _ in granted), "workers read no Secrets"
     binding = objs[("RoleBinding", "tunefleet-worker")]
     assert binding["roleRef"]["name"] == "tunefleet-worker"
@@ -516,7 +519,7 @@ def test_pool_script_waits_for_the_prefect_api_offline(monkeypatch) -> None:  # 
     hits: list[str] = []
 
     class Health(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             hits.append(self.path)
             self.send_response(401 if len(hits) >= 2 else 503)  # starting, then up behind auth
             self.end_headers()

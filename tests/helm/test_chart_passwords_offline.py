@@ -52,9 +52,10 @@ def test_rendered_url_authenticates_with_postgresql(pg_server) -> None:  # type:
     pg_server.psql(f"""DROP ROLE IF EXISTS "{user}"; CREATE ROLE "{user}" LOGIN PASSWORD '{password}'""")
 
     def login(secret: str) -> str:
-        rendered = secret_data(merge(REQUIRED, {
+        rendered = secret_data(merge(REQUIRED, {  # the test server speaks no TLS (test_tls_offline.py does)
             "secrets": {"databasePassword": secret},
-            "database": {"host": "127.0.0.1", "port": pg_server.port, "name": "postgres", "user": user}}))
+            "database": {"host": "127.0.0.1", "port": pg_server.port, "name": "postgres", "user": user,
+                         "sslmode": "disable"}}))
         engine = create_engine(rendered["tunefleet"]["database-url"], connect_args={"connect_timeout": 5})
         try:
             with engine.connect() as conn:

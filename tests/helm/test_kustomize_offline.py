@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from tests.helm.offline import (
-    CHART,
     KUBE_VERSIONS,
     KUSTOMIZE,
     REQUIRED,
@@ -121,7 +120,8 @@ def test_kustomize_secrets_only_by_reference_offline() -> None:
     for label, spec in pod_specs(objs):
         for c in spec["containers"]:
             for e in c.get("env", []):
-                if e["name"].startswith(("TUNEFLEET_DATABASE", "TUNEFLEET_S3_ACCESS", "TUNEFLEET_S3_SECRET")):
+                if e["name"].startswith(("TUNEFLEET_DATABASE", "TUNEFLEET_S3_ACCESS", "TUNEFLEET_S3_SECRET",
+                                         "PREFECT_API_AUTH_STRING")):
                     assert e["valueFrom"]["secretKeyRef"]["name"] == "tunefleet", label
     spec = pools_spec(objs)
     assert all("valueFrom" in e for e in spec["container"]["env"])

@@ -81,7 +81,7 @@ def test_template_variables(templates) -> None:  # type: ignore[no-untyped-def]
         assert stock | {"node_selector", "tolerations", "gpu_limit", "active_deadline_seconds"} <= set(props)
         assert props["image"]["default"] == "tunefleet:0.1.0"
         assert props["namespace"]["default"] == "tunefleet"
-        assert props["service_account_name"]["default"] == "tunefleet-worker"
+        assert props["service_account_name"]["default"] == "tunefleet-run"
         assert props["env"]["default"]["PREFECT_LOGGING_EXTRA_LOGGERS"] == "tunefleet"
         assert props["labels"]["default"] == {"tunefleet.io/hardware": hw}
         assert props["gpu_limit"]["default"] == (1 if hw == "gpu" else None)
@@ -102,7 +102,9 @@ def test_rendered_job_validates_offline_strict(deployment, templates) -> None:  
                                     "kubernetes.io/arch": "arm64" if hw == "arm" else "amd64"}
     assert {"key": "tunefleet.io/hardware", "operator": "Equal", "value": hw,
             "effect": "NoSchedule"} in spec["tolerations"]
-    assert spec["serviceAccountName"] == "tunefleet-worker"
+    # a flow run parses untrusted model files: the account without permissions, and no API token
+    assert spec["serviceAccountName"] == "tunefleet-run"
+    assert spec["automountServiceAccountToken"] is False
     assert job["spec"]["template"]["metadata"]["labels"]["tunefleet.io/hardware"] == hw
     assert job["metadata"]["labels"]["prefect.io/deployment-name"] == deployment["name"]
     # no flow run holds its node forever: Kubernetes ends the Job after its deadline
@@ -246,21 +248,25 @@ def test_rbac_grants_what_the_worker_uses(templates) -> None:  # type: ignore[no
     docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "k8s" / "base" / "rbac.yaml").read_text()) if d}
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}
     props = templates["x86"]["variables"]["properties"]
-    assert docs["ServiceAccount"]["metadata"]["name"] == props["service_account_name"]["default"]
     assert {d["metadata"]["namespace"] for d in docs.values()} == {props["namespace"]["default"]}
     namespace = yaml.safe_load((ROOT / "k8s" / "base" / "namespace.yaml").read_text())
     assert namespace["metadata"]["name"] == props["namespace"]["default"]
 
     granted = {(group, res, verb) for rule in docs["Role"]["rules"] for group in rule["apiGroups"]
                for res in rule["resources"] for verb in rule["verbs"]}
-    needed = {("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete", "patch")}
-    needed |= {("", r, v) for r in ("pods", "pods/log", "events") for v in ("get", "list", "watch")}
-    assert needed <= granted
+    # exactly what prefect-kubernetes' worker and observer call (tests/helm/test_cluster_security_offline.py)
+    assert granted == {("batch", "jobs", v) for v in ("create", "delete", "get", "list", "watch")} | {
+        ("", "pods", "list"), ("", "pods", "watch"), ("", "pods/log", "get")}
     binding = docs["RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": docs["Role"]["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tunefleet-worker",
                                     "namespace": "tunefleet"}]
+    # the flow runs' account is another one, bound to nothing, without a token
+    assert props["service_account_name"]["default"] != docs["ServiceAccount"]["metadata"]["name"]
+    run = yaml.safe_load((ROOT / "k8s" / "base" / "serviceaccount-run.yaml").read_text())
+    assert run["metadata"]["name"] == props["service_account_name"]["default"] == "tunefleet-run"
+    assert run["automountServiceAccountToken"] is False
 
 
 def test_any_hardware_class_gets_a_template() -> None:

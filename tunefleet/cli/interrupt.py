@@ -1,4 +1,5 @@
-"""Ctrl-C in the long commands (``run``, ``tune``): stop at once, give the leases back, exit 130."""
+"""Ctrl-C (or SIGTERM) in the long commands (``run``, ``tune``): stop at once, give the leases
+back, exit 130 (143 for SIGTERM)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ if TYPE_CHECKING:
 
 
 def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
-    """From now on Ctrl-C (SIGINT) stops this command at once and cleanly: this process's shard
-    leases are given back (no lease is spent), its child processes (builder and runner workers,
-    Prefect's temporary server) are stopped, and the command that resumes is printed; exit 130.
+    """From now on Ctrl-C (SIGINT) and SIGTERM (``kill``, Kubernetes stopping a pod) stop this
+    command at once and cleanly: this process's shard leases are given back (no lease is spent),
+    its child processes (builder and runner workers, Prefect's temporary server) are stopped, and
+    the command that resumes is printed; exit 128 + the signal's number (130, 143).
 
     A KeyboardInterrupt raised into MetaSchedule's C++ search or Prefect's engine is not a clean
     stop (either may swallow it or crash), so the handler finishes the process itself. Committed
@@ -39,9 +41,10 @@ def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
         try:
             _stop_children_and_give_back(settings, resume)
         finally:
-            os._exit(130)
+            os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 RELEASE_LOCK_TIMEOUT_S = 5.0

@@ -8,9 +8,10 @@ prefect-kubernetes' stock template with tunefleet's changes:
   pool (label ``tunefleet.io/hardware=<class>`` plus ``kubernetes.io/arch``, taint
   ``tunefleet.io/hardware=<class>:NoSchedule``) and give GPU Jobs ``nvidia.com/gpu``;
 * tunefleet defaults: image ``tunefleet:0.1.0``, namespace ``tunefleet``, service account
-  ``tunefleet-worker``, CPU/memory requests (memory is also the limit), tunefleet's logs
-  forwarded to the flow-run logs, a TTL for finished Jobs, a longer pod-start timeout (the image
-  is large);
+  ``tunefleet-run`` without an API token (a flow run parses untrusted model files: it gets no
+  Kubernetes permission, unlike the worker's ``tunefleet-worker``), CPU/memory requests (memory
+  is also the limit), tunefleet's logs forwarded to the flow-run logs, a TTL for finished Jobs, a
+  longer pod-start timeout (the image is large);
 * a deadline (``activeDeadlineSeconds``, variable ``active_deadline_seconds``, default
   :data:`DEFAULT_ACTIVE_DEADLINE_S`): Kubernetes ends a flow-run Job still running after it, so a
   flow run that hangs (a stuck tuning process, a wait that never ends) gives its node back
@@ -54,7 +55,8 @@ HARDWARE_ARCH: dict[str, str] = {"x86": "amd64", "arm": "arm64", "gpu": "amd64"}
 DEFAULT_CLASSES: tuple[str, ...] = ("x86", "arm", "gpu")
 DEFAULT_IMAGE = "tunefleet:0.1.0"
 DEFAULT_NAMESPACE = "tunefleet"
-DEFAULT_SERVICE_ACCOUNT = "tunefleet-worker"
+DEFAULT_SERVICE_ACCOUNT = "tunefleet-run"
+"""The flow-run Jobs' service account: no RoleBinding names it (``k8s/base/serviceaccount-run.yaml``)."""
 DEFAULT_CPU_REQUEST = "2"
 DEFAULT_MEMORY_REQUEST = "4Gi"
 DEFAULT_FINISHED_JOB_TTL = 86400
@@ -183,6 +185,7 @@ def base_job_template(
     pod = job_spec["template"]
     pod.setdefault("metadata", {}).setdefault("labels", {})[HARDWARE_LABEL] = hardware
     pod_spec = pod["spec"]
+    pod_spec["automountServiceAccountToken"] = False  # a flow run needs no Kubernetes API
     pod_spec["nodeSelector"] = "{{ node_selector }}"
     pod_spec["tolerations"] = "{{ tolerations }}"
     resources = pod_spec["containers"][0]["resources"]
@@ -300,6 +303,7 @@ def render_job(
     deployment_name: str = "tunefleet",
     flow_name: str = "tunefleet",
     work_pool_name: str | None = None,
+    as_submitted: bool = False,
 ) -> dict[str, Any]:
     """The Job manifest the Prefect Kubernetes worker would submit for a flow run.
 
@@ -320,6 +324,13 @@ def render_job(
     work_pool_name : str, optional
         Work pool name for the labels; defaults to ``"tunefleet-<hardware>"`` from the template's
         ``labels`` default when present.
+    as_submitted : bool
+        Also do what the worker does to the manifest right before it creates the Job: with the
+        worker settings ``PREFECT_INTEGRATIONS_KUBERNETES_WORKER_API_KEY_SECRET_NAME``/``_KEY`` and
+        ``..._API_AUTH_STRING_SECRET_NAME``/``_KEY`` (read from this process's environment, as the
+        worker reads its own), the ``PREFECT_API_KEY`` and ``PREFECT_API_AUTH_STRING`` entries the
+        worker copied from its own settings become ``secretKeyRef`` entries. The flow run's
+        environment comes from this process's Prefect settings, as it comes from the worker's.
 
     Returns
     -------
@@ -333,7 +344,8 @@ def render_job(
         If the job variables do not fit the schema or the worker rejects the configuration.
     NotSupportedError
         If prefect-kubernetes is not installed, or the template references Prefect blocks or
-        variables (they need a Prefect server).
+        variables (they need a Prefect server), or ``as_submitted`` and the worker settings
+        create Secrets (that needs an API server).
     """
     worker = _worker_module()
     from prefect.client.schemas.objects import Flow, FlowRun, WorkPool
@@ -371,7 +383,29 @@ def render_job(
     work_pool = WorkPool(name=work_pool_name, type="kubernetes", base_job_template=template)
     configuration.prepare_for_flow_run(flow_run=flow_run, deployment=deployment, flow=flow,
                                        work_pool=work_pool)
+    if as_submitted:
+        _replace_credentials_as_the_worker_does(worker, configuration)
     return configuration.job_manifest
+
+
+def _replace_credentials_as_the_worker_does(worker: Any, configuration: Any) -> None:
+    """The worker's own steps of ``KubernetesWorker._create_job`` that turn credentials into
+    ``secretKeyRef`` entries, without the steps that talk to the API server."""
+    from prefect_kubernetes.settings import KubernetesSettings
+
+    settings = KubernetesSettings().worker
+    if settings.create_secret_for_api_key or settings.store_env_as_secret:
+        raise NotSupportedError("not supported: rendering offline cannot create the Secrets the worker settings "
+                                "..._CREATE_SECRET_FOR_API_KEY and ..._STORE_ENV_AS_SECRET ask for")
+    submitter = object.__new__(worker.KubernetesWorker)  # the methods used read no worker state
+    if settings.api_key_secret_name:
+        _run(submitter._replace_api_key_with_secret(configuration=configuration, client=None,
+                                                    secret_name=settings.api_key_secret_name,
+                                                    secret_key=settings.api_key_secret_key))
+    if settings.api_auth_string_secret_name and settings.api_auth_string_secret_key:
+        _run(submitter._replace_env_variable_with_secret(
+            env_variable_name="PREFECT_API_AUTH_STRING", configuration=configuration,
+            secret_name=settings.api_auth_string_secret_name, secret_key=settings.api_auth_string_secret_key))
 
 
 def validate_manifest(manifest: Mapping[str, Any], *,

@@ -2,18 +2,20 @@
 
 ``tunefleet deploy --pool-type kubernetes`` creates the pools ``tunefleet-<class>`` with
 ``tunefleet.cluster.job_templates``'s defaults: image ``tunefleet:0.1.0``, namespace ``tunefleet``, service account
-``tunefleet-worker``, no credentials. This script runs right after it in the deploy Job (the Helm
+``tunefleet-run`` (no API token), no credentials. This script runs right after it in the deploy Job (the Helm
 chart's post-install/post-upgrade hook, or the Job of ``k8s/base``) and replaces each pool's base
 job template with one built by the same ``tunefleet.cluster.job_templates.base_job_template`` from a spec
 (``pools.json``, rendered by the chart or kept in the kustomize overlay):
 
 * the release's image, pull policy, namespace (the deploy Job's own) and flow-run service account;
 * per class: node pool label, architecture, GPUs, extra tolerations, CPU/memory (CPU limit too);
-* the credentials as ``secretKeyRef`` entries and the settings as ``envFrom`` a ConfigMap: the
+* the credentials (and the Prefect API's auth string) as ``secretKeyRef`` entries and the
+  settings as ``envFrom`` a ConfigMap: the
   manifest's ``{{ env }}`` placeholder is replaced by that list (the worker still prepends the
   ``env`` variable and its own Prefect settings, as prefect-kubernetes documents for secrets);
 * the pod and container security contexts and the emptyDirs for ``/tmp`` and the home directory
-  (the root filesystem is read-only), pod labels for the NetworkPolicies.
+  (the root filesystem is read-only), the volumes of the database's and the store's CA bundles
+  when the spec has them, pod labels for the NetworkPolicies.
 
 Usage (the spec from ``$TUNEFLEET_POOLS_SPEC``, default ``/etc/tunefleet/pools/pools.json``)::
 
@@ -84,6 +86,9 @@ def build_template(hardware: str, spec: Mapping[str, Any], namespace: str) -> di
         props["finished_job_ttl"]["default"] = int(spec["finishedJobTtl"])
     if spec.get("podWatchTimeout") is not None:
         props["pod_watch_timeout_seconds"]["default"] = int(spec["podWatchTimeout"])
+    if "activeDeadline" in spec:  # the chart's jobs.activeDeadlineSeconds (null: no deadline)
+        deadline = spec["activeDeadline"]
+        props["active_deadline_seconds"]["default"] = None if deadline is None else int(deadline)
     tolerations = props["tolerations"]["default"]
     for toleration in cls.get("tolerations") or []:
         if toleration not in tolerations:
@@ -126,7 +131,7 @@ def wait_for_api(timeout_s: float | None = None, interval_s: float = 5.0) -> Non
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:  # noqa: S310
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
                 status = response.status
         except urllib.error.HTTPError as exc:
             status = exc.code

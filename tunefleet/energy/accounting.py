@@ -69,13 +69,18 @@ class ShardAccountant:
     pushgateway, shard_id:
         With a Pushgateway address, the attempt's metrics (a registry of its own) are pushed under
         the grouping key ``{shard, attempt}`` (``attempt``: the shard's lease number) when it starts, after every round and at its end,
-        so concurrent shards never overwrite each other and the final values stay for Prometheus.
-        A failed push is logged, never fatal: metrics must not stop tuning.
+        so concurrent shards never overwrite each other. The group is deleted when the attempt
+        ends, ``linger_s`` after its last push (:func:`tunefleet.energy.metrics.retract_group_later`:
+        Prometheus scrapes the final values first); an attempt that starts deletes the groups its
+        shard's earlier attempts left (a killed worker never ended its own). A failed push or
+        deletion is logged, never fatal: metrics must not stop tuning.
+    linger_s:
+        Seconds the group stays after the attempt ends (0: deleted at once, in :meth:`finish`).
     """
 
     def __init__(self, db: Database, hardware: HardwareClass, workload: Workload, *,
                  meter: EnergyMeter | None = None, pushgateway: str | None = None,
-                 shard_id: int | None = None, lease: int = 0) -> None:
+                 shard_id: int | None = None, lease: int = 0, linger_s: float | None = None) -> None:
         from tunefleet.energy.meters import probe
 
         self.hardware = hardware
@@ -87,20 +92,45 @@ class ShardAccountant:
         self.pushgateway = pushgateway
         self.grouping_key = {"shard": str(shard_id), "attempt": str(lease)}
         self.metrics: FleetMetrics | None = None
+        self.linger_s = linger_s
+        self._ended = False
         if pushgateway:
-            from tunefleet.energy.metrics import FleetMetrics
+            from tunefleet.energy.metrics import GROUP_LINGER_S, FleetMetrics
 
             self.metrics = FleetMetrics()
+            if self.linger_s is None:
+                self.linger_s = GROUP_LINGER_S
         self._accounted_j = 0.0
         self.meter.start()
         if self.metrics is not None:
             self.metrics.init_series(hardware.name, self.meter.source)
             self.push()
+            self._retract_earlier_attempts(shard_id, lease)
 
     def push(self) -> None:
-        if self.metrics is None or not self.pushgateway:
+        if self.metrics is None or not self.pushgateway or self._ended:
             return
         self.metrics.publish(self.pushgateway, grouping_key=self.grouping_key)  # an outage: one warning
+
+    def _retract_earlier_attempts(self, shard_id: int | None, lease: int) -> None:
+        """Delete the groups of this shard's earlier attempts (leases are numbered from 1)."""
+        from tunefleet.energy.metrics import retract_group
+
+        if shard_id is None or not self.pushgateway:
+            return
+        for attempt in range(1, lease):
+            retract_group(self.pushgateway, grouping_key={"shard": str(shard_id), "attempt": str(attempt)})
+
+    def _retract(self) -> None:
+        """Delete this attempt's group: at once with ``linger_s`` 0, else that much later."""
+        from tunefleet.energy.metrics import retract_group, retract_group_later
+
+        if self.metrics is None or not self.pushgateway:
+            return
+        if self.linger_s:
+            retract_group_later(self.pushgateway, grouping_key=self.grouping_key, after_s=self.linger_s)
+        else:
+            retract_group(self.pushgateway, grouping_key=self.grouping_key)
 
     @property
     def source(self) -> str:
@@ -139,15 +169,18 @@ class ShardAccountant:
         return out
 
     def finish(self) -> ShardEnergy:
-        """The attempt's totals (energy, node and CPU time, money); the meter stops counting here."""
+        """The attempt's totals (energy, node and CPU time, money); the meter stops counting here.
+        The last push has them; the attempt's Pushgateway group is deleted ``linger_s`` later."""
         from tunefleet.energy.meters import money
 
         reading = self.meter.read()
         energy = ShardEnergy(reading.joules, reading.source, reading.wall_s, reading.cpu_s,
                              money(self.hardware.price_per_hour, reading.wall_s))
-        if self.metrics is not None:
+        if self.metrics is not None and not self._ended:
             self.metrics.observe_shard(self.hardware.name, reading.wall_s, energy.cost)
             self.push()
+            self._ended = True
+            self._retract()
         return energy
 
 

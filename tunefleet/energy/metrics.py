@@ -11,13 +11,22 @@ Two ways out, as the architecture's "metrics" row says:
 * a short-lived shard job calls :meth:`FleetMetrics.push` when it finishes (and, if it likes,
   after each batch) to a Prometheus Pushgateway, with a grouping key naming the shard, e.g.
   ``{"shard": "123", "hardware": "x86"}``. The push is a PUT: it replaces that group only, so
-  concurrent shards never overwrite each other and the final values stay after the job exits.
+  concurrent shards never overwrite each other and the final values stay until the group is
+  deleted (below), after Prometheus has scraped them.
 
 A Pushgateway outage never fails a flow or a tuning step: they call :meth:`FleetMetrics.publish`,
 which retries a failed push briefly, then says once per outage, as a warning with the reason, that
 metrics are not pushed, skips pushes to that gateway for :data:`PUSH_COOLDOWN_S` (so a gateway
 that swallows packets does not cost a timeout per batch), and says when pushes work again.
 :meth:`FleetMetrics.push` is the single attempt, raising :class:`PushgatewayError`.
+
+A Pushgateway never forgets a group. A shard's group is therefore deleted when the shard ends
+(:func:`retract_group_later`, called by :class:`tunefleet.energy.accounting.ShardAccountant`), but
+only after :data:`GROUP_LINGER_S`, so that Prometheus scrapes the values the shard pushed last (its
+cost and duration are counted only then). The deletions wait in one background thread; those still
+waiting when the process exits are done as it ends, at once (a command never waits for them). A deletion
+follows the publish policy: never raises, one warning per outage (:func:`retract_group`);
+:func:`delete_group` is the single attempt, raising :class:`PushgatewayError`.
 
 Semantics
 ---------
@@ -39,6 +48,9 @@ counter reset and ``increase()`` still counts both attempts.
 
 from __future__ import annotations
 
+import atexit
+import heapq
+import itertools
 import logging
 import re
 import threading
@@ -51,6 +63,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    delete_from_gateway,
     generate_latest,
     push_to_gateway,
     start_http_server,
@@ -110,6 +123,10 @@ PUSH_ATTEMPTS: Final = 3
 PUSH_RETRY_S: Final = 0.5
 #: Seconds after a publish gave up during which pushes to that gateway are skipped.
 PUSH_COOLDOWN_S: Final = 30.0
+#: Seconds a finished shard's group stays on the Pushgateway before it is deleted: longer than the
+#: interval at which Prometheus scrapes the gateway (1 min by Prometheus' default, 30 s in
+#: kube-prometheus-stack), so that the values the shard pushed last are scraped at least once.
+GROUP_LINGER_S: Final = 90.0
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +157,11 @@ class _Outages:
         """Note a push that worked; whether an outage ended with it."""
         with self._lock:
             return self._since.pop(gateway, None) is not None
+
+    def down(self, gateway: str) -> bool:
+        """Whether the last publish to the gateway gave up (and none worked since)."""
+        with self._lock:
+            return gateway in self._since
 
     def clear(self) -> None:
         with self._lock:
@@ -206,6 +228,165 @@ def workload_label(structural_hash: str) -> str:
     if not _WORKLOAD_RE.match(text):
         raise ValueError(f"workload must be a hex structural hash of at least 16 digits; got {structural_hash!r}")
     return text[:16]
+
+
+def _with_outage_policy(gateway: str, attempt: Callable[[], None], *, skipped: str, gave_up: str, back: str,
+                        attempts: int, sleep: Callable[[float], None]) -> bool:
+    """Run one Pushgateway request (``attempt``, raising :class:`PushgatewayError`) the way a flow
+    or a tuning step must: never raises; retries briefly what may pass; one warning per outage and
+    gateway, then skips the gateway for :data:`PUSH_COOLDOWN_S`; says when it answers again.
+    Whether the request went through."""
+    where = mask_url(gateway)
+    if _OUTAGES.skipping(where, time.monotonic()):
+        log.debug("%s the Pushgateway at %s: it failed less than %g s ago", skipped, where, PUSH_COOLDOWN_S)
+        return False
+    delay = PUSH_RETRY_S
+    for number in range(1, max(1, attempts) + 1):
+        try:
+            attempt()
+        except PushgatewayError as exc:
+            if number < attempts and _retryable(exc):
+                log.debug("%s; trying again in %g s", exc, delay)
+                sleep(delay)
+                delay *= 2
+                continue
+            if _OUTAGES.failed(where, time.monotonic()):
+                log.warning("%s; %s (tuning goes on)", exc, gave_up)
+            else:
+                log.debug("%s", exc)
+            return False
+        if _OUTAGES.recovered(where):
+            log.info("%s the Pushgateway at %s again", back, where)
+        return True
+    return False  # pragma: no cover - the loop returns
+
+
+def _check_group(job: str, grouping_key: Mapping[str, str]) -> None:
+    if not grouping_key:
+        raise ValueError("a Pushgateway group needs a non-empty grouping_key (e.g. {'shard': '123'}) so that groups "
+                         "do not overwrite each other")
+    if "job" in grouping_key:
+        raise ValueError("grouping_key must not contain 'job'; pass job= instead")
+    _nonempty(job, "job")
+
+
+def delete_group(gateway: str, job: str = "tunefleet", *, grouping_key: Mapping[str, str],
+                 timeout: float = PUSH_TIMEOUT_S) -> None:
+    """Delete one group from a Pushgateway (HTTP DELETE of the group's URL): every metric pushed
+    under ``job`` and ``grouping_key`` is gone from its ``/metrics`` afterwards. Deleting a group
+    that does not exist is no error (the Pushgateway answers 202 all the same).
+
+    Parameters
+    ----------
+    gateway, job, grouping_key, timeout
+        As for :meth:`FleetMetrics.push`.
+
+    Raises
+    ------
+    PushgatewayError
+        With a one-line message naming the gateway and the group, when it cannot be reached,
+        times out, or refuses the request.
+    """
+    _check_group(job, grouping_key)
+    try:
+        address, handler = _without_credentials(gateway)
+        delete_from_gateway(address, job=job, grouping_key=dict(grouping_key), timeout=timeout, handler=handler)
+    except OSError as exc:
+        reason = getattr(exc, "reason", None) or exc
+        detail = mask_secrets(" ".join(str(reason).split())) or type(exc).__name__
+        raise PushgatewayError(
+            f"cannot delete the metrics group (job {job!r}, group {dict(grouping_key)}) from the Pushgateway at "
+            f"{mask_url(gateway)}: {detail}"
+        ) from exc
+
+
+def retract_group(gateway: str, job: str = "tunefleet", *, grouping_key: Mapping[str, str],
+                  timeout: float = PUSH_TIMEOUT_S, attempts: int = PUSH_ATTEMPTS,
+                  sleep: Callable[[float], None] = time.sleep) -> bool:
+    """:func:`delete_group` under the policy of :meth:`FleetMetrics.publish`: never raises for a
+    failed deletion (one warning per outage, shared with the pushes to that gateway); whether the
+    group was deleted. A wrong ``grouping_key`` still raises ``ValueError``."""
+    _check_group(job, grouping_key)
+    return _with_outage_policy(
+        gateway, lambda: delete_group(gateway, job, grouping_key=grouping_key, timeout=timeout),
+        skipped="metrics group not deleted from", gave_up="the group stays on it", back="a group deleted from",
+        attempts=attempts, sleep=sleep)
+
+
+class _Retractions:
+    """Group deletions that wait until they are due, done by one daemon thread; whatever is still
+    waiting when the interpreter exits is done then, at once, except for a gateway that is down:
+    nothing would reach it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, str, Callable[[], object]]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._at_exit = False
+
+    def schedule(self, after_s: float, where: str, action: Callable[[], object]) -> None:
+        with self._cond:
+            heapq.heappush(self._due, (time.monotonic() + max(0.0, after_s), next(self._order), where, action))
+            if not self._at_exit:
+                atexit.register(self.flush)
+                self._at_exit = True
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="tunefleet-pushgateway-retractions",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._due)
+
+    def _next(self, *, wait: bool) -> tuple[float, str, Callable[[], object]] | None:
+        with self._cond:
+            while self._due:
+                when = self._due[0][0]
+                now = time.monotonic()
+                if when <= now or not wait:
+                    when, _, where, action = heapq.heappop(self._due)
+                    return when, where, action
+                self._cond.wait(when - now)
+            return None
+
+    def _run(self) -> None:
+        while (item := self._next(wait=True)) is not None:
+            item[2]()  # retract_group: never raises
+
+    def flush(self) -> None:
+        """Do every pending deletion now, in this thread (at exit): a process never waits for a
+        linger to pass before it ends (a command would look hung for up to a minute and a half),
+        so a group deleted here may miss Prometheus' last scrape of it."""
+        first = True
+        while (item := self._next(wait=False)) is not None:
+            _, where, action = item
+            if _OUTAGES.down(where):
+                log.debug("a metrics group is left on the Pushgateway at %s: it is down", where)
+                continue
+            if first:
+                log.info("deleting finished shards' metrics groups from the Pushgateway at %s before exiting "
+                         "(Prometheus may not have scraped their last values)", where)
+                first = False
+            action()
+
+
+_RETRACTIONS = _Retractions()
+
+
+def retract_group_later(gateway: str, job: str = "tunefleet", *, grouping_key: Mapping[str, str],
+                        after_s: float = GROUP_LINGER_S, timeout: float = PUSH_TIMEOUT_S) -> None:
+    """:func:`retract_group` in ``after_s`` seconds, in the background (never raises; returns at once).
+
+    A process that exits first deletes the group as it ends, without waiting (unless the gateway
+    is down); a process that is killed leaves it (the shard's next attempt deletes the groups of the
+    attempts before it)."""
+    _check_group(job, grouping_key)
+    key = dict(grouping_key)
+    _RETRACTIONS.schedule(after_s, mask_url(gateway),
+                          lambda: retract_group(gateway, job, grouping_key=key, timeout=timeout))
 
 
 class FleetMetrics:
@@ -445,30 +626,10 @@ class FleetMetrics:
         sleep
             Waits between attempts (tests pass a hook).
         """
-        where = mask_url(gateway)
-        if _OUTAGES.skipping(where, time.monotonic()):
-            log.debug("metrics not pushed to the Pushgateway at %s: it failed less than %g s ago", where,
-                      PUSH_COOLDOWN_S)
-            return False
-        delay = PUSH_RETRY_S
-        for attempt in range(1, max(1, attempts) + 1):
-            try:
-                self.push(gateway, job, grouping_key=grouping_key, timeout=timeout)
-            except PushgatewayError as exc:
-                if attempt < attempts and _retryable(exc):
-                    log.debug("%s; trying again in %g s", exc, delay)
-                    sleep(delay)
-                    delay *= 2
-                    continue
-                if _OUTAGES.failed(where, time.monotonic()):
-                    log.warning("%s; metrics are not pushed to it until it answers again (tuning goes on)", exc)
-                else:
-                    log.debug("%s", exc)
-                return False
-            if _OUTAGES.recovered(where):
-                log.info("metrics pushed to the Pushgateway at %s again", where)
-            return True
-        return False  # pragma: no cover - the loop returns
+        return _with_outage_policy(
+            gateway, lambda: self.push(gateway, job, grouping_key=grouping_key, timeout=timeout),
+            skipped="metrics not pushed to", gave_up="metrics are not pushed to it until it answers again",
+            back="metrics pushed to", attempts=attempts, sleep=sleep)
 
     def _check_grouping_key(self, grouping_key: Mapping[str, str]) -> None:
         for family in self.registry.collect():

@@ -4,6 +4,11 @@ Sources: a zoo name (``resnet18``, ``mlp``...), an ONNX file, a ``.pt2`` exporte
 ``s3://`` URI inside the configured artifact store. Ingesting the same bytes again is a no-op
 that returns the existing model. A file is imported into TVM before anything is stored, so a
 corrupt file leaves nothing behind.
+
+A model file is untrusted input: it is parsed, here and whenever :func:`load_model` loads it again
+(for extraction and builds), in a child process that holds no secrets, under time and memory
+limits (:func:`tunefleet.models.sandbox.parse_model`); this process only loads the Relax module the
+child returns as TVM's JSON. The zoo's models are built here: they are tunefleet's own code.
 """
 
 from __future__ import annotations
@@ -110,10 +115,10 @@ def ingest(
         if not path.is_file():
             raise TunefleetError(f"{source}: no such file, and not a zoo model ({', '.join(sorted(_zoo_names()))})")
         data, filename = path.read_bytes(), path.name
-    from tunefleet.models.frontends import detect_format, load_exported_program, load_onnx
+    from tunefleet.models.sandbox import parse_model
 
-    fmt = detect_format(data, filename)
-    loaded = load_onnx(data, filename) if fmt == "onnx" else load_exported_program(data, filename)
+    parsed = parse_model(data, filename)
+    fmt, loaded = parsed.format, parsed.loaded(filename)
     meta = {"filename": filename, "inputs": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in loaded.input_info]}
     return _register(db, store, name or Path(filename).stem, fmt, fmt, data, loaded, meta)
 
@@ -143,7 +148,9 @@ def _register(db: Database, store: ArtifactStore, name: str, source: str, fmt: s
 
 
 def load_model(db: Database, store: ArtifactStore, model: Model) -> LoadedModel:
-    """Import a registered model into TVM Relax again (zoo models are rebuilt and checked)."""
+    """Import a registered model into TVM Relax again (zoo models are rebuilt and checked; a
+    model file is parsed in a child process that holds no secrets, so the result has no PyTorch
+    module)."""
     if model.source == "zoo":
         from tunefleet.models.zoo import build_zoo_model
 
@@ -155,8 +162,8 @@ def load_model(db: Database, store: ArtifactStore, model: Model) -> LoadedModel:
                 "the torch/transformers version changed: ingest it again"
             )
         return zm.loaded
-    from tunefleet.models.frontends import load_exported_program, load_onnx
+    from tunefleet.models.sandbox import parse_model
 
     data = store.get_bytes(store.key_from_uri(model.artifact_uri))
     filename = model.meta.get("filename", model.name)
-    return load_onnx(data, filename) if model.format == "onnx" else load_exported_program(data, filename)
+    return parse_model(data, filename, "onnx" if model.format == "onnx" else "pt2").loaded(filename)

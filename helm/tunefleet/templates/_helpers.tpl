@@ -71,6 +71,92 @@ app.kubernetes.io/part-of: tunefleet
 {{- if .Values.prefect.apiUrl }}true{{ end }}
 {{- end }}
 
+{{/* "true" when Prefect clients send an auth string: always to the server the chart runs; to an
+     external API when one is given (or may be in secrets.existingSecret). */}}
+{{- define "tunefleet.prefectAuth" -}}
+{{- if or (not (include "tunefleet.externalPrefect" .)) .Values.secrets.prefectAuthString .Values.secrets.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* The Prefect API's auth string for the Secret the chart creates: the value given, else the one
+     the release's Secret already holds (kept across upgrades), else a new one. */}}
+{{- define "tunefleet.prefectAuthString" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "tunefleet.secretName" .) }}
+{{- $key := .Values.secrets.keys.prefectAuthString }}
+{{- if .Values.secrets.prefectAuthString }}
+{{- .Values.secrets.prefectAuthString }}
+{{- else if and $existing (hasKey ($existing.data | default dict) $key) }}
+{{- index $existing.data $key | b64dec }}
+{{- else }}
+{{- printf "tunefleet:%s" (randAlphaNum 32) }}
+{{- end }}
+{{- end }}
+
+{{/* PREFECT_API_AUTH_STRING from the Secret for a Prefect client; optional for an external API. */}}
+{{- define "tunefleet.prefectAuthEnv" -}}
+{{- if include "tunefleet.prefectAuth" . }}
+- name: PREFECT_API_AUTH_STRING
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tunefleet.secretName" . }}
+      key: {{ .Values.secrets.keys.prefectAuthString }}
+      {{- if include "tunefleet.externalPrefect" . }}
+      optional: true
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* TLS trust: where the database's and the store's CA bundles are mounted. */}}
+{{- define "tunefleet.systemCaBundle" -}}/etc/ssl/certs/ca-certificates.crt{{- end }}
+{{- define "tunefleet.databaseCaDir" -}}/etc/tunefleet/tls/database{{- end }}
+{{- define "tunefleet.s3CaDir" -}}/etc/tunefleet/tls/s3{{- end }}
+
+{{/* PGSSLROOTCERT: the file libpq and asyncpg verify the database server's certificate with;
+     "" when the mode verifies nothing and no CA was given (require would turn into verify-ca). */}}
+{{- define "tunefleet.databaseCaFile" -}}
+{{- $ca := .Values.database.caCert }}
+{{- if or $ca.configMap $ca.secret }}
+{{- printf "%s/%s" (include "tunefleet.databaseCaDir" .) $ca.key }}
+{{- else if has .Values.database.sslmode (list "verify-ca" "verify-full") }}
+{{- include "tunefleet.systemCaBundle" . }}
+{{- end }}
+{{- end }}
+
+{{- define "tunefleet.s3CaFile" -}}
+{{- $ca := .Values.s3.caCert }}
+{{- if or $ca.configMap $ca.secret }}{{ printf "%s/%s" (include "tunefleet.s3CaDir" .) $ca.key }}{{ end }}
+{{- end }}
+
+{{/* Volumes and mounts of the CA bundles given as ConfigMaps or Secrets (database, then S3).
+     Argument: dict "root" $ "database" bool "s3" bool (which ones this pod needs). */}}
+{{- define "tunefleet.caVolumes" -}}
+{{- $v := .root.Values }}
+{{- range $name, $ca := dict "database-ca" (and .database $v.database.caCert) "s3-ca" (and .s3 $v.s3.caCert) }}
+{{- if and $ca (or $ca.configMap $ca.secret) }}
+- name: {{ $name }}
+  {{- if $ca.configMap }}
+  configMap:
+    name: {{ $ca.configMap }}
+    items: [{key: {{ $ca.key }}, path: {{ $ca.key }}}]
+  {{- else }}
+  secret:
+    secretName: {{ $ca.secret }}
+    items: [{key: {{ $ca.key }}, path: {{ $ca.key }}}]
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tunefleet.caMounts" -}}
+{{- $v := .root.Values }}
+{{- range $name, $ca := dict "database-ca" (and .database $v.database.caCert) "s3-ca" (and .s3 $v.s3.caCert) }}
+{{- if and $ca (or $ca.configMap $ca.secret) }}
+- name: {{ $name }}
+  mountPath: {{ if eq $name "database-ca" }}{{ include "tunefleet.databaseCaDir" $.root }}{{ else }}{{ include "tunefleet.s3CaDir" $.root }}{{ end }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "tunefleet.prefectApiUrl" -}}
 {{- if .Values.prefect.apiUrl }}
 {{- .Values.prefect.apiUrl }}
@@ -155,6 +241,12 @@ TUNEFLEET_S3_SECURE: {{ .Values.s3.secure | toString | quote }}
 {{- with .Values.s3.region }}
 TUNEFLEET_S3_REGION: {{ . | quote }}
 {{- end }}
+{{- with (include "tunefleet.databaseCaFile" .) }}
+PGSSLROOTCERT: {{ . | quote }}
+{{- end }}
+{{- with (include "tunefleet.s3CaFile" .) }}
+SSL_CERT_FILE: {{ . | quote }}
+{{- end }}
 TUNEFLEET_METRICS_PUSHGATEWAY: {{ .Values.metrics.pushgateway | quote }}
 {{- with (include "tunefleet.hardwareSetting" .) }}
 TUNEFLEET_HARDWARE: {{ . | quote }}
@@ -165,7 +257,8 @@ TUNEFLEET_HARDWARE: {{ . | quote }}
 {{- end }}
 
 {{/* tunefleet's credentials as secretKeyRef env entries (the deploy hook and, through the pools'
-     templates, every flow-run Job; a flow run's PREFECT_API_KEY is the worker's business). */}}
+     templates, every flow-run Job), with the Prefect API's auth string; a flow run's
+     PREFECT_API_KEY is the worker's business. */}}
 {{- define "tunefleet.secretEnv" -}}
 {{- $secret := include "tunefleet.secretName" . -}}
 - name: TUNEFLEET_DATABASE_URL
@@ -177,6 +270,7 @@ TUNEFLEET_HARDWARE: {{ . | quote }}
 - name: TUNEFLEET_S3_SECRET_KEY
   valueFrom:
     secretKeyRef: {name: {{ $secret }}, key: {{ .Values.secrets.keys.s3SecretKey }}}
+{{- include "tunefleet.prefectAuthEnv" . }}
 {{- end }}
 
 {{/* PREFECT_API_KEY for clients of an external Prefect API, when one is configured. */}}
