@@ -96,3 +96,11 @@ def test_median_ms_is_the_alternating_timing_of_one_call() -> None:
     n = []
     ms = alternatives.median_ms(lambda: n.append(1), rounds=2)
     assert ms >= 0 and len(n) > 2 * 5  # a warm-up and two rounds of at least 5 calls
+
+
+def test_a_sandboxed_model_file_says_why_neither_alternative_was_timed(tiny) -> None:  # type: ignore[no-untyped-def]
+    _, inputs = tiny
+    why = "a .pt2 file is untrusted input, parsed only in a child process"
+    calls, notes = alternatives.calls(inputs, 1, no_module=why)
+    assert calls == {}
+    assert notes == [f"PyTorch eager latency not measured: {why}", f"onnxruntime latency not measured: {why}"]

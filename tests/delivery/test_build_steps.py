@@ -106,7 +106,7 @@ def _resolved_for(mod: Any) -> Resolved:
     from tunefleet.models.frontends import LoadedModel
     from tunefleet.recipes import Recipe
 
-    model = SimpleNamespace(name="doubled", format="relax", artifact_uri="")
+    model = SimpleNamespace(name="doubled", source="zoo", format="relax", artifact_uri="")
     hw = SimpleNamespace(name="x86", target={"kind": "llvm"})
     loaded = LoadedModel(mod, None, [("x", (2, 3), "float32")])
     report = BuildReport("doubled", "x86", 1, 0, 1, threads=1)
@@ -146,7 +146,7 @@ def test_time_builds_times_the_tuned_build_and_the_alternatives_in_alternating_r
     log: list[str] = []
     asked: list[dict[str, Any]] = []
 
-    def fake_calls(inputs: Any, threads: int, *, torch_module: Any, onnx_bytes: Any) -> Any:
+    def fake_calls(inputs: Any, threads: int, *, torch_module: Any, onnx_bytes: Any, no_module: Any = None) -> Any:
         asked.append({"inputs": inputs, "threads": threads, "torch_module": torch_module, "onnx_bytes": onnx_bytes})
         return {"torch": lambda: log.append("torch"), "onnxruntime": lambda: log.append("onnxruntime")}, ["a note"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tunefleet.models import frontends, sandbox
+from tunefleet.models import frontends, landlock, sandbox
 from tunefleet.models.frontends import ModelFormatError
 from tunefleet.models.sandbox import SandboxError, parse_model, probe, run_isolated
 
@@ -99,15 +99,34 @@ def test_the_parent_check_is_not_vacuous(secrets: dict[str, str]) -> None:
     process read another only if it holds every capability the other does.)"""
     code = textwrap.dedent("""
         import contextlib, json
-        from tunefleet.models import sandbox
+        from tunefleet.models import landlock, sandbox
         sandbox._drop_privileges()  # this parent: no capabilities, like a pod's process
-        guarded = sandbox.probe()["parent_environ_readable"]
+        guarded = sandbox.probe(confine=False)["parent_environ_readable"]
         sandbox._undumpable = contextlib.nullcontext  # the parent left dumpable
-        print(json.dumps([guarded, sandbox.probe()["parent_environ_readable"]]))
+        landlock_alone = sandbox.probe()["parent_environ_readable"]
+        print(json.dumps([guarded, sandbox.probe(confine=False)["parent_environ_readable"], landlock_alone]))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout) == [False, True]
+    guarded, unguarded, landlock_alone = json.loads(proc.stdout)
+    assert (guarded, unguarded) == (False, True)
+    if landlock.abi_version() >= 1:  # Landlock's file rules close /proc/<ppid> by themselves too
+        assert landlock_alone is False
+
+
+@pytest.mark.skipif(landlock.abi_version() < 4, reason="this kernel has no Landlock TCP rules (ABI 4, Linux 6.7)")
+def test_a_child_can_open_no_tcp_connection() -> None:
+    """No route to the Prefect API, the database, S3 or a metadata endpoint: Landlock refuses
+    every TCP connect (a listening socket of this process stands in for them)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        where = ("127.0.0.1", server.getsockname()[1])
+        confined = probe(connect=where)
+        open_child = probe(connect=where, confine=False)
+    assert confined["confined"] == "files and TCP"
+    assert confined["tcp"].startswith("refused") and "Permission denied" in confined["tcp"], confined["tcp"]
+    assert open_child["tcp"] == "connected"  # the same child without Landlock does connect
 
 
 def test_the_parent_is_dumpable_again_after_the_child() -> None:

@@ -117,8 +117,8 @@ def _onnxruntime(inputs: Sequence[Any], threads: int, torch_module: Any,
             return None, f"onnxruntime latency not measured: {_why(exc)}"
 
 
-def calls(inputs: Sequence[Any], threads: int, *, torch_module: Any = None,
-          onnx_bytes: bytes | None = None) -> tuple[dict[str, Callable[[], Any]], list[str]]:
+def calls(inputs: Sequence[Any], threads: int, *, torch_module: Any = None, onnx_bytes: bytes | None = None,
+          no_module: str | None = None) -> tuple[dict[str, Callable[[], Any]], list[str]]:
     """Zero-argument calls of PyTorch eager (``"torch"``) and onnxruntime (``"onnxruntime"``) on
     ``inputs``, on ``threads`` threads, each called once already; and notes on what has no call.
 
@@ -136,6 +136,9 @@ def calls(inputs: Sequence[Any], threads: int, *, torch_module: Any = None,
         The model's PyTorch module.
     onnx_bytes : bytes, optional
         The model as ingested, if it came as ONNX.
+    no_module : str, optional
+        Why there is no ``torch_module`` though the model has one (a ``.pt2`` file parsed only in
+        a sandboxed child): the notes say so instead of "no PyTorch module".
 
     Returns
     -------
@@ -147,8 +150,11 @@ def calls(inputs: Sequence[Any], threads: int, *, torch_module: Any = None,
     if torch_module is not None:
         out["torch"] = torch_eager_call(torch_module, inputs, threads)
     else:
-        notes.append("no PyTorch module for this model: eager latency not measured")
+        notes.append(f"PyTorch eager latency not measured: {no_module}" if no_module else
+                     "no PyTorch module for this model: eager latency not measured")
     ort_call, why_not = _onnxruntime(inputs, threads, torch_module, onnx_bytes)
+    if ort_call is None and no_module and torch_module is None and onnx_bytes is None:
+        why_not = f"onnxruntime latency not measured: {no_module}"
     if ort_call is not None:
         out["onnxruntime"] = ort_call
     else:

@@ -515,8 +515,11 @@ def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, r
         _stage(f"timing {model.name} against what the user would run instead",
                "timing PyTorch eager and onnxruntime")
         onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
-        alt_calls, notes = alternatives.calls(checked.inputs_np, report.threads,
-                                              torch_module=resolved.loaded.torch_module, onnx_bytes=onnx_bytes)
+        sandboxed = model.source != "zoo" and model.format != "onnx" and resolved.loaded.torch_module is None
+        alt_calls, notes = alternatives.calls(
+            checked.inputs_np, report.threads, torch_module=resolved.loaded.torch_module, onnx_bytes=onnx_bytes,
+            no_module=("a .pt2 file is untrusted input, parsed only in a child process that holds no secrets; its "
+                       "PyTorch module is not loaded into this one" if sandboxed else None))
         timed.update(alt_calls)
         report.notes += notes
     latency = time_alternating(timed, rounds)

@@ -292,12 +292,16 @@ def delete_group(gateway: str, job: str = "tunefleet", *, grouping_key: Mapping[
         address, handler = _without_credentials(gateway)
         delete_from_gateway(address, job=job, grouping_key=dict(grouping_key), timeout=timeout, handler=handler)
     except OSError as exc:
-        reason = getattr(exc, "reason", None) or exc
-        detail = mask_secrets(" ".join(str(reason).split())) or type(exc).__name__
         raise PushgatewayError(
             f"cannot delete the metrics group (job {job!r}, group {dict(grouping_key)}) from the Pushgateway at "
-            f"{mask_url(gateway)}: {detail}"
+            f"{mask_url(gateway)}: {_why(exc)}"
         ) from exc
+
+
+def _why(exc: OSError) -> str:
+    """What a failed request to the Pushgateway says, on one line and with no secret in it."""
+    reason = getattr(exc, "reason", None) or exc
+    return mask_secrets(" ".join(str(reason).split())) or type(exc).__name__
 
 
 def retract_group(gateway: str, job: str = "tunefleet", *, grouping_key: Mapping[str, str],
@@ -590,11 +594,9 @@ class FleetMetrics:
         except OSError as exc:  # URLError, timeouts, refused connections, non-2xx answers
             self._last_push_at = previous  # a failed push is no push
             self.last_push.set(previous)
-            reason = getattr(exc, "reason", None) or exc
-            detail = mask_secrets(" ".join(str(reason).split())) or type(exc).__name__
             raise PushgatewayError(
                 f"cannot push metrics to the Pushgateway at {mask_url(gateway)} (job {job!r}, group {dict(grouping_key)}): "
-                f"{detail}"
+                f"{_why(exc)}"
             ) from exc
 
     def publish(

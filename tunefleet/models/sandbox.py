@@ -21,11 +21,11 @@ credentials in its environment. So :func:`parse_model` hands the bytes to a fres
 A failure is one :class:`~tunefleet.models.frontends.ModelFormatError` line naming the file: the
 parser's own reason, the limit that stopped it, or the signal that killed it.
 
-What this does not do: a process cannot lose its network route without privileges, so the child
-can still open connections (without credentials: the database, S3 and the Prefect API refuse it;
-an endpoint that asks for none, such as the Pushgateway or a cloud metadata service, does not), and
-it can read what the user's other processes expose (see ``docs/cluster.md``, "Untrusted model
-files"). :func:`probe` reports what a child sees.
+It also confines itself with Landlock before it reads the file (:mod:`tunefleet.models.landlock`):
+no other process's ``/proc`` entries, writes only in its scratch directory, and on Linux 6.7+
+no TCP connection at all. A kernel without Landlock (or its TCP rules) leaves those two open and
+is said once as a warning (see ``docs/cluster.md``, "Untrusted model files"). :func:`probe`
+reports what a child sees.
 
 The child runs any function ``module:function`` of a ``tunefleet`` module the parent names
 (:func:`run_isolated`): ``function(workdir, payload) -> dict``, reading its input files from
@@ -187,7 +187,7 @@ def _log_tail(path: Path, lines: int = 3) -> str:
 
 def run_isolated(entry: str, payload: Mapping[str, Any] | None = None, *, files: Mapping[str, bytes] | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 what: str = "the child") -> tuple[dict[str, Any], dict[str, bytes]]:
+                 what: str = "the child", confine: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Run ``entry`` (``"tunefleet.module:function"``) in a child process that holds no secrets.
 
     Parameters
@@ -204,6 +204,9 @@ def run_isolated(entry: str, payload: Mapping[str, Any] | None = None, *, files:
         The child's address-space limit.
     what : str
         What the child does, for messages (e.g. the model's file name).
+    confine : bool
+        Confine the child with Landlock (:func:`tunefleet.models.landlock.confine`; tests turn it
+        off to show what each other guard does alone).
 
     Returns
     -------
@@ -232,7 +235,7 @@ def run_isolated(entry: str, payload: Mapping[str, Any] | None = None, *, files:
             if "/" in name or name in {"", ".", ".."}:
                 raise ValueError(f"invalid input file name {name!r}")
             (workdir / "in" / name).write_bytes(data)
-        request = {"payload": dict(payload or {}),
+        request = {"payload": dict(payload or {}), "confine": bool(confine),
                    "limits": {"memory_bytes": int(memory_bytes), "cpu_s": int(timeout_s) + 1}}
         (workdir / "request.json").write_text(json.dumps(request), encoding="utf-8")
         env = scrubbed_environ(home=workdir / "home")
@@ -271,6 +274,7 @@ def run_isolated(entry: str, payload: Mapping[str, Any] | None = None, *, files:
             raise SandboxError(f"{what}: the parser's answer has no outcome")
         if not answer["ok"]:
             raise _error_from(answer.get("error"), what, memory_bytes)
+        _say_confinement(str(answer.get("confined", "none")))
         result = answer.get("result")
         if not isinstance(result, dict):
             raise SandboxError(f"{what}: the parser's answer has no result")
@@ -278,6 +282,24 @@ def run_isolated(entry: str, payload: Mapping[str, Any] | None = None, *, files:
         return result, outputs
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+_SAID: set[str] = set()
+
+
+def _applied() -> str:
+    from tunefleet.models import landlock
+
+    return landlock.APPLIED
+
+
+def _say_confinement(confined: str) -> None:
+    """Warn once per process where the kernel could not confine the parser fully."""
+    if confined != "files and TCP" and not confined.startswith("none (turned off)") and confined not in _SAID:
+        _SAID.add(confined)
+        log.warning("model files are parsed in a child process confined by Landlock to: %s; without its file "
+                    "rules the parser can read other processes' /proc entries, without its TCP rules it can open "
+                    "connections (docs/cluster.md, \"Untrusted model files\")", confined)
 
 
 def _error_from(error: object, what: str, memory_bytes: int) -> TunefleetError:
@@ -336,11 +358,18 @@ def _child_main(entry: str, workdir: Path) -> int:
         request = json.loads((workdir / "request.json").read_text(encoding="utf-8"))
         limits = request["limits"]
         _set_limits(int(limits["memory_bytes"]), int(limits["cpu_s"]))
+        from tunefleet.models import landlock
+
+        if request.get("confine", True):
+            landlock.confine(workdir)  # before the entry's imports start any thread
+        else:
+            landlock.APPLIED = "none (turned off)"
         if not _ENTRY.match(entry):
             raise ValueError(f"invalid sandbox entry {entry!r}")
         module, _, name = entry.partition(":")
         function = getattr(importlib.import_module(module), name)
-        answer: dict[str, Any] = {"ok": True, "result": function(workdir, request.get("payload") or {})}
+        answer: dict[str, Any] = {"ok": True, "result": function(workdir, request.get("payload") or {}),
+                                  "confined": _applied()}
     except MemoryError:
         answer = {"ok": False, "error": {"type": "MemoryError", "message": ""}}
     except Exception as exc:  # noqa: BLE001 - every failure becomes plain data for the parent
@@ -467,10 +496,12 @@ def parse_in_child(workdir: Path, payload: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- what a child sees ---------------------------------------------------------------------------
 
-def probe(*, timeout_s: float = 60.0) -> dict[str, Any]:
-    """What a child sees, from inside one: its environment, user, capabilities, limits, and
-    whether it can read its parent's environment (``/proc/<ppid>/environ``)."""
-    result, _ = run_isolated("tunefleet.models.sandbox:probe_in_child", timeout_s=timeout_s, what="sandbox probe")
+def probe(*, timeout_s: float = 60.0, connect: tuple[str, int] | None = None, confine: bool = True) -> dict[str, Any]:
+    """What a child sees, from inside one: its environment, user, capabilities, limits, its
+    Landlock confinement, whether it can read its parent's environment (``/proc/<ppid>/environ``)
+    and, with ``connect`` (host, port), whether it can open a TCP connection there."""
+    result, _ = run_isolated("tunefleet.models.sandbox:probe_in_child", {"connect": list(connect) if connect else None},
+                             timeout_s=timeout_s, what="sandbox probe", confine=confine)
     return result
 
 
@@ -482,7 +513,19 @@ def probe_in_child(workdir: Path, payload: Mapping[str, Any]) -> dict[str, Any]:
         parent_environ = True
     except OSError:
         parent_environ = False
+    connect = payload.get("connect")
+    tcp: str | None = None
+    if connect:  # [host, port] of a listening socket: can the child reach it?
+        import socket
+
+        try:
+            socket.create_connection((str(connect[0]), int(connect[1])), timeout=5).close()
+            tcp = "connected"
+        except OSError as exc:
+            tcp = f"refused: {exc}"
     return {
+        "confined": _applied(),
+        "tcp": tcp,
         "environ": dict(os.environ),
         "uid": os.getuid(),
         "cap_effective": int(status.get("CapEff", "0").strip(), 16),
