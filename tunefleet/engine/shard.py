@@ -184,7 +184,9 @@ class ShardRun:
             if (fault := next((e for e in seen if isinstance(e, NodeFaultError)), None)):
                 # The node cannot build or run even the default schedule: the shard goes to another
                 # node with no attempt spent, and the worker quarantines this node for the class.
-                shard_queue.give_back(self.db, self.shard.id, self.owner, reason=str(fault))
+                if not shard_queue.give_back(self.db, self.shard.id, self.owner, reason=str(fault)):
+                    raise LeaseLostError(f"shard {self.shard.id}: its lease was lost while its batch failed "
+                                         f"({fault})") from None
                 raise NodeFaultError(f"shard {self.shard.id} ({self.wl.name} on {self.hw.name}): {fault}; its "
                                      "lease was given back") from None
             if (cause := next((e for e in seen if isinstance(e, (TransientError, DatabaseError))), None)):

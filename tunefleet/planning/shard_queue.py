@@ -248,12 +248,14 @@ def fail(db: Database, shard_id: int, owner: str, error: str, *, generation: int
     return new_state
 
 
-def give_back(db: Database, shard_id: int, owner: str, *, reason: str | None = None) -> None:
+def give_back(db: Database, shard_id: int, owner: str, *, reason: str | None = None) -> bool:
     """Give a leased shard back unmeasured (its worker's builder or runner could not start, or its
     node cannot build or run code: ``reason``, kept in its history): pending again, no attempt
-    spent. A lease already lost is left alone."""
+    spent. A lease already lost is left alone; whether ``owner`` still held it."""
     if db.give_back_lease(shard_id, owner, reason):
         log.warning("shard %d given back by %s: no attempt spent", shard_id, owner)
+        return True
+    return False
 
 
 def _hardware_id(db: Database, hardware: str | None) -> int | None:
