@@ -171,3 +171,23 @@ def test_a_quarantine_is_a_metric_on_the_pushgateway(engine, compiler: Compiler)
         server.stop()
     line = next(x for x in text.splitlines() if x.startswith("tunefleet_node_quarantined{"))
     assert 'hardware="x86"' in line and f'node="{socket.gethostname()}"' in line and line.endswith(" 1")
+
+
+@on_backend("sqlite")
+def test_a_quarantined_worker_whose_probe_passes_again_goes_on(engine, compiler: Compiler,  # type: ignore[no-untyped-def]
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    _, db, store = engine
+    shard = _one_shard(db, store, trials=4)
+    compiler.break_it()
+
+    class Repaired(Backoff):
+        """The node is fixed while the quarantined worker waits to probe again."""
+
+        def delay(self, n: int) -> float:
+            compiler.repair()
+            return 0.0
+
+    summary = drain(db, "x86", TuneOptions(seed=0, trials_per_iter=4, warm_start_shapes=False), backoff=Repaired())
+    assert (summary.shards_done, db.shard(shard.id).state) == (1, DONE)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("quarantined for x86" in m for m in said) and any("no longer quarantined for x86" in m for m in said)

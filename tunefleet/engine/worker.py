@@ -303,6 +303,7 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
     loop = TuneLoop(tuner.hardware, max_shards=max_shards, rounds=refill, deadline=deadline)
     backoff = backoff or Backoff()
     transient = start_failures = 0
+    quarantined = False
     summary: TuneSummary | None = None
     try:
         while summary is None:
@@ -317,11 +318,11 @@ def drain(db: Database, hardware: str, options: TuneOptions | None = None, *, ma
                 else:
                     loop.leased(tuner.tune_next(db, owner, options, on_batch=on_batch, deadline=step.deadline,
                                                 reprioritise=not step.allocated))
-                    if start_failures:
+                    if quarantined:
                         quarantine(tuner, None, on=False)
-                    start_failures = 0
+                    start_failures, quarantined = 0, False
             except NodeFaultError as exc:  # this node cannot build or run code for the class
-                start_failures += 1
+                start_failures, quarantined = start_failures + 1, True
                 quarantine(tuner, exc, on=True)
                 if start_failures >= START_FAILURES:
                     raise NodeFaultError(f"node {socket.gethostname()} is quarantined for {tuner.hardware} and this "
