@@ -8,7 +8,6 @@ whose every candidate failed while the workload's default schedule builds and ru
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,36 +20,18 @@ from tunefleet.errors import NodeFaultError
 from tunefleet.models.ingest import ingest
 from tunefleet.models.workloads import extract
 from tunefleet.planning import shard_queue
+from tunefleet.testing.compiler import Compiler
 from tunefleet.vocab import BUILD_ERROR, DONE, PENDING
 
 NO_WAIT = Backoff(factor=0)
 
 
-class Compiler:
-    """The C++ compiler as ``CXX`` names it for the processes started after :meth:`use`."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / "cxx"
-        self.real = shutil.which("g++") or shutil.which("c++") or shutil.which("cc")
-        assert self.real, "no C++ compiler on this machine"
-        self.repair()
-
-    def use(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setenv("CXX", str(self.path))
-        monkeypatch.delenv("CC", raising=False)
-
-    def repair(self) -> None:
-        self.path.write_text(f'#!/bin/sh\nexec "{self.real}" "$@"\n')
-        self.path.chmod(0o755)
-
-    def break_it(self) -> None:
-        self.path.write_text('#!/bin/sh\necho "cxx: compiler not installed on this node" >&2\nexit 127\n')
-
-
 @pytest.fixture
 def compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Compiler:
+    """The compiler of the processes this test starts (``CXX``; ``CC`` unset)."""
     cxx = Compiler(tmp_path)
-    cxx.use(monkeypatch)
+    monkeypatch.setenv("CXX", str(cxx.path))
+    monkeypatch.delenv("CC", raising=False)
     return cxx
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import pytest
 from tunefleet.db import Database
 from tunefleet.errors import TransientError
 from tunefleet.planning import shard_queue
+from tunefleet.testing.compiler import BROKEN_MESSAGE, Compiler
 from tunefleet.testing.postgres import PostgresServer
 from tunefleet.testing.seaweedfs import SeaweedFSServer, unique_bucket_name
 from tunefleet.testing.tcp_proxy import TcpProxy
@@ -190,9 +190,6 @@ db.update_dataset = lambda *args, **kwargs: os._exit(137)
 dataset.export(db, open_store(settings), hardware="x86")
 """
 
-_BROKEN_COMPILER = '#!/bin/sh\necho "cxx: compiler not installed on this node" >&2\nexit 127\n'
-
-
 def _outage_during(store: Any, proxy: TcpProxy, work: Any, cut: Any = None) -> str:
     """Run ``work(store)`` with S3 cut off mid-way (on the first write, or as ``cut`` wraps the
     store); the transient error it ended with ("" if none)."""
@@ -259,9 +256,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         schedule.insert(at[0], "export")
         schedule.insert(at[1] + 1, "retrain")
         schedule.insert(at[2] + 2, "retrain-blip")
-        compiler = tmp_path / "cxx"  # the node-fault worker's C++ compiler: working until it breaks
-        compiler.write_text(f'#!/bin/sh\nexec "{shutil.which("g++") or shutil.which("cc")}" "$@"\n')
-        compiler.chmod(0o755)
+        compiler = Compiler(tmp_path)  # the node-fault worker's C++ compiler: working until it breaks
         node_worker: subprocess.Popen[bytes] | None = None
         hw_id = db.hardware_class("x86").id
         print("schedule:", ", ".join(schedule))
@@ -336,9 +331,9 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                         print(f"  t={time.monotonic() - started:5.1f}s an export killed before its commit "
                               f"(exit {child.returncode})")
                     elif kind == "node":
-                        node_worker = fleet.start(CXX=str(compiler))
+                        node_worker = fleet.start(CXX=str(compiler.path))
                         time.sleep(2.0)  # it leases and measures, then its compiler breaks
-                        compiler.write_text(_BROKEN_COMPILER)
+                        compiler.break_it()
                         print(f"  t={time.monotonic() - started:5.1f}s the compiler of a third worker broke")
                     elif kind == "hang":
                         if fleet.hang_one(rng, 2 * LEASE_S + 1, spare=node_worker):
@@ -368,7 +363,7 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         assert not bad, f"shards not done: {bad}\n{fleet.logs()}"
         rows = db.measurements()
         stored = {m.id: m.trace_sha256 for m in rows}
-        assert not [m.id for m in rows if "compiler not installed" in (m.error_msg or "")], \
+        assert not [m.id for m in rows if BROKEN_MESSAGE in (m.error_msg or "")], \
             "a node fault was stored as candidate errors"
         assert seen.items() <= stored.items(), "a committed measurement was lost"
         twice = [k for k, n in Counter((m.workload_id, m.trace_sha256) for m in rows).items() if n > 1]

@@ -233,6 +233,18 @@ def test_one_build_times_out_within_half_a_lease(caplog: pytest.LogCaptureFixtur
     assert len(warned) == 1 and "half" in warned[0] and "TUNEFLEET_LEASE_S" in warned[0]
 
 
+def _mlp_shard(db: Database, store: Any, *, trials: int) -> tuple[Any, Any]:
+    """The x86 class and a new shard of ``trials`` on the first workload of ``mlp``."""
+    from tunefleet.models.ingest import ingest
+    from tunefleet.models.workloads import extract
+
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    hw = db.hardware_class("x86")
+    (shard,) = db.add_shards(hw.id, [(db.workloads(model.id)[0][0].id, trials, 1.0)])
+    return hw, shard
+
+
 @pytest.mark.slow
 def test_a_tuning_thread_stuck_in_a_build_lets_its_lease_lapse_and_another_worker_takes_the_shard(
         engine) -> None:  # type: ignore[no-untyped-def]
@@ -241,8 +253,6 @@ def test_a_tuning_thread_stuck_in_a_build_lets_its_lease_lapse_and_another_worke
 
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.shard import ShardKit, run_shard
-    from tunefleet.models.ingest import ingest
-    from tunefleet.models.workloads import extract
     from tunefleet.testing.prometheus import wait_until
 
     entered, release = threading.Event(), threading.Event()
@@ -259,11 +269,7 @@ def test_a_tuning_thread_stuck_in_a_build_lets_its_lease_lapse_and_another_worke
             return [BuilderResult(None, "stand-in build let go by the test") for _ in build_inputs]
 
     _, db, store = engine
-    model = ingest(db, store, "mlp").model
-    extract(db, store, model, "x86")
-    hw = db.hardware_class("x86")
-    wl = db.workloads(model.id)[0][0]
-    (shard,) = db.add_shards(hw.id, [(wl.id, 4, 1.0)])
+    hw, shard = _mlp_shard(db, store, trials=4)
     # leased for longer than it takes to start tuning; the heartbeat then renews it 3 s at a time
     leased = shard_queue.lease(db, "x86", "stuck", lease_s=60, shard_id=shard.id)
     assert leased is not None
@@ -310,8 +316,6 @@ def test_a_batch_longer_than_a_lease_keeps_its_lease_while_its_builds_and_runs_r
 
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.shard import ShardKit, run_shard
-    from tunefleet.models.ingest import ingest
-    from tunefleet.models.workloads import extract
     from tunefleet.testing import slow_steps
     from tunefleet.tvm.builder import PersistentBuilder
     from tunefleet.tvm.runner import default_evaluator_config
@@ -319,11 +323,7 @@ def test_a_batch_longer_than_a_lease_keeps_its_lease_while_its_builds_and_runs_r
     from tunefleet.vocab import DONE
 
     _, db, store = engine
-    model = ingest(db, store, "mlp").model
-    extract(db, store, model, "x86")
-    hw = db.hardware_class("x86")
-    wl = db.workloads(model.id)[0][0]
-    (shard,) = db.add_shards(hw.id, [(wl.id, 8, 1.0)])
+    hw, shard = _mlp_shard(db, store, trials=8)
     leased = shard_queue.lease(db, "x86", "slow", lease_s=60, shard_id=shard.id)  # the heartbeat: 3 s leases
     assert leased is not None
     builder = PersistentBuilder(max_workers=1, f_build=slow_steps.slow_build if slow == "build" else None)
