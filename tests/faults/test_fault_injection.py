@@ -45,6 +45,8 @@ pytestmark = pytest.mark.slow
 
 WORKERS = 2
 LEASE_S = 3
+HANG_MIN_S = 2 * LEASE_S + 1  # a hung worker's runner stays stopped at least this long
+HANG_MAX_S = 6 * LEASE_S  # and at most this long
 RUN_LIMIT_S = 240  # the whole loop (about two minutes on 2 quiet cores); the suite must stay under 5 in CI
 
 
@@ -86,6 +88,8 @@ class Fleet:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started = 0
         self.last_start = 0.0
+        self.hung: subprocess.Popen[bytes] | None = None
+        self.hung_s = 0.0
 
     def start(self, **env: str) -> subprocess.Popen[bytes]:
         self.started += 1
@@ -101,10 +105,15 @@ class Fleet:
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p in self.procs if p.poll() is None]
 
-    def hang_one(self, rng: random.Random, seconds: float, spare: subprocess.Popen[bytes] | None = None) -> bool:
-        """Stop a worker's measuring process (MetaSchedule's runner worker) for ``seconds``: its
-        tuning thread waits on a run that does not return, while its heartbeat thread lives."""
-        alive = [p for p in self.alive() if p is not spare]
+    def hang_one(self, rng: random.Random, db: Database, spare: subprocess.Popen[bytes] | None = None) -> bool:
+        """Stop the measuring process (MetaSchedule's runner worker) of a worker that holds a lease:
+        its tuning thread waits on a run that does not return, while its heartbeat thread lives.
+        Let go once the worker's log says its heartbeat stopped renewing, or after ``HANG_MAX_S``
+        (the assertion then fails), but never before ``HANG_MIN_S``: a worker stopped while it
+        searched or built meets the stopped runner only later. False if no worker could be
+        stopped, or the stopped one ended meanwhile (try again later)."""
+        holders = {s.lease_owner.split(":")[1] for s in shard_queue.list_shards(db) if s.state == "leased" and s.lease_owner}
+        alive = [p for p in self.alive() if p is not spare and str(p.pid) in holders]
         for proc in rng.sample(alive, len(alive)):
             try:
                 runners = [c for c in psutil.Process(proc.pid).children(recursive=True)
@@ -113,13 +122,19 @@ class Fleet:
                 continue
             if not runners:
                 continue
+            stuck_before = self.log_of(proc).count("looks stuck")
+            started = time.monotonic()
             for r in runners:
                 r.suspend()
-            time.sleep(seconds)
+            while time.monotonic() - started < HANG_MAX_S and proc.poll() is None:
+                time.sleep(0.5)
+                if time.monotonic() - started >= HANG_MIN_S and self.log_of(proc).count("looks stuck") > stuck_before:
+                    break
             for r in runners:
                 with contextlib.suppress(psutil.Error):
                     r.resume()
-            return True
+            self.hung, self.hung_s = proc, time.monotonic() - started
+            return proc.poll() is None
         return False
 
     def kill_one(self, rng: random.Random, spare: subprocess.Popen[bytes] | None = None) -> bool:
@@ -336,12 +351,12 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                         compiler.break_it()
                         print(f"  t={time.monotonic() - started:5.1f}s the compiler of a third worker broke")
                     elif kind == "hang":
-                        if fleet.hang_one(rng, 2 * LEASE_S + 1, spare=node_worker):
+                        if fleet.hang_one(rng, db, spare=node_worker):
                             faults.hangs += 1
                             print(f"  t={time.monotonic() - started:5.1f}s a worker's measuring process stopped for "
-                                  f"{2 * LEASE_S + 1} s")
+                                  f"{fleet.hung_s:.0f} s")
                         else:
-                            schedule.insert(0, kind)  # no runner started yet: try again later
+                            schedule.insert(0, kind)  # no worker holding a lease with a runner: try again later
                     next_fault = time.monotonic() + rng.uniform(1.5, 3)
                 time.sleep(0.5)
         finally:
@@ -356,7 +371,8 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
             faults.transient_seen
         assert (faults.exports_killed, faults.retrain_blips, faults.hangs) == (1, 1, 1), faults.transient_seen
         assert faults.node_faults == 1, f"the worker whose compiler broke was not quarantined\n{fleet.logs()}"
-        assert "looks stuck" in fleet.logs(full=True), "the hung worker's heartbeat never stopped renewing"
+        assert fleet.hung is not None and "looks stuck" in fleet.log_of(fleet.hung), \
+            f"the hung worker's heartbeat never stopped renewing\n{fleet.logs()}"
         final = shard_queue.list_shards(db)
         bad = [(s.id, s.state, s.error) for s in final
                if s.state != "done" or (s.history[-1]["event"] == "done-short" and s.history[-1].get("cause") != "exhausted")]
