@@ -23,6 +23,22 @@ def on_backend(name: str) -> pytest.MarkDecorator:
     return pytest.mark.parametrize("db_url", [name], indirect=True)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``TUNEFLEET_TEST_PHASE`` (set by scripts/test.sh) keeps the ``serial`` tests (``serial``)
+    or all the others (``parallel``); unset, every test runs."""
+    phase = os.environ.get("TUNEFLEET_TEST_PHASE", "")
+    if not phase:
+        return
+    if phase not in ("parallel", "serial"):
+        raise pytest.UsageError(f"TUNEFLEET_TEST_PHASE={phase!r}: one of parallel, serial (or unset)")
+    serial = phase == "serial"
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == serial else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     """One real PostgreSQL cluster for the session; each test gets its own database."""

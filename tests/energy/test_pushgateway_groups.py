@@ -31,6 +31,8 @@ from tunefleet.energy.metrics import (
 )
 from tunefleet.testing.prometheus import PrometheusServer, PushgatewayServer, wait_until
 
+pytestmark = pytest.mark.serial  # times how long a push waits
+
 HARDWARE = SimpleNamespace(id=1, name="x86", price_per_hour=3600.0)  # 1 price unit per second
 WORKLOAD = SimpleNamespace(id=1, structural_hash="ab" * 32)
 DB = SimpleNamespace(best_measurements=lambda *_args: [])

@@ -20,6 +20,8 @@ from tunefleet.errors import HeartbeatStoppedError
 from tunefleet.planning import shard_queue
 from tunefleet.vocab import DEFAULT_TRACE_JSON, DEFAULT_TRACE_SHA256
 
+pytestmark = pytest.mark.serial  # heartbeats against leases of seconds
+
 
 def test_owner_ids_are_unique_per_process_start_and_shared_with_children(monkeypatch: pytest.MonkeyPatch) -> None:
     # Two containers sharing a hostname whose tunefleet runs as the same pid (e.g. pid 1 in each).

@@ -23,6 +23,8 @@ from tunefleet.planning import shard_queue
 from tunefleet.testing.compiler import Compiler
 from tunefleet.vocab import BUILD_ERROR, DONE, PENDING
 
+pytestmark = pytest.mark.serial  # probes and backoffs against leases of seconds
+
 NO_WAIT = Backoff(factor=0)
 
 

@@ -41,7 +41,7 @@ from tunefleet.testing.postgres import PostgresServer
 from tunefleet.testing.seaweedfs import SeaweedFSServer, unique_bucket_name
 from tunefleet.testing.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: a fault loop with leases of seconds
 
 WORKERS = 2
 LEASE_S = 3

@@ -37,6 +37,8 @@ from tunefleet.errors import DatabaseUnavailableError, LeaseLostError
 from tunefleet.planning import shard_queue
 from tunefleet.vocab import LEASED, PENDING
 
+pytestmark = pytest.mark.serial  # leases of seconds against the clock
+
 T = TypeVar("T")
 
 

@@ -20,7 +20,7 @@ from tunefleet.db import Database
 from tunefleet.testing.postgres import PostgresServer
 from tunefleet.testing.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: an outage timed against leases
 
 OUTAGE_S = 10.0
 BATCH = 32  # rows per commit: >= the COPY threshold (tunefleet.db.measurements._COPY_MIN_ROWS)

@@ -30,6 +30,8 @@ from tunefleet.tvm.parallel_runner import (
     rank_inversions,
 )
 
+pytestmark = pytest.mark.serial  # measures the machine: parallel runs must agree with serial ones
+
 N = 128
 CORES = sorted(os.sched_getaffinity(0))
 # Timing for the tests: no cache flush (figures of the tiny kernels are steadier), 3 x 3 runs.
