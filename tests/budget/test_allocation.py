@@ -31,6 +31,17 @@ def test_bad_budget_text_is_one_line_naming_it(text: object) -> None:
     assert "15m" in message and "2000" in message  # says what would do
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    ("1000000001", "at most 1,000,000,000 trials"), ("99999999999999999999", "at most 1,000,000,000 trials"),
+    ("8785h", "a wall time of at most 366 days"), ("999999999h", "a wall time of at most 366 days"),
+])
+def test_an_absurd_budget_is_one_line_saying_the_limit(text: str, says: str) -> None:
+    with pytest.raises(ParameterError) as info:
+        Budget.parse(text, name="--budget")
+    assert str(info.value) == f"invalid --budget: {text!r} ({says})"
+    assert Budget.parse("1000000000").trials == 1_000_000_000 and Budget.parse("8784h").seconds == 366 * 86400
+
+
 def test_budget_text_and_description() -> None:
     assert [format_duration(s) for s in (900, 5400, 90, 3600, 2.5)] == ["15m", "1h30m", "1m30s", "1h", "2.5s"]
     assert Budget(trials=20).describe() == "20 trials" and Budget(seconds=900).describe() == "15m of wall time"
