@@ -24,7 +24,9 @@ from tunefleet.models.workloads import extract
 from tunefleet.planning import shard_queue
 from tunefleet.store import LocalStore
 
-pytestmark = pytest.mark.slow
+# serial: which schedule measures fastest decides whether the build prepacks weights; beside
+# another test's load the untuned default won once, and nothing was prepacked
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
