@@ -13,8 +13,8 @@ from tunefleet.errors import ParameterError
 
 _DURATION = re.compile(r"(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?")
 _BUDGET_HELP = "give a trial count such as 2000, or a wall time such as 90s, 15m, 1h or 1h30m"
-# Past these a budget is a typo (a deadline centuries away overflows datetime; a trial count past a
-# database integer cannot be stored), not a plan: one line, not a traceback later.
+# Past these a budget is a typo, not a plan (and a trial count must fit the database's integers):
+# one line saying the limit.
 MAX_TRIALS = 1_000_000_000
 MAX_SECONDS = 366 * 24 * 3600.0
 
@@ -50,10 +50,11 @@ class Budget:
         match = _DURATION.fullmatch(text) if text else None
         if match is not None and any(match.groupdict().values()):
             h, m, s = (float(match[k] or 0) for k in ("h", "m", "s"))
-            if h * 3600 + m * 60 + s > MAX_SECONDS:
+            seconds = h * 3600 + m * 60 + s
+            if seconds > MAX_SECONDS:
                 raise ParameterError(f"invalid {name}: {value!r} (a wall time of at most {MAX_SECONDS / 86400:.0f} days)")
-            if h * 3600 + m * 60 + s > 0:
-                return cls(seconds=h * 3600 + m * 60 + s)
+            if seconds > 0:
+                return cls(seconds=seconds)
         raise ParameterError(f"invalid {name}: {value!r} ({_BUDGET_HELP})")
 
     @property
