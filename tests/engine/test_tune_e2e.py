@@ -49,8 +49,13 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     # What the user would run instead: mlp is built in Relax (no PyTorch module, not ingested as ONNX),
     # so the report says why neither alternative was timed instead of a figure.
     assert (report.torch_ms, report.onnxruntime_ms) == (None, None)
-    assert report.notes == ["no PyTorch module for this model: eager latency not measured",
-                            "no ONNX model and no PyTorch module to export: onnxruntime latency not measured"]
+    assert report.notes[:2] == ["no PyTorch module for this model: eager latency not measured",
+                                "no ONNX model and no PyTorch module to export: onnxruntime latency not measured"]
+    # Which recipe's build is fastest is a timing, and a busy machine can change it (CI saw the
+    # class's recipe at 2 ms beside another at 0.02): a third note may only say which was delivered.
+    assert len(report.notes) <= 3
+    assert all(note.startswith(f"delivered the build under recipe {report.delivered}")
+               or note.startswith("delivered the UNTUNED build") for note in report.notes[2:])
     assert (tmp_path / "mlp.so").stat().st_size > 0
 
     # Any TVM user can compile with the fleet's schedules, or take them as JSON database files.
