@@ -38,7 +38,9 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
    latency, GFLOP/s and fraction of the sgemm peak; and the tuning wall time, candidates measured
    and seconds per measured candidate.
 
-``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
+``--hub off|default|BUNDLE`` sets the runs' ``TUNEFLEET_HUB`` (a fresh ``--home`` imports that
+hub bundle first; ``off``: tuning from scratch) and each phase prints run's ``hub:`` line: how many
+workloads started from the hub. ``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
 it). Prints what it measured; asserts nothing about speed. Needs ``pip install -e '.[bench]'``
 (PyTorch and transformers; onnx and onnxruntime are tunefleet's own dependencies).
 """
@@ -112,10 +114,13 @@ def run_phase(name: str, args: argparse.Namespace, amount: list[str], output_dir
              "cli_untuned_ms": build.get("untuned_ms"), "cli_torch_ms": build.get("torch_ms"),
              "cli_onnxruntime_ms": build.get("onnxruntime_ms"),
              "tuned_workloads": build.get("tuned_workloads"), "workloads": build.get("workloads"),
-             "model_id": (result.get("models") or [{}])[0].get("model_id"), "run_result": result}
+             "model_id": (result.get("models") or [{}])[0].get("model_id"), "hub": result.get("hub"),
+             "run_result": result}
     print(f"   {name}: {wall:.0f} s wall; tune {_fmt(phase['tune_s'], '.0f')} s, {phase['measured']} candidates "
           f"measured ({phase['errors']} errors); {phase['tuned_workloads']}/{phase['workloads']} workloads tuned; "
           f"library {phase['library']}", flush=True)
+    if phase["hub"]:
+        print(f"   hub: {phase['hub']}", flush=True)
     return phase
 
 
@@ -438,6 +443,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
     ap.add_argument("--image-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
     ap.add_argument("--seq-len", type=int, default=None, help="zoo option passed to `tunefleet run`")
+    ap.add_argument("--hub", default=None, metavar="BUNDLE",
+                    help="the runs' TUNEFLEET_HUB: 'off' (tuning from scratch), 'default', or a hub bundle file "
+                    "(default: this environment's, else 'default')")
     args = ap.parse_args(argv)
     if args.rounds < 3:
         ap.error("--rounds must be at least 3")
@@ -453,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     home = (args.home or work / f"home-{args.model}-{args.hardware}").resolve()
     home.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "TUNEFLEET_HOME": str(home)}  # the runs' environment: not this process's threads
+    if args.hub is not None:
+        child_env["TUNEFLEET_HUB"] = args.hub  # what a new database imports first (docs/hub.md)
     os.environ["TUNEFLEET_HOME"] = str(home)  # this process reads the same database (and config file)
 
     phases_wanted = [("phase 1", ["--trials", str(args.trials)] if args.trials is not None else ["--budget", args.budget])]

@@ -124,3 +124,108 @@ def test_x86_and_x86_avx2_share_workloads() -> None:
         return sorted((w.name, w.structural_hash) for w in extract_workloads(mod, target, params))
 
     assert hashes(x86_avx2_target()) == hashes(host_cpu_target())
+
+
+# -- a class is its target and its CPU -------------------------------------------------------------
+
+OTHER_CPU = {"model": "AMD Ryzen 9 5950X 16-Core Processor", "id": "AuthenticAMD family 25 model 33",
+             "isa": ["avx", "avx2", "fma"]}
+
+
+@pytest.fixture
+def home_db(tunefleet_home: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A home whose database (SQLite, PostgreSQL) was set up on this machine."""
+    from tunefleet.db import Database
+
+    monkeypatch.setenv("TUNEFLEET_DATABASE_URL", db_url)
+    settings = load_settings()
+    db = Database.from_settings(settings)
+    ensure_hardware_classes(db, settings)
+    yield settings, db
+    db.close()
+
+
+def test_the_x86_class_belongs_to_the_first_cpu_that_measures_it(home_db: Any) -> None:
+    _, db = home_db
+    here = hardware.host_cpu()
+    assert here["model"] and here["id"] and set(here["isa"]) <= set(hardware.host_cpu_flags())
+    x86 = db.hardware_class("x86")
+    assert x86.capabilities["detected"] and "cpu" not in x86.capabilities  # seeding does not claim it
+    assert hardware.claim_for_this_cpu(db, "x86", record=False).capabilities.get("cpu") is None
+    assert hardware.claim_for_this_cpu(db, "x86").capabilities["cpu"] == here
+    assert db.hardware_class("x86").target == x86.target
+
+
+def test_an_x86_class_seeded_on_another_node_is_adopted_by_the_first_worker(home_db: Any) -> None:
+    """On a cluster the classes may be seeded by a pod on another CPU than the x86 pool's: nothing
+    was measured under that target, so the first worker makes the class its own CPU's."""
+    from tunefleet.tvm.targets import host_cpu_target
+
+    _, db = home_db
+    elsewhere = {"kind": "llvm", "mcpu": "znver3", "num-cores": 64}
+    db.upsert_hardware_class("x86", elsewhere, "x86", capabilities={"arch": "x86_64", "cores": 64,
+                                                                    "isa": ["avx", "avx2", "fma"], "detected": True})
+    x86 = hardware.claim_for_this_cpu(db, "x86")
+    assert x86.target == host_cpu_target() and x86.capabilities["cpu"] == hardware.host_cpu()
+    assert x86.capabilities["isa"] == hardware.host_cpu()["isa"]
+
+
+def test_a_class_measured_under_another_cpus_target_before_cpus_were_recorded_is_refused(home_db: Any) -> None:
+    from tunefleet.db import NewMeasurement
+
+    _, db = home_db
+    elsewhere = {"kind": "llvm", "mcpu": "znver3", "num-cores": 64}
+    x86 = db.upsert_hardware_class("x86", elsewhere, "x86", capabilities={"arch": "x86_64", "detected": True})
+    wl, _ = db.add_workload(structural_hash="ab" * 8, name="w", op_kind="dense/matmul", flops=1.0, tir_json="{}")
+    db.commit_measurements([NewMeasurement(wl.id, x86.id, "[[],[]]", run_secs=[1e-3])])
+    with pytest.raises(NotSupportedError, match="belongs to a CPU with target .*znver3"):
+        hardware.claim_for_this_cpu(db, "x86")
+    assert "cpu" not in db.hardware_class("x86").capabilities and db.hardware_class("x86").target == elsewhere
+
+
+def test_a_home_reopened_on_another_cpu_refuses_to_measure_in_one_line(home_db: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    settings, db = home_db
+    here = hardware.claim_for_this_cpu(db, "x86").capabilities["cpu"]  # tuned here once
+    target = db.hardware_class("x86").target
+    monkeypatch.setattr(hardware, "host_cpu", lambda: dict(OTHER_CPU))
+    # opening it again (with a hardware override, which re-seeds) leaves the class as it was
+    monkeypatch.setenv("TUNEFLEET_HARDWARE", '{"x86": {"price_per_hour": 0.5}}')
+    ensure_hardware_classes(db, load_settings())
+    x86 = db.hardware_class("x86")
+    assert x86.capabilities["cpu"] == here and x86.target == target and x86.price_per_hour == 0.5
+    with pytest.raises(NotSupportedError) as exc:
+        hardware.claim_for_this_cpu(db, "x86")
+    message = str(exc.value)
+    assert message.startswith("not supported: measuring hardware class 'x86' on this machine")
+    assert here["model"] in message and OTHER_CPU["model"] in message and "TUNEFLEET_HOME" in message
+    assert "\n" not in message
+    # the tuner refuses the same way: nothing is measured under a class of another CPU
+    from tunefleet.engine.worker import Tuner
+
+    with pytest.raises(NotSupportedError, match="their timings would mix"):
+        Tuner(db, "x86")
+    assert db.hardware_class("x86").capabilities["cpu"] == here  # and nothing was recorded
+
+
+def test_a_class_records_the_first_cpu_that_measures_it_once(home_db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, db = home_db
+    assert "cpu" not in db.hardware_class("x86-avx2").capabilities  # a fixed target: no CPU until measured
+    assert hardware.claim_for_this_cpu(db, "x86-avx2", record=False).capabilities.get("cpu") is None
+    claimed = hardware.claim_for_this_cpu(db, "x86-avx2").capabilities["cpu"]
+    assert claimed == hardware.host_cpu()
+    # a second CPU loses the compare-and-set and is refused
+    assert db.claim_hardware_cpu("x86-avx2", OTHER_CPU) == claimed
+    monkeypatch.setattr(hardware, "host_cpu", lambda: dict(OTHER_CPU))
+    with pytest.raises(NotSupportedError, match="'x86-avx2'.*AMD Ryzen 9 5950X"):
+        hardware.claim_for_this_cpu(db, "x86-avx2")
+
+
+def test_one_cpu_is_model_id_and_isa() -> None:
+    same = dict(OTHER_CPU)
+    assert hardware.same_cpu(OTHER_CPU, same)
+    assert not hardware.same_cpu(OTHER_CPU, {**same, "isa": ["avx", "avx2", "avx512f", "fma"]})  # a VM hid AVX-512
+    assert not hardware.same_cpu(OTHER_CPU, {**same, "id": "AuthenticAMD family 25 model 17"})
+    wider = {**same, "isa": ["avx", "avx2", "avx512f", "fma"]}
+    assert hardware.describe_cpu(wider, OTHER_CPU) == f"{OTHER_CPU['model']} with avx512f"
+    assert hardware.describe_cpu({**same, "id": "x"}, OTHER_CPU) == f"{OTHER_CPU['model']} (x)"

@@ -33,11 +33,13 @@ if TYPE_CHECKING:
     from tunefleet.delivery.build import BuildReport
     from tunefleet.engine.loop import TuneSummary
     from tunefleet.engine.options import TuneOptions
+    from tunefleet.learning.hub import ExportResult, ImportResult
     from tunefleet.models.ingest import IngestResult
     from tunefleet.models.workloads import ExtractResult
     from tunefleet.planning.rounds import Deadline, Rounds
 
-__all__ = ["Context", "best", "build", "connect", "extract", "ingest", "tune", "tune_with_workers"]
+__all__ = ["Context", "best", "build", "connect", "extract", "hub_export", "hub_import", "ingest", "tune",
+           "tune_with_workers"]
 
 
 def connect(settings: Settings | None = None) -> Context:
@@ -241,3 +243,49 @@ def best(ctx: Context, workload: str, hardware: str, n: int = 1) -> list[BestSch
     from tunefleet.delivery.best import best as best_schedules
 
     return best_schedules(ctx.db, workload, hardware, n=n)
+
+
+def hub_export(ctx: Context, output: str | Path, *, hardware: list[str] | None = None,
+               model: Model | int | str | None = None, top_k: int | None = None) -> ExportResult:
+    """Write a hub bundle: the best records of every measured workload, per hardware class.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`.
+    output : str or Path
+        A file path, or an ``s3://`` URI of the artifact store's bucket.
+    hardware : list of str, optional
+        Only these classes (default: every class of the database but the hub classes).
+    model : Model, int or str, optional
+        Only this model's workloads (under each class's recipe).
+    top_k : int, optional
+        Records per workload and class (default :data:`tunefleet.learning.hub.DEFAULT_TOP_K`).
+
+    Returns
+    -------
+    ExportResult
+    """
+    from tunefleet.learning.hub import DEFAULT_TOP_K, write_bundle
+
+    db = ctx.db
+    wanted = None
+    if model is not None:
+        m = _model(db, model)
+        wanted = {hw.name: {wl.id for wl, _ in db.workloads(m.id, hw.id)} for hw in db.hardware_classes()}
+    return write_bundle(db, ctx.store, output, hardware=hardware, workload_ids=wanted,
+                        top_k=DEFAULT_TOP_K if top_k is None else top_k)
+
+
+def hub_import(ctx: Context, source: str | Path) -> ImportResult:
+    """Load a hub bundle (a file path or an ``s3://`` URI of the artifact store): validated, in one
+    transaction, idempotent. Its records go under hub classes that tuning starts from.
+
+    Returns
+    -------
+    ImportResult
+        What was added and skipped (:meth:`~tunefleet.learning.hub.ImportResult.line`).
+    """
+    from tunefleet.learning.hub import import_bundle
+
+    return import_bundle(ctx.db, source, store=ctx.store if str(source).startswith("s3://") else None)

@@ -212,6 +212,10 @@ class Settings(BaseSettings, TuneKnobs):
     )
     s3_retries: int = Field(default=2, ge=0, le=10)
 
+    hub: str = Field(default="default", description="The hub bundle a database imports on first use (its records "
+                     "seed the searches of workloads new to a class): 'default' (the bundle shipped with tunefleet), "
+                     "'off', or a bundle file or s3:// URI of the artifact store. `run --no-hub` sets 'off'.")
+
     gpu_arch: str = Field(default="sm_80", description="CUDA arch of the built-in gpu class.")
     hardware: dict[str, dict[str, Any]] = Field(
         default_factory=dict,

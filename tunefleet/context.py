@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 class Context:
-    """Lazily opened database and store (hardware classes seeded once), and one tuner per class."""
+    """Lazily opened database and store (hardware classes seeded and the hub bundle imported
+    once), and one tuner per class."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -38,6 +39,12 @@ class Context:
 
                 db = Database.from_settings(self.settings)
                 ensure_hardware_classes(db, self.settings)
+                if self.settings.hub != "off":
+                    from tunefleet.learning.hub import ensure_hub
+
+                    # The fleet's schedules on first use (the shipped bundle, or the one set).
+                    ensure_hub(db, self.settings.hub, self._store_unlocked()
+                               if self.settings.hub.startswith("s3://") else None)
                 self._db = db
             return self._db
 

@@ -12,6 +12,7 @@ the same on every x86 node with AVX2 and FMA, and it runs in the same node pool.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.db.tables import HardwareClass
+
+log = logging.getLogger(__name__)
 
 # Assumed figures (W per busy core, idle W, W per GPU, price per node-hour in currency units).
 BUILTIN_FIGURES: dict[str, dict[str, Any]] = {
@@ -54,10 +57,60 @@ def host_cpu_flags() -> set[str]:
     return set()
 
 
+#: The flags a class records as its ISA (and a CPU's identity compares).
+_ISA_FLAGS = {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avx512_vnni", "amx_tile", "neon", "asimd",
+              "sve", "sve2", "asimddp", "i8mm"}
+
+
+def host_cpu() -> dict[str, Any]:
+    """This machine's CPU as a hardware class records it (``capabilities["cpu"]``): its model name,
+    an id that survives a renamed model (x86: vendor, family and model numbers; ARM: implementer
+    and part) and its vector ISA. Two machines are one CPU for tuning when all three agree
+    (:func:`same_cpu`): a VM may hide AVX-512 on a CPU that has it, and then its code differs."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, sep, value = line.partition(":")
+                if not sep:
+                    if fields:
+                        break  # the first processor's block is enough
+                    continue
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    if "vendor_id" in fields:
+        ident = f"{fields['vendor_id']} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+    elif "CPU implementer" in fields:
+        ident = f"implementer {fields['CPU implementer']} part {fields.get('CPU part', '?')}"
+    else:
+        ident = platform.processor() or platform.machine()
+    model = fields.get("model name") or fields.get("Model") or fields.get("Hardware") or ident
+    return {"model": model, "id": ident, "isa": sorted(flags & _ISA_FLAGS)}
+
+
+def same_cpu(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two recorded CPUs (:func:`host_cpu`) are one CPU for tuning."""
+    return (a.get("model"), a.get("id"), sorted(a.get("isa") or [])) == (b.get("model"), b.get("id"),
+                                                                         sorted(b.get("isa") or []))
+
+
+def describe_cpu(cpu: dict[str, Any], other: dict[str, Any] | None = None) -> str:
+    """A recorded CPU in a few words: its model name; beside ``other``, also what tells the two
+    apart (the id when the names agree, the ISA flags this one has and ``other`` lacks)."""
+    text = str(cpu.get("model") or "an unnamed CPU")
+    if other is not None and other.get("model") == cpu.get("model") and other.get("id") != cpu.get("id"):
+        text += f" ({cpu.get('id')})"
+    if other is not None:
+        extra = sorted(set(cpu.get("isa") or []) - set(other.get("isa") or []))
+        if extra:
+            text += f" with {', '.join(extra)}"
+    return text
+
+
 def _capabilities(arch: str, cores: int, flags: set[str] | None = None) -> dict[str, Any]:
-    interesting = {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avx512_vnni", "amx_tile",
-                   "neon", "asimd", "sve", "sve2", "asimddp", "i8mm"}
-    return {"arch": arch, "cores": cores, "isa": sorted((flags or set()) & interesting)}
+    return {"arch": arch, "cores": cores, "isa": sorted((flags or set()) & _ISA_FLAGS)}
 
 
 def builtin_classes(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -74,7 +127,9 @@ def builtin_classes(settings: Settings) -> dict[str, dict[str, Any]]:
     x86_target = host_cpu_target() if host_is_x86 else {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "num-cores": cores}
     flags = host_cpu_flags()
     classes = {
-        "x86": {"target": x86_target, "capabilities": _capabilities("x86_64", cores, flags if host_is_x86 else set())},
+        # detected: the first CPU that measures it makes it its own (claim_for_this_cpu)
+        "x86": {"target": x86_target, "capabilities": {**_capabilities("x86_64", cores, flags if host_is_x86 else set()),
+                                                        "detected": True}},
         "x86-avx2": {"target": x86_avx2_target(cores), "capabilities": _capabilities("x86_64", cores, set(X86_AVX2_ISA))},
         "arm": {"target": arm_target(), "capabilities": _capabilities("aarch64", int(arm_target().get("num-cores", cores)),
                                                                        {"neon", "asimd"})},
@@ -121,18 +176,33 @@ def ensure_hardware_classes(db: Database, settings: Settings) -> None:
     database do not pay for it once the classes exist.
     """
     have = {hw.name for hw in db.hardware_classes()}
-    if settings.hardware or not have:
+    if not have:
         seed_hardware_classes(db, settings)
-    elif set(BUILTIN_FIGURES) - have:
-        seed_hardware_classes(db, settings, names=set(BUILTIN_FIGURES) - have)
+        return
+    # A class seeded on another machine keeps its target: re-detecting "x86" here would file this
+    # CPU's timings under the other CPU's class (only classes the settings name are updated).
+    names = (set(BUILTIN_FIGURES) - have) | set(settings.hardware)
+    if names:
+        seed_hardware_classes(db, settings, names=names)
 
 
 def seed_hardware_classes(db: Database, settings: Settings, names: set[str] | None = None) -> list[HardwareClass]:
     """Upsert every configured class (or those of ``names``) into the database (idempotent)."""
     out = []
+    stored = {hw.name: hw for hw in db.hardware_classes()}
     for name, spec in configured_classes(settings).items():
         if names is not None and name not in names:
             continue
+        old = stored.get(name)
+        old_cpu = (old.capabilities or {}).get("cpu") if old is not None else None
+        new_cpu = (spec.get("capabilities") or {}).get("cpu")
+        if old_cpu is not None and (new_cpu is None or not same_cpu(old_cpu, new_cpu)):
+            # Claimed by a CPU (measured there): keep its target and the CPU it records; the
+            # settings still update its figures and layout.
+            if "target" in settings.hardware.get(name, {}) and settings.hardware[name]["target"] != old.target:
+                log.warning("hardware class %r keeps its target %s: it belongs to %s, measured there; define a "
+                            "class of another name for the new target", name, old.target, describe_cpu(old_cpu))
+            spec = {**spec, "target": dict(old.target), "capabilities": dict(old.capabilities)}
         out.append(
             db.upsert_hardware_class(
                 name,
@@ -147,6 +217,69 @@ def seed_hardware_classes(db: Database, settings: Settings, names: set[str] | No
             )
         )
     return out
+
+
+def claim_for_this_cpu(db: Database, name: str, *, record: bool = True) -> HardwareClass:
+    """The hardware class ``name``, checked for measuring on this machine: :func:`check_runs_here`,
+    and, for a CPU class, the CPU it belongs to (``capabilities["cpu"]``) must be this one.
+
+    A class is its target *and* its CPU: timings of two CPUs under one class would mix, and a
+    schedule's speed is the CPU's. A CPU class records the first CPU that measures it (``record``;
+    a compare-and-set in the database, so two workers on two CPUs cannot both claim it). The
+    built-in ``x86``, whose target was detected on whichever machine seeded the classes (on a
+    cluster, maybe not a worker), takes this CPU's target when it claims it with nothing measured
+    yet. Read-only commands do not call this: a home reused on another CPU still answers ``best``,
+    ``report`` and ``hub export``.
+
+    Raises
+    ------
+    tunefleet.errors.NotSupportedError
+        One line naming both CPUs and the ways out: a home of its own for this machine (the hub
+        carries the other's schedules over) or a class of its own (``TUNEFLEET_HARDWARE``).
+    """
+    from tunefleet.errors import NotSupportedError
+
+    hw = db.hardware_class(name)
+    caps = dict(hw.capabilities or {})
+    if caps.get("hub"):
+        raise NotSupportedError(f"not supported: measuring hardware class {name!r}: it holds records imported from "
+                                "a hub bundle (measured elsewhere); tune a class of this machine, which starts from them")
+    if str(hw.target.get("kind")) != "llvm":
+        check_runs_here(hw.name, hw.target)
+        return hw
+    here = host_cpu()
+    there = caps.get("cpu")
+    if there is None and record:
+        adopt = _detected_here(hw) if caps.get("detected") else None
+        measured = db.count_measurements(hardware_class_id=hw.id) > 0
+        if adopt is not None and measured:
+            # measured before CPUs were recorded, under another CPU's target: not this CPU's class
+            there = {"model": f"a CPU with target {hw.target}", "id": "", "isa": []}
+        else:
+            there = db.claim_hardware_cpu(hw.name, here, adopt=adopt)
+            hw = db.hardware_class(name)
+    check_runs_here(hw.name, hw.target)
+    if there is not None and not same_cpu(there, here):
+        raise NotSupportedError(
+            f"not supported: measuring hardware class {name!r} on this machine: the class belongs to "
+            f"{describe_cpu(there, here)}, this machine is {describe_cpu(here, there)}, and their timings would "
+            f"mix; give this machine a home of its own (TUNEFLEET_HOME or TUNEFLEET_DATABASE_URL; 'tunefleet hub "
+            f"export' and 'hub import' carry the schedules over) or a class of its own (TUNEFLEET_HARDWARE: "
+            f"docs/hub.md#a-class-is-its-target-and-its-cpu)")
+    return hw
+
+
+def _detected_here(hw: HardwareClass) -> dict[str, Any] | None:
+    """This host's target and capabilities for a class detected elsewhere (None: they agree)."""
+    if platform.machine() not in {"x86_64", "AMD64"}:
+        return None
+    from tunefleet.tvm.targets import host_cpu_target
+
+    target = host_cpu_target()
+    if target == dict(hw.target):
+        return None
+    cores = int(target.get("num-cores") or len(os.sched_getaffinity(0)))
+    return {"target": target, "capabilities": {**_capabilities("x86_64", cores, host_cpu_flags()), "detected": True}}
 
 
 def check_runs_here(name: str, target: dict[str, Any]) -> None:

@@ -97,3 +97,7 @@ TIMING_ROUND_S = 0.3
 STAGE_LOG_KEY = "tunefleet_stage"
 """A log record's attribute (``log.info(..., extra={STAGE_LOG_KEY: "building the tuned model"})``)
 that names the step a run has moved on to: ``tunefleet run``'s live line shows it."""
+
+#: The node pool of hub classes: the classes imported hub records live under (one per class and
+#: CPU they were tuned on). No worker runs in it, so they are never leased or measured.
+HUB_POOL = "tunefleet-hub"

@@ -16,6 +16,7 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     out = run_cli("run", "--model", "mlp", "--trials", "6", "-o", str(tmp_path / "out"), env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "5/5 build" in out.stdout and "tunefleet tuned (3/3 workloads tuned)" in out.stdout
+    assert re.search(r"^hub: \d+ of 3 workloads start from the hub", out.stdout, re.MULTILINE), out.stdout
     assert (tmp_path / "out" / "mlp-x86.so").exists()
     # it ran as the Prefect `pipeline` flow (ephemeral mode, Prefect's database under the tunefleet home)
     (log,) = (home_logs := tmp_path / "home" / "logs").glob("run-*.log")
@@ -28,6 +29,7 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     assert best.returncode == 0, best.stderr
     record = json.loads(best.stdout)[0]
     assert record["mean_run_s"] > 0 and record["untuned_s"] >= record["mean_run_s"]
+    assert record["origin"] == "tuned here" or record["origin"].startswith("hub: ")
 
     shards = json.loads(run_cli("shards", "list", "--json", env=env).stdout)
     assert {s["state"] for s in shards} == {"done"}

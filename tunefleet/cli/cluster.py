@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from tunefleet import api
 from tunefleet.cli.environment import prefect_environment
+from tunefleet.vocab import HUB_POOL
 
 if TYPE_CHECKING:
     from tunefleet.cli.common import AddParser, Subparsers
@@ -18,7 +19,9 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.cluster.deploy import deploy
 
     ctx = api.connect(settings)
-    classes = [ctx.db.hardware_class(n) for n in args.hardware] if args.hardware else ctx.db.hardware_classes()
+    # Hub classes hold imported records, tuned elsewhere: no pool, no worker ever measures them.
+    classes = [ctx.db.hardware_class(n) for n in args.hardware] if args.hardware else \
+        [h for h in ctx.db.hardware_classes() if h.node_pool != HUB_POOL]
     res = deploy({h.name: h.node_pool for h in classes}, pool_type=args.pool_type, concurrency=args.concurrency)
     from tunefleet.config import mask_url
 

@@ -32,9 +32,9 @@ def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
         print_json([b.as_dict() for b in found])
     else:
         table(f"best schedules of {found[0].workload} on {args.hardware}",
-              ["rank", "mean run (ms)", "untuned (ms)", "measurement", "measured at", "tvm"],
+              ["rank", "mean run (ms)", "untuned (ms)", "measurement", "measured at", "tvm", "origin"],
               [(i + 1, f"{b.mean_run_s * 1e3:.4f}", f"{b.untuned_s * 1e3:.4f}" if b.untuned_s else "-",
-                b.measurement_id, b.measured_at, b.tvm_version) for i, b in enumerate(found)])
+                b.measurement_id, b.measured_at, b.tvm_version, b.origin) for i, b in enumerate(found)])
     return 0
 
 
@@ -115,8 +115,10 @@ def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
     from tunefleet.delivery.best import export_json_database
 
     ctx = api.connect(settings)
-    n_wl, n_rec = export_json_database(ctx.db, args.hardware, args.directory, top_k=args.top)
-    print(f"wrote {n_rec} record(s) for {n_wl} workload(s) to {args.directory} (MetaSchedule JSONDatabase files)")
+    done = export_json_database(ctx.db, args.hardware, args.directory, top_k=args.top)
+    hub = f"; {done.from_hub} of them from the hub, measured on {args.hardware}" if done.from_hub else ""
+    print(f"wrote {done.records} record(s) for {done.workloads} workload(s) to {args.directory} (MetaSchedule "
+          f"JSONDatabase files{hub})")
     return 0
 
 

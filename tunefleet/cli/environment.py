@@ -67,7 +67,7 @@ def preflight_run(args: argparse.Namespace, settings: Settings,
     """
     from tunefleet.engine.options import TuneOptions
     from tunefleet.errors import ParameterError
-    from tunefleet.hardware import check_runs_here
+    from tunefleet.hardware import claim_for_this_cpu
     from tunefleet.models.ingest import check_source
 
     check_source(args.model)
@@ -85,7 +85,7 @@ def preflight_run(args: argparse.Namespace, settings: Settings,
         if args.hardware not in names:
             raise NotFoundError(f"unknown hardware class {args.hardware!r}; known: {', '.join(names)}")
     else:
-        check_runs_here(args.hardware, known[args.hardware])
+        claim_for_this_cpu(db, args.hardware, record=False)
     return db
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
     started = time.time()  # a duration budget is the wall time of this whole command
+    if args.no_hub:
+        # The flow's tasks and workers load their settings from the environment.
+        os.environ["TUNEFLEET_HUB"] = "off"
+        settings = settings.model_copy(update={"hub": "off"})
     db = preflight_run(args, settings, _run_budget)
     spend = _run_budget(args, settings, started)
     budget = spend.budget
@@ -62,6 +67,14 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return _run_summary(console, db, args, result, log_path)
 
 
+def _hub_line(db: Database, model_id: int, hardware: str) -> str:
+    """What the model's tuning on the class took from the hub, in one line."""
+    from tunefleet.learning.hub import hub_report
+
+    hw = db.hardware_class(hardware)
+    return hub_report(db, [wl.id for wl, _ in db.workloads(model_id, hw.id)], hw.id).line()
+
+
 def _model_name(source: str) -> str:
     """The name a model is ingested under (a zoo name, or a file's stem)."""
     from pathlib import Path as _Path
@@ -79,12 +92,14 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
     """The steps' results; a run where no shard succeeded is one error line, never a tuned table."""
     model = result["models"][0]
     tuned = result["tuned"][args.hardware]
+    result["hub"] = _hub_line(db, model["model_id"], args.hardware)
     if args.json:
         if not result["builds"][0]["tuned_workloads"]:
             raise TunefleetError(_no_success(db, args, model["model_id"], log))
         print_json(result)
         return 0 if not tuned["shards_failed"] else 1
     print_run_steps(console, result, args.hardware)
+    console.print(f"hub: {result['hub']}", highlight=False, soft_wrap=True)
     if not result["builds"][0]["tuned_workloads"]:
         raise TunefleetError(_no_success(db, args, model["model_id"], log))
     print_run_build(console, result)
@@ -127,6 +142,9 @@ def _add_run(sub: Subparsers) -> None:
                        help="instead of a budget: a flat target of trials per workload (run again: nothing tuned twice)")
     run.add_argument("--shard-trials", type=at_least(1, "--shard-trials"), default=64, help="at most this many trials per shard (default 64)")
     run.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    run.add_argument("--no-hub", action="store_true",
+                     help="do not import the hub bundle into this database (TUNEFLEET_HUB=off does the same); records "
+                     "imported before still seed workloads new to the class (TUNEFLEET_TRANSFER=false stops that)")
     run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
     run.add_argument("--json", action="store_true",
                      help="print the steps' results as JSON on stdout (the log path and the live line go to stderr)")

@@ -110,6 +110,26 @@ class CatalogMixin(DatabaseBase):
                 raise NotFoundError(f"unknown hardware class {ref!r} (known: {known})")
             return hw
 
+    def claim_hardware_cpu(self, name: str, cpu: dict[str, Any], *, adopt: dict[str, Any] | None = None
+                           ) -> dict[str, Any]:
+        """Record ``cpu`` as the CPU of hardware class ``name`` unless one is recorded already
+        (a compare-and-set under the class's row lock), with ``adopt``'s ``target`` and
+        ``capabilities`` if given; the CPU the class records now."""
+        with self.session() as s:
+            hw_id = s.scalars(select(HardwareClass.id).where(HardwareClass.name == name)).one_or_none()
+            if hw_id is None:
+                raise NotFoundError(f"unknown hardware class {name!r}")
+            lock_hardware_classes(s, [hw_id])
+            hw = s.get(HardwareClass, hw_id, populate_existing=True)
+            caps = dict(hw.capabilities or {})
+            if caps.get("cpu") is None:
+                if adopt is not None:
+                    hw.target = adopt["target"]
+                    caps.update(adopt["capabilities"])
+                hw.capabilities = {**caps, "cpu": cpu}
+                return cpu
+            return dict(caps["cpu"])
+
     def hardware_classes(self) -> list[HardwareClass]:
         with self.session() as s:
             return list(s.scalars(select(HardwareClass).order_by(HardwareClass.name)))

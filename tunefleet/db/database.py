@@ -7,12 +7,13 @@ with one line naming the database (password masked) and the driver's reason.
 The methods live in one module per concern: :mod:`~tunefleet.db.catalog` (hardware classes,
 models, workloads), :mod:`~tunefleet.db.measurements` (measurements, plateau state),
 :mod:`~tunefleet.db.shards` (shards and leases), :mod:`~tunefleet.db.learning` (predictions,
-datasets, cost models) and :mod:`~tunefleet.db.reports` (aggregates). Only this package runs SQL.
+datasets, cost models) and :mod:`~tunefleet.db.reports` (aggregates), :mod:`~tunefleet.db.hub` (hub bundles). Only this package runs SQL.
 """
 
 from __future__ import annotations
 
 from tunefleet.db._base import sha256_text
+from tunefleet.db.hub import HubMixin
 from tunefleet.db.learning import LearningMixin
 from tunefleet.db.measurements import MeasurementsMixin, NewMeasurement, SimilarWorkload
 from tunefleet.db.reports import EnergyGroup, EnergyTotals, OutlookInputs, ReportsMixin, TimelinePoint
@@ -20,9 +21,9 @@ from tunefleet.db.shards import BudgetRow, BudgetView, PlanRow, ShardsMixin, Tri
 from tunefleet.vocab import FILTERED
 
 
-class Database(MeasurementsMixin, ShardsMixin, LearningMixin, ReportsMixin):
+class Database(MeasurementsMixin, ShardsMixin, LearningMixin, ReportsMixin, HubMixin):
     """Access to the tunefleet schema on SQLite or PostgreSQL: one class composed of the concerns'
-    methods (catalog, measurements, shards and leases, learning artifacts, reports) over one
+    methods (catalog, measurements, shards and leases, learning artifacts, reports, hub bundles) over one
     session factory; constructed as :class:`~tunefleet.db._base.DatabaseBase` says."""
 
 

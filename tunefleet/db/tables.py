@@ -306,6 +306,27 @@ class CostModel(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class HubImport(Base):
+    """A hub bundle imported into this database (:mod:`tunefleet.learning.hub`), once per file.
+
+    Its records are ordinary measurements under hub classes (node pool
+    :data:`~tunefleet.vocab.HUB_POOL`, never leased): the class named for the class and CPU they
+    were tuned on. ``summary`` holds what the bundle says of itself (its classes, CPUs, counts);
+    ``counts`` what this import added and skipped.
+    """
+
+    __tablename__ = "hub_imports"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    source: Mapped[str] = mapped_column(Text)
+    format_version: Mapped[int] = mapped_column(Integer)
+    tvm_version: Mapped[str] = mapped_column(String(64))
+    bundle_created_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    imported_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
 class Artifact(Base):
     """Something in the artifact store that the database points to: one object, or a folder of them.
 

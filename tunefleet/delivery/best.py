@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tunefleet.errors import NotFoundError
 from tunefleet.vocab import DEFAULT_TRACE_SHA256
@@ -27,6 +27,9 @@ class BestSchedule:
     measured_at: str
     tvm_version: str
     untuned_s: float | None = None
+    origin: str = "tuned here"
+    """Where the schedule came from: ``"tuned here"``, or ``"hub: <class> on <CPU>, <date>"`` when a
+    hub bundle brought it (measured on this class all the same)."""
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -40,11 +43,21 @@ def best(db: Database, workload: str, hardware: str, n: int = 1) -> list[BestSch
     if not rows:
         raise NotFoundError(f"no measurement of workload {wl.structural_hash} on {hardware} yet; plan and tune it")
     untuned = _untuned_time(db, wl.id, hw.id)
+    origins = db.hub_origins([wl.id])
     return [
         BestSchedule(wl.structural_hash, hardware, float(r.mean_run_s or 0.0), list(r.run_secs or []), r.id,
-                     r.trace_json, r.created_at.isoformat(timespec="seconds"), r.tvm_version, untuned)
+                     r.trace_json, r.created_at.isoformat(timespec="seconds"), r.tvm_version, untuned,
+                     _origin(origins.get((wl.id, r.trace_sha256))))
         for r in rows
     ]
+
+
+def _origin(hub: tuple[str, dict[str, Any]] | None) -> str:
+    if hub is None:
+        return "tuned here"
+    from tunefleet.learning.hub import describe_hub_class
+
+    return f"hub: {describe_hub_class(*hub)}"
 
 
 def _untuned_time(db: Database, workload_id: int, hardware_class_id: int) -> float | None:
@@ -76,10 +89,19 @@ def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False
     return FleetDatabase(db, hardware, transfer=transfer_lookup(db, hardware) if transfer else None)
 
 
-def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> tuple[int, int]:
+class ExportedDatabase(NamedTuple):
+    """What :func:`export_json_database` wrote."""
+
+    workloads: int
+    records: int
+    from_hub: int
+    """Records whose schedule a hub bundle brought (measured on the class all the same)."""
+
+
+def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> ExportedDatabase:
     """Write the best ``top_k`` records per workload as MetaSchedule JSON database files.
 
-    Returns (workloads, records). Load them with ``ms.database.JSONDatabase(work_dir=directory)``
+    Returns (workloads, records, records from the hub). Load them with ``ms.database.JSONDatabase(work_dir=directory)``
     and build with :func:`tunefleet.tvm.compile.build_with_database` under the class's recipe
     (see :func:`metaschedule_database`).
     """
@@ -94,8 +116,10 @@ def export_json_database(db: Database, hardware: str, directory: str | Path, *, 
     out = ms.database.JSONDatabase(path_workload=str(directory / "database_workload.json"),
                                    path_tuning_record=str(directory / "database_tuning_record.json"),
                                    allow_missing=True)
-    n_wl = n_rec = 0
-    for wl, _ in db.workloads():
+    n_wl = n_rec = n_hub = 0
+    workloads = db.workloads()
+    origins = db.hub_origins(wl.id for wl, _ in workloads)
+    for wl, _ in workloads:
         rows = db.best_measurements(wl.id, hw.id, top_k)
         if not rows:
             continue
@@ -104,5 +128,6 @@ def export_json_database(db: Database, hardware: str, directory: str | Path, *, 
         for r in rows:
             out.commit_tuning_record(record_from_row(r.trace_json, r.run_secs, r.target, r.args_info, workload))
             n_rec += 1
+            n_hub += (wl.id, r.trace_sha256) in origins
         n_wl += 1
-    return n_wl, n_rec
+    return ExportedDatabase(n_wl, n_rec, n_hub)

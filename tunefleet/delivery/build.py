@@ -63,6 +63,9 @@ class BuildReport:
     """Workloads built with a cost-model prediction (zero-shot), never measured on the class."""
     transferred_workloads: int = 0
     """Workloads built with a schedule measured on another, compatible class (``transfer``)."""
+    hub_workloads: int = 0
+    """Of ``tuned_workloads``, those whose best schedule on the class came from a hub bundle (and
+    was measured on the class: a hub record alone is never built in)."""
     zero_shot_s_per_task: float | None = None
     verified: int = 0
     recipe: str = ""
@@ -82,12 +85,32 @@ class BuildReport:
         return self.__dict__.copy()
 
 
-def _host_can_run(target: Any) -> bool:
+def _host_can_run(target: Any, hw: HardwareClass) -> bool:
     if target.kind.name != "llvm":
         return False
     mtriple = str(target.attrs.get("mtriple", "") or "")
     machine = platform.machine()
-    return not mtriple or mtriple.startswith(machine) or (machine == "x86_64" and mtriple.startswith("x86_64"))
+    if not (not mtriple or mtriple.startswith(machine) or (machine == "x86_64" and mtriple.startswith("x86_64"))):
+        return False
+    from tunefleet.errors import NotSupportedError
+    from tunefleet.hardware import check_runs_here
+
+    try:
+        check_runs_here(hw.name, dict(hw.target))  # its code's vector features: an illegal instruction here
+    except NotSupportedError:
+        return False
+    return True
+
+
+def _cpu_note(hw: HardwareClass) -> str | None:
+    """A note when the class was set up on another CPU than this one: the timings are this CPU's."""
+    from tunefleet.hardware import describe_cpu, host_cpu, same_cpu
+
+    there, here = (hw.capabilities or {}).get("cpu"), host_cpu()
+    if there is None or str(hw.target.get("kind")) != "llvm" or same_cpu(there, here):
+        return None
+    return (f"timed on {describe_cpu(here, there)}; the class's schedules were measured on {describe_cpu(there, here)}, "
+            "so they may be slower here than tuned ones would be")
 
 
 def _stage(message: str, stage: str) -> None:
@@ -257,12 +280,16 @@ def resolve(
         db.set_model_workloads(model.id, hw.id, recipe.name, weights)
         zs = predict_workloads(db, store, hardware, list(weights), top_k=top_k, verify=verify, tuner=tuner,
                                model=cost_model)
-    tuned = 0
+    tuned, bests = 0, {}
     for w in found:
         try:
-            tuned += bool(db.best_measurements(db.workload(w.structural_hash).id, hw.id, 1))
+            wl_id = db.workload(w.structural_hash).id
         except NotFoundError:
-            pass
+            continue
+        top = db.best_measurements(wl_id, hw.id, 1)
+        if top:
+            tuned += 1
+            bests[(wl_id, top[0].trace_sha256)] = True
     predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
     report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
                          threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))),
@@ -270,7 +297,21 @@ def resolve(
     if zs is not None:
         report.zero_shot_s_per_task = zs.seconds_per_task
         report.verified = sum(w.verified for w in zs.workloads)
+    _hub_provenance(db, report, bests)
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
+
+
+def _hub_provenance(db: Database, report: BuildReport, bests: dict[tuple[int, str], bool]) -> None:
+    """Count the workloads whose best schedule here came from a hub bundle (measured here too)."""
+    from tunefleet.learning.hub import describe_hub_class
+
+    origins = db.hub_origins({wl_id for wl_id, _ in bests})
+    mine = [origins[key] for key in bests if key in origins]
+    report.hub_workloads = len(mine)
+    if mine:
+        sources = sorted({describe_hub_class(name, caps) for name, caps in mine})
+        report.notes.append(f"{len(mine)} of {report.tuned_workloads} tuned workloads run a schedule from the hub "
+                            f"(tuned as {'; '.join(sources)}), measured on this class before it was chosen")
 
 
 def compile_tuned(db: Database, resolved: Resolved, *, output: str | Path | None = None,
@@ -632,7 +673,7 @@ def build_model(
     """
     resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner)
     report = resolved.report
-    if not _host_can_run(resolved.target):
+    if not _host_can_run(resolved.target, resolved.hardware):
         compile_tuned(db, resolved, output=output, transfer=transfer)
         report.delivered = resolved.recipe.name
         report.notes.append(f"not run: target {resolved.target.kind.name} {resolved.hardware.target} "
@@ -642,6 +683,9 @@ def build_model(
     others = compile_others(db, resolved, transfer=transfer)
     checked = check(resolved, tuned_exec, others)
     time_builds(store, resolved, checked, rounds=rounds, compare_torch=compare_torch)
+    note = _cpu_note(resolved.hardware)
+    if note is not None:
+        report.notes.append(note)
     deliver(resolved, checked, output=output)
     return report
 

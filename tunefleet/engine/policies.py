@@ -93,20 +93,29 @@ class ShardPolicy:
 
 
 class Transfer(ShardPolicy):
-    """A workload this class never measured first measures the best schedule of the most
-    compatible class that builds here (:func:`tunefleet.planning.transfer.transfer_best`)."""
+    """A workload this class never measured first measures the best schedules of the most
+    compatible classes that hold it (:func:`tunefleet.planning.transfer.transfer_seeds`): a hub
+    bundle's records (tuned on this CPU first) or another class's; at most :data:`SEEDS`, and
+    at most half of the shard's trials."""
+
+    SEEDS = 5
+
+    def __init__(self) -> None:
+        self.seeded = 0
+        self.sources: list[str] = []
 
     def seeds(self, run: ShardRunView) -> list[str]:
         if run.known:
             return []
-        from tunefleet.planning.transfer import transfer_best
+        from tunefleet.planning.transfer import transfer_seeds
 
-        borrowed = transfer_best(run.db, run.wl.id, run.hw.name)
-        if borrowed is None:
-            return []
-        log.info("shard %d is seeded with the best schedule of %s (%.3g ms there)", run.shard.id,
-                 borrowed.source_hardware, borrowed.source_mean_run_s * 1e3)
-        return [borrowed.trace_json]
+        found = transfer_seeds(run.db, run.wl, run.hw, min(self.SEEDS, max(1, run.remaining // 2)))
+        if found.traces:
+            log.info("shard %d is seeded with %d schedule(s) of %s%s", run.shard.id, len(found.traces),
+                     ", ".join(sorted(set(found.sources))),
+                     f" ({found.skipped} did not replay on the workload)" if found.skipped else "")
+        self.seeded, self.sources = len(found.traces), found.sources
+        return found.traces
 
 
 class ShapeWarmStart(ShardPolicy):

@@ -93,6 +93,8 @@ class ShardResult:
     run_s: float = 0.0
     shape_seeds: int = 0
     """Schedules of the same operator at other shapes the first round measured (:class:`ShapeWarmStart`)."""
+    transfer_seeds: int = 0
+    """Schedules of other classes (a hub bundle's among them) the first round measured (:class:`Transfer`)."""
 
 
 def _build_wall(builder: Any) -> Any:
@@ -349,7 +351,8 @@ class ShardRun:
             filter_stopped=next((x.stopped for x in policies if isinstance(x, Filter)), None),
             warm_start_dropped=next((x.dropped for x in policies if isinstance(x, WarmStart)), None),
             search_s=p.search_s, build_s=p.build_s, run_s=p.run_s,
-            shape_seeds=next((x.seeded for x in policies if isinstance(x, ShapeWarmStart)), 0))
+            shape_seeds=next((x.seeded for x in policies if isinstance(x, ShapeWarmStart)), 0),
+            transfer_seeds=next((x.seeded for x in policies if isinstance(x, Transfer)), 0))
 
     # -- what policies ask of the run ------------------------------------------------------------
     def unused(self) -> int:

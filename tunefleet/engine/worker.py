@@ -77,7 +77,8 @@ def worker_owner(pid: int | None = None) -> str:
 class Tuner:
     """The builder, runner and cost models of one hardware class, kept alive from shard to shard.
 
-    Refuses a class this machine cannot measure. With an artifact ``store``, shards warm-start
+    Refuses a class this machine cannot measure, or one set up on another CPU
+    (:func:`tunefleet.hardware.claim_for_this_cpu`). With an artifact ``store``, shards warm-start
     from (and filter with) the class's current trained cost model, reloaded when a newer one is
     promoted; a model that cannot be read is logged and the shard tunes without it.
     """
@@ -85,10 +86,9 @@ class Tuner:
     def __init__(self, db: Database, hardware: str, options: TuneOptions | None = None, *,
                  store: ArtifactStore | None = None, builder: Any = None,
                  make_builder: Callable[[int], Any] | None = None) -> None:
-        from tunefleet.hardware import check_runs_here
+        from tunefleet.hardware import claim_for_this_cpu
 
-        hw = db.hardware_class(hardware)
-        check_runs_here(hw.name, hw.target)
+        hw = claim_for_this_cpu(db, hardware)
         self.hardware, self.hardware_class_id, self.target = hw.name, hw.id, dict(hw.target)
         self.threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
         self.options = options or TuneOptions()

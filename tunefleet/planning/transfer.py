@@ -14,8 +14,9 @@ Compatibility (higher is better; None = never transfer):
 - a different architecture family (x86_64, aarch64, cuda) is incompatible: a schedule's
   vector widths, thread bindings and tensor intrinsics are ISA-specific;
 - CPUs of one family: the share of the source's ISA features the asking class also has (a
-  schedule tuned with avx512 may rely on 512-bit vectors), plus a small bonus for equal core
-  counts (parallel loop extents were tuned for them);
+  schedule tuned with avx512 may rely on 512-bit vectors), plus small bonuses for equal core
+  counts (parallel loop extents were tuned for them), the same ``mcpu`` (the same code) and the
+  same CPU (``capabilities["cpu"]``: the same timings; a hub class tuned on this CPU ranks first);
 - GPUs: a source with a compute capability above the asking class's is incompatible (it may
   use newer instructions); otherwise closer is better.
 """
@@ -26,6 +27,9 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
+
+from tunefleet.hardware import same_cpu
+from tunefleet.vocab import DEFAULT_TRACE_SHA256
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
@@ -64,7 +68,11 @@ def compatibility(asking: HardwareClass, source: HardwareClass) -> float | None:
     s_isa, a_isa = set(s_caps.get("isa") or []), set(a_caps.get("isa") or [])
     share = len(s_isa & a_isa) / len(s_isa) if s_isa else 0.5
     same_cores = a_caps.get("cores") is not None and a_caps.get("cores") == s_caps.get("cores")
-    return share + (0.1 if same_cores else 0.0)
+    # Tuned for the same code (mcpu) and timed on the same CPU: its best is the best here too.
+    same_mcpu = bool(asking.target.get("mcpu")) and asking.target.get("mcpu") == source.target.get("mcpu")
+    a_cpu, s_cpu = a_caps.get("cpu"), s_caps.get("cpu")
+    same_cpu_model = a_cpu is not None and s_cpu is not None and same_cpu(a_cpu, s_cpu)
+    return share + (0.1 if same_cores else 0.0) + (0.1 if same_mcpu else 0.0) + (0.2 if same_cpu_model else 0.0)
 
 
 @dataclass
@@ -117,6 +125,57 @@ def transfer_candidates(db: Database, wl: Workload, asking: HardwareClass) -> li
     return ranked
 
 
+def replays(wl: Workload, trace_json: str) -> bool:
+    """Whether a trace replays on the workload (no compile: the builder tells the rest)."""
+    import tvm
+
+    try:
+        sch = tvm.s_tir.Schedule(tvm.ir.load_json(wl.tir_json))
+        tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace_json), sch)
+    except Exception as exc:  # TVM raises many kinds for a trace that does not fit the workload
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        log.info("a schedule of %s does not replay: %s", wl.name, lines[-1][:200])
+        return False
+    return True
+
+
+@dataclass
+class TransferSeeds:
+    """The schedules a shard of a workload new to its class measures first, and where they came from."""
+
+    traces: list[str]
+    sources: list[str]
+    """The class each trace came from (a hub class for an imported record)."""
+    skipped: int = 0
+    """Records that did not replay on the workload."""
+
+
+def transfer_seeds(db: Database, wl: Workload, asking: HardwareClass, limit: int) -> TransferSeeds:
+    """Up to ``limit`` best schedules of the most compatible classes with a record of the
+    workload (the most compatible class's first, then the next's), each replayed on it.
+
+    They are measured on the asking class in its first round, as ordinary measurements: one that
+    fails to build there, or runs slower than the default schedule, is never its best; the search
+    then evolves from the best measured (MetaSchedule draws its initial population from the
+    class's best records).
+    """
+    out = TransferSeeds([], [])
+    seen: set[str] = set()
+    for _, source in transfer_candidates(db, wl, asking):
+        for row in db.best_measurements(wl.id, source.id, 2 * limit):
+            if len(out.traces) >= limit:
+                return out
+            if row.trace_sha256 in seen or row.trace_sha256 == DEFAULT_TRACE_SHA256:  # measured anyway
+                continue
+            seen.add(row.trace_sha256)
+            if not replays(wl, row.trace_json):
+                out.skipped += 1
+                continue
+            out.traces.append(row.trace_json)
+            out.sources.append(source.name)
+    return out
+
+
 def transfer_best(db: Database, workload: str | int, hardware: str) -> TransferredSchedule | None:
     """The best schedule of the most compatible class that builds for ``hardware``, or None.
 
@@ -137,4 +196,5 @@ def transfer_best(db: Database, workload: str | int, hardware: str) -> Transferr
     return None
 
 
-__all__ = ["TransferredSchedule", "builds_for", "compatibility", "transfer_best", "transfer_candidates"]
+__all__ = ["TransferSeeds", "TransferredSchedule", "builds_for", "compatibility", "replays", "transfer_best",
+           "transfer_candidates", "transfer_seeds"]

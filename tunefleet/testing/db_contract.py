@@ -637,6 +637,55 @@ class DatabaseContract(ShardCases, ReportCases):
         with pytest.raises(NotFoundError, match="unknown hardware class 'tpu'.*x86"):
             db.hardware_class("tpu")
 
+    def test_a_class_records_one_cpu_by_compare_and_set(self, db: Database) -> None:
+        db.upsert_hardware_class("x86", TARGET, "x86", capabilities={"isa": ["avx2"]})
+        first, second = {"model": "A", "id": "a", "isa": ["avx2"]}, {"model": "B", "id": "b", "isa": []}
+        adopt = {"target": {**TARGET, "mcpu": "znver3"}, "capabilities": {"isa": ["avx", "avx2"]}}
+        assert db.claim_hardware_cpu("x86", first, adopt=adopt) == first
+        assert db.claim_hardware_cpu("x86", second, adopt={"target": TARGET, "capabilities": {}}) == first
+        hw = db.hardware_class("x86")
+        assert hw.capabilities == {"isa": ["avx", "avx2"], "cpu": first} and hw.target == adopt["target"]
+        with pytest.raises(NotFoundError):
+            db.claim_hardware_cpu("tpu", first)
+
+    def test_a_hub_import_is_whole_idempotent_and_kept_apart(self, seeded: tuple[Database, int, int, int]) -> None:
+        from tunefleet.vocab import HUB_POOL
+
+        db, wl, hw, _ = seeded
+        local = db.hardware_class(hw)
+        wl_hash = db.workload(wl).structural_hash
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(7), [0.4]), NewMeasurement(wl, hw, _trace(8), [0.2])])
+        exported = db.hub_export_records(hw, 1)
+        assert [(r["workload_hash"], r["trace_json"], r["rank"]) for r in exported] == [(wl_hash, _trace(8), 0)]
+        hub_class = {"name": "hub:x86@a-000000", "target": TARGET, "capabilities": {"hub": {"class": "x86"}}}
+        new_wl = {"structural_hash": "f" * 16, "name": "new", "op_kind": "dense/matmul", "flops": 1.0, "tir_json": "{}"}
+        records = [{"class_name": hub_class["name"], "workload_hash": h, "trace_json": _trace(n),
+                    "trace_sha256": sha256_text(_trace(n)), "args_info": None, "run_secs": [0.1], "mean_run_s": 0.1,
+                    "tvm_version": "0.27", "target": "{}", "measured_at": None} for h, n in ((wl_hash, 9), ("f" * 16, 9))]
+
+        def load(sha: str):  # type: ignore[no-untyped-def]
+            return db.hub_import(sha256=sha, source="b.parquet", format_version=1, tvm_version="0.27",
+                                 bundle_created_at=None, summary={}, classes=[hub_class], workloads=[new_wl],
+                                 records=records, counts={"records": 2})
+
+        row, new = load("1" * 64)
+        assert new and row.counts == {"records": 2, "classes_created": 1, "workloads_new": 1, "records_new": 2,
+                                      "records_present": 0}
+        assert load("1" * 64)[1] is False  # the same file again
+        row, new = load("2" * 64)  # the same records in another file
+        assert new and (row.counts["classes_created"], row.counts["records_new"], row.counts["records_present"]) \
+            == (0, 0, 2)
+        [hub] = db.hub_classes()
+        assert hub.node_pool == HUB_POOL and [i.sha256 for i in db.hub_imports()] == ["1" * 64, "2" * 64]
+        assert [m.mean_run_s for m in db.best_measurements(wl, hw, 5)] == [0.2, 0.4]  # the hub's stay apart
+        assert all(m.hardware_class_id == local.id for m in db.best_measurements(wl, hw, 5))
+        origins = db.hub_origins([wl])
+        assert origins == {(wl, sha256_text(_trace(9))): (hub.name, {"hub": {"class": "x86"}})}
+        # what this class measured of the hub's schedules: one, slower than nothing known (no default here)
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(9), [0.3])])
+        replay = db.hub_replays([wl], hw)[wl]
+        assert (replay["records"], replay["measured"], replay["failed"], replay["sources"]) == (1, 1, 0, [hub.name])
+
     def test_model_is_content_addressed(self, db: Database) -> None:
         kwargs = dict(name="mlp", source="zoo", format="relax-nn", sha256="f" * 64, artifact_uri="file:///x")
         first, created = db.add_model(**kwargs)

@@ -158,7 +158,9 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         if self.include_default:
             self.include_default = False
             default = candidate(self._mod)
-            if trace_sha256_of(default.sch) not in self.known:
+            key = trace_sha256_of(default.sch)
+            if key not in self.known:
+                self.known.add(key)  # a seed may be the default schedule too (a hub's best often is)
                 out.append(default)
         seeds, self.seeds = self.seeds, []
         for trace in seeds:

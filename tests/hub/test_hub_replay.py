@@ -1,0 +1,67 @@
+"""A bundle made on one class, replayed on another (real tuning), on SQLite and PostgreSQL: the
+hub's schedules are measured here first, as this class's own measurements, and every report says
+which came from the hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunefleet import api
+from tunefleet.planning import shard_queue
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, tmp_path: Path) -> None:
+    from tunefleet.delivery.best import best, export_json_database
+    from tunefleet.delivery.build import build_model
+    from tunefleet.learning.hub import hub_report
+    from tunefleet.planning.transfer import compatibility
+
+    src = make_home("src")
+    model = api.ingest(src, "mlp").model
+    api.extract(src, model, "x86")
+    shard_queue.plan(src.db, "x86", target_trials=16, model=model.id)
+    api.tune(src, "x86", src.options(trials_per_iter=8, seed=0))
+    exported = api.hub_export(src, tmp_path / "x86.parquet", hardware=["x86"])
+    assert exported.workloads == 3
+
+    dst = make_home("dst")  # another database: nothing measured, the bundle imported
+    [hub_name] = api.hub_import(dst, tmp_path / "x86.parquet").classes
+    db = dst.db
+    avx2, hub_class = db.hardware_class("x86-avx2"), db.hardware_class(hub_name)
+    assert compatibility(avx2, hub_class) is not None
+    model = api.ingest(dst, "mlp").model
+    api.extract(dst, model, "x86-avx2")
+    before = hub_report(db, [wl.id for wl, _ in db.workloads(model.id, avx2.id)], avx2.id)
+    assert (before.workloads, before.from_hub, before.measured) == (3, 3, 0)
+    assert before.line().startswith("3 of 3 workloads start from the hub (tuned as x86 on ")
+    shard_queue.plan(db, "x86-avx2", target_trials=8, model=model.id)
+    summary = api.tune(dst, "x86-avx2", dst.options(trials_per_iter=8, seed=0))
+    assert (summary.shards_done, summary.shards_failed) == (3, 0)
+
+    workloads = [wl for wl, _ in db.workloads(model.id, avx2.id)]
+    after = hub_report(db, [wl.id for wl in workloads], avx2.id)
+    # Each shard (8 trials) measured up to 4 hub schedules first (half its trials), not the default one.
+    assert 3 <= after.measured <= 12 and after.failed + after.slower <= after.measured
+    origins = db.hub_origins([wl.id for wl in workloads])
+    from_hub = 0
+    for wl in workloads:
+        mine = db.measured_trace_hashes(wl.id, avx2.id)
+        seeded = {sha for (wl_id, sha) in origins if wl_id == wl.id} & mine
+        assert seeded, f"no hub schedule of {wl.name} was measured on x86-avx2"
+        assert db.count_measurements(wl.id, avx2.id) == 8  # the seeds count as the shard's trials
+        top = best(db, wl.structural_hash, "x86-avx2")[0]
+        assert top.origin.startswith("hub: x86 on ") == ((wl.id, db.best_measurements(wl.id, avx2.id, 1)[0].trace_sha256)
+                                                        in origins)
+        from_hub += top.origin.startswith("hub:")
+    # The hub's own records stay under the hub class: x86-avx2's best are its measurements.
+    assert all(r.hardware_class_id == avx2.id for wl in workloads for r in db.best_measurements(wl.id, avx2.id, 10))
+
+    report = build_model(db, dst.store, model, "x86-avx2", rounds=2, compare_torch=False)
+    assert report.hub_workloads == from_hub
+    assert any("from the hub" in n for n in report.notes) == bool(from_hub)
+    assert export_json_database(db, "x86-avx2", tmp_path / "msdb").from_hub == from_hub
