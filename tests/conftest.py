@@ -23,9 +23,17 @@ def on_backend(name: str) -> pytest.MarkDecorator:
     return pytest.mark.parametrize("db_url", [name], indirect=True)
 
 
+#: The files that take longest (minutes each), longest first: the parallel phase hands them to its
+#: workers first, so the short files fill the gaps at the end instead of one long file running
+#: alone after everything else (pytest-xdist's loadfile hands out files in collection order).
+HEAVY_FIRST = ("tests/cli/test_cli_run_ux.py", "tests/cli/test_cli_run.py", "tests/integration/test_prefect_server.py",
+               "tests/hub/test_hub_replay.py", "tests/engine/test_tune_e2e.py", "tests/flows/test_flows.py",
+               "tests/costmodel/test_zeroshot.py", "tests/engine/test_efficiency.py", "tests/test_packaging.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``TUNEFLEET_TEST_PHASE`` (set by scripts/test.sh) keeps the ``serial`` tests (``serial``)
-    or all the others (``parallel``); unset, every test runs."""
+    or all the others (``parallel``, the :data:`HEAVY_FIRST` files first); unset, every test runs."""
     phase = os.environ.get("TUNEFLEET_TEST_PHASE", "")
     if not phase:
         return
@@ -36,6 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         (keep if (item.get_closest_marker("serial") is not None) == serial else drop).append(item)
     config.hook.pytest_deselected(items=drop)
+    if not serial:
+        rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+        keep.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest in order
     items[:] = keep
 
 
