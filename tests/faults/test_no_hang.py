@@ -375,7 +375,7 @@ def test_ctrl_c_gives_leases_back_while_the_interrupted_thread_holds_their_row_l
         def interrupted_mid_commit() -> None:
             with row_locked(db, shard.id):
                 # Ctrl-C's handler runs on the thread it interrupted, which holds the row lock
-                interrupt._stop_children_and_give_back(settings, "tunefleet run mlp")
+                interrupt.stop_children_and_give_back(settings, "tunefleet run mlp")
 
         bounded(interrupted_mid_commit, 20, "Ctrl-C giving the leases back")
         err = capsys.readouterr().err

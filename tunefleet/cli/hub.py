@@ -53,7 +53,7 @@ def cmd_hub_list(args: argparse.Namespace, settings: Settings) -> int:
                                  "records": n} for hw, n in classes]})
         return 0
     table("hub bundles imported", ["imported", "bundle made", "records new", "skipped", "tvm", "source"],
-          [(i.imported_at, i.bundle_created_at, i.counts.get("records_new"),
+          [(i.imported_at.isoformat(sep=" ", timespec="seconds"), i.bundle_created_at, i.counts.get("records_new"),
             sum(v for k, v in i.counts.items() if k.startswith("skipped_")), i.tvm_version, i.source) for i in imports])
     table("hub classes (records tuned elsewhere; tuning here starts from them)", ["name", "tuned as", "on CPU", "records"],
           [(hw.name, (hw.capabilities.get("hub") or {}).get("class"), (hw.capabilities.get("cpu") or {}).get("model"), n)

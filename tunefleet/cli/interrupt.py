@@ -39,7 +39,7 @@ def stop_on_ctrl_c(settings: Settings, resume: str) -> None:
         # Whatever fails in here, the process exits: an exception escaping a signal handler is
         # raised into whatever the main thread runs, which may retry instead of stopping.
         try:
-            _stop_children_and_give_back(settings, resume)
+            stop_children_and_give_back(settings, resume)
         finally:
             os._exit(128 + signum)
 
@@ -51,7 +51,7 @@ RELEASE_LOCK_TIMEOUT_S = 5.0
 """The longest Ctrl-C waits for a shard's row lock before it leaves that lease to expire."""
 
 
-def _stop_children_and_give_back(settings: Settings, resume: str) -> None:
+def stop_children_and_give_back(settings: Settings, resume: str) -> None:
     """Ctrl-C's work before the exit: give this process tree's leases back, stop the children.
 
     The handler runs on the thread it interrupted, which may be inside a transaction that holds

@@ -314,10 +314,8 @@ def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | No
     row, new = db.hub_import(sha256=sha, source=name, format_version=FORMAT_VERSION, tvm_version=meta.get("tvm", here),
                              bundle_created_at=created, summary=summary, classes=list(classes.values()),
                              workloads=list(workloads.values()), records=records, counts=counts)
-    result = ImportResult(name, sha, new, dict(row.counts), dict(row.summary), row.bundle_created_at,
-                          time.monotonic() - start, sorted(classes))
-    log.info("%s", result.line())
-    return result
+    return ImportResult(name, sha, new, dict(row.counts), dict(row.summary), row.bundle_created_at,
+                        time.monotonic() - start, sorted(classes))
 
 
 # -- the default bundle ------------------------------------------------------------------------------
@@ -346,9 +344,11 @@ def ensure_hub(db: Database, hub: str, store: ArtifactStore | None = None) -> Im
     if db.hub_import_of(hashlib.sha256(data).hexdigest()) is not None:
         return None
     try:
-        return import_bundle(db, source, store=store, data=data)
+        result = import_bundle(db, source, store=store, data=data)
     except ConflictError:
         return None
+    log.info("first use of this database: %s", result.line())
+    return result
 
 
 # -- what the hub gave a model -------------------------------------------------------------------------
