@@ -37,13 +37,11 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -88,24 +86,10 @@ def rungs(target: int) -> list[int]:
 
 # -- the CPU ---------------------------------------------------------------------------------------
 def cpu_model() -> str:
-    """This machine's CPU model name (/proc/cpuinfo, else lscpu, else what Python knows)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
-        for line in out.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "Model name" and value.strip():
-                return value.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    """This machine's CPU model name, as its hardware class records it."""
+    from tunefleet.hardware import host_cpu
+
+    return str(host_cpu()["model"])
 
 
 def default_home() -> Path:
