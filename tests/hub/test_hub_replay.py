@@ -15,7 +15,7 @@ from tunefleet.planning import shard_queue
 pytestmark = pytest.mark.slow
 
 
-def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, tmp_path: Path) -> None:
+def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, tmp_path: Path, db_url: str) -> None:
     from tunefleet.delivery.best import best, export_json_database
     from tunefleet.delivery.build import build_model
     from tunefleet.learning.hub import hub_report
@@ -24,7 +24,7 @@ def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, 
     src = make_home("src")
     model = api.ingest(src, "mlp").model
     api.extract(src, model, "x86")
-    shard_queue.plan(src.db, "x86", target_trials=16, model=model.id)
+    shard_queue.plan(src.db, "x86", target_trials=8, model=model.id)
     api.tune(src, "x86", src.options(trials_per_iter=8, seed=0))
     exported = api.hub_export(src, tmp_path / "x86.parquet", hardware=["x86"])
     assert exported.workloads == 3
@@ -61,7 +61,8 @@ def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, 
     # The hub's own records stay under the hub class: x86-avx2's best are its measurements.
     assert all(r.hardware_class_id == avx2.id for wl in workloads for r in db.best_measurements(wl.id, avx2.id, 10))
 
-    report = build_model(db, dst.store, model, "x86-avx2", rounds=2, compare_torch=False)
-    assert report.hub_workloads == from_hub
-    assert any("from the hub" in n for n in report.notes) == bool(from_hub)
     assert export_json_database(db, "x86-avx2", tmp_path / "msdb").from_hub == from_hub
+    if db_url.startswith("sqlite"):  # the build reads what the contract suite checks on both backends
+        report = build_model(db, dst.store, model, "x86-avx2", rounds=2, compare_torch=False)
+        assert report.hub_workloads == from_hub
+        assert any("from the hub" in n for n in report.notes) == bool(from_hub)
