@@ -58,11 +58,9 @@ HELD_OUT = ("resnet50", "vit-base")
 CORPUS = "corpus"
 """The ``--models`` word for the generated corpus (bench/corpus.py)."""
 DEFAULT_TRIALS = 512
-"""The convergence target per workload. In this project's own runs every workload of resnet18 had
-plateaued after 5319 candidates over its 25 workloads (about 210 each, docs/performance.md), so
-512 leaves the slow improvers more than twice that while plateau preemption ends the others
-earlier; at 0.25-0.5 s per candidate on 2 cores that bounds a CPU's campaign at about 12-25 hours
-for ~330 workloads."""
+"""The convergence target per workload: more than twice the trials resnet18's workloads took to
+plateau in this project's runs (docs/campaign.md says how many, and the hours it implies), while
+plateau preemption ends the others earlier."""
 RUNG = 64
 """The first rung, and the shard size: one search batch (``trials_per_iter``)."""
 SESSIONS_FILE = "campaign-sessions.json"

@@ -46,27 +46,8 @@ _FIELDS = {"target", "node_pool", "watts_per_core", "idle_watts", "watts_per_gpu
            "layout"}
 
 
-def host_cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-#: The flags a class records as its ISA (and a CPU's identity compares).
-_ISA_FLAGS = {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avx512_vnni", "amx_tile", "neon", "asimd",
-              "sve", "sve2", "asimddp", "i8mm"}
-
-
-def host_cpu() -> dict[str, Any]:
-    """This machine's CPU as a hardware class records it (``capabilities["cpu"]``): its model name,
-    an id that survives a renamed model (x86: vendor, family and model numbers; ARM: implementer
-    and part) and its vector ISA. Two machines are one CPU for tuning when all three agree
-    (:func:`same_cpu`): a VM may hide AVX-512 on a CPU that has it, and then its code differs."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -79,6 +60,25 @@ def host_cpu() -> dict[str, Any]:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def host_cpu_flags() -> set[str]:
+    fields = _cpuinfo()
+    return set((fields.get("flags") or fields.get("Features") or "").split())
+
+
+#: The flags a class records as its ISA (and a CPU's identity compares).
+_ISA_FLAGS = {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avx512_vnni", "amx_tile", "neon", "asimd",
+              "sve", "sve2", "asimddp", "i8mm"}
+
+
+def host_cpu() -> dict[str, Any]:
+    """This machine's CPU as a hardware class records it (``capabilities["cpu"]``): its model name,
+    an id that survives a renamed model (x86: vendor, family and model numbers; ARM: implementer
+    and part) and its vector ISA. Two machines are one CPU for tuning when all three agree
+    (:func:`same_cpu`): a VM may hide AVX-512 on a CPU that has it, and then its code differs."""
+    fields = _cpuinfo()
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     if "vendor_id" in fields:
         ident = f"{fields['vendor_id']} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"

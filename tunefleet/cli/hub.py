@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tunefleet import api
 from tunefleet.cli.common import at_least
@@ -21,11 +21,7 @@ def cmd_hub_export(args: argparse.Namespace, settings: Settings) -> int:
     with Console(stderr=True).status(f"exporting the best records to {args.output}"):
         result = api.hub_export(api.connect(settings), args.output, hardware=args.hardware or None, model=args.model,
                                 top_k=args.top_k)
-    if args.json:
-        print_json(dataclasses.asdict(result))
-    else:
-        print(result.line())
-    return 0
+    return _print(result, as_json=args.json)
 
 
 def cmd_hub_import(args: argparse.Namespace, settings: Settings) -> int:
@@ -33,7 +29,12 @@ def cmd_hub_import(args: argparse.Namespace, settings: Settings) -> int:
 
     with Console(stderr=True).status(f"importing {args.source}"):
         result = api.hub_import(api.connect(settings), args.source)
-    if args.json:
+    return _print(result, as_json=args.json)
+
+
+def _print(result: Any, *, as_json: bool) -> int:
+    """A hub command's result: its one line, or every field as JSON."""
+    if as_json:
         print_json(dataclasses.asdict(result))
     else:
         print(result.line())

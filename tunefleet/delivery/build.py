@@ -280,7 +280,7 @@ def resolve(
         db.set_model_workloads(model.id, hw.id, recipe.name, weights)
         zs = predict_workloads(db, store, hardware, list(weights), top_k=top_k, verify=verify, tuner=tuner,
                                model=cost_model)
-    tuned, bests = 0, {}
+    tuned, bests = 0, set()
     for w in found:
         try:
             wl_id = db.workload(w.structural_hash).id
@@ -289,7 +289,7 @@ def resolve(
         top = db.best_measurements(wl_id, hw.id, 1)
         if top:
             tuned += 1
-            bests[(wl_id, top[0].trace_sha256)] = True
+            bests.add((wl_id, top[0].trace_sha256))
     predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
     report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
                          threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))),
@@ -301,7 +301,7 @@ def resolve(
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
 
 
-def _hub_provenance(db: Database, report: BuildReport, bests: dict[tuple[int, str], bool]) -> None:
+def _hub_provenance(db: Database, report: BuildReport, bests: set[tuple[int, str]]) -> None:
     """Count the workloads whose best schedule here came from a hub bundle (measured here too)."""
     from tunefleet.learning.hub import describe_hub_class
 

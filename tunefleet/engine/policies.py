@@ -102,7 +102,6 @@ class Transfer(ShardPolicy):
 
     def __init__(self) -> None:
         self.seeded = 0
-        self.sources: list[str] = []
 
     def seeds(self, run: ShardRunView) -> list[str]:
         if run.known:
@@ -114,7 +113,7 @@ class Transfer(ShardPolicy):
             log.info("shard %d is seeded with %d schedule(s) of %s%s", run.shard.id, len(found.traces),
                      ", ".join(sorted(set(found.sources))),
                      f" ({found.skipped} did not replay on the workload)" if found.skipped else "")
-        self.seeded, self.sources = len(found.traces), found.sources
+        self.seeded = len(found.traces)
         return found.traces
 
 

@@ -251,8 +251,7 @@ def _skip_reason(row: dict[str, Any], here_tvm: str) -> str | None:
     return None if fine else "invalid"
 
 
-def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | None = None,
-                  data: bytes | None = None) -> ImportResult:
+def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | None = None) -> ImportResult:
     """Validate a bundle and load its records under hub classes (module docstring); idempotent.
 
     Raises
@@ -266,7 +265,7 @@ def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | No
 
     start = time.monotonic()
     name = str(source)
-    data = read_source(source, store) if data is None else data
+    data = read_source(source, store)
     sha = hashlib.sha256(data).hexdigest()
     done = db.hub_import_of(sha)
     if done is not None:
@@ -340,12 +339,11 @@ def ensure_hub(db: Database, hub: str, store: ArtifactStore | None = None) -> Im
         source: str | Path = DEFAULT_BUNDLE
     else:
         source = hub
-    data = read_source(source, store)
-    if db.hub_import_of(hashlib.sha256(data).hexdigest()) is not None:
-        return None
     try:
-        result = import_bundle(db, source, store=store, data=data)
+        result = import_bundle(db, source, store=store)  # a bundle imported before is not parsed again
     except ConflictError:
+        return None
+    if not result.new:
         return None
     log.info("first use of this database: %s", result.line())
     return result

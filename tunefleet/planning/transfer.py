@@ -96,18 +96,24 @@ class TransferredSchedule:
 
 def builds_for(wl: Workload, hw: HardwareClass, trace_json: str) -> bool:
     """Whether a trace replays on the workload and compiles for the class's target."""
+    return _replays_and_builds(wl, trace_json, hw)
+
+
+def _replays_and_builds(wl: Workload, trace_json: str, hw: HardwareClass | None) -> bool:
+    """Whether a trace replays on the workload and, with ``hw``, compiles for its target."""
     import tvm
 
     from tunefleet.tvm.targets import make_target
 
     try:
-        mod = tvm.ir.load_json(wl.tir_json)
-        sch = tvm.s_tir.Schedule(mod)
+        sch = tvm.s_tir.Schedule(tvm.ir.load_json(wl.tir_json))
         tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace_json), sch)
-        tvm.compile(sch.mod, target=make_target(hw.target))
+        if hw is not None:
+            tvm.compile(sch.mod, target=make_target(hw.target))
     except Exception as exc:  # TVM raises many kinds for a schedule it cannot replay or lower
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
-        log.info("a schedule of %s does not build for %s: %s", wl.name, hw.name, lines[-1][:200])
+        what = "replay" if hw is None else f"build for {hw.name}"
+        log.info("a schedule of %s does not %s: %s", wl.name, what, lines[-1][:200])
         return False
     return True
 
@@ -127,16 +133,7 @@ def transfer_candidates(db: Database, wl: Workload, asking: HardwareClass) -> li
 
 def replays(wl: Workload, trace_json: str) -> bool:
     """Whether a trace replays on the workload (no compile: the builder tells the rest)."""
-    import tvm
-
-    try:
-        sch = tvm.s_tir.Schedule(tvm.ir.load_json(wl.tir_json))
-        tvm.s_tir.Trace.apply_json_to_schedule(json.loads(trace_json), sch)
-    except Exception as exc:  # TVM raises many kinds for a trace that does not fit the workload
-        lines = str(exc).strip().splitlines() or [type(exc).__name__]
-        log.info("a schedule of %s does not replay: %s", wl.name, lines[-1][:200])
-        return False
-    return True
+    return _replays_and_builds(wl, trace_json, None)
 
 
 @dataclass
