@@ -19,7 +19,6 @@ from typing import Any
 
 from prefect import flow, tags, task
 from prefect.artifacts import create_table_artifact
-from prefect.cache_policies import NO_CACHE
 from tunefleet.tasks import steps
 
 from tunefleet.context import shared_context
@@ -32,7 +31,7 @@ from tunefleet.vocab import hardware_tag
 # -- the flow bodies' own database reads: task runs retried like every step's ---------------------
 # The steps' policy (TRANSIENT_RETRIES retries with backoff, for a TransientError only); never
 # cached: each read is asked again because its answer may have changed.
-@task(name="hardware_targets", cache_policy=NO_CACHE, **steps.RETRY)
+@task(name="hardware_targets", **steps.STEP)
 def hardware_targets(hardware: list[str]) -> dict[str, dict[str, Any]]:
     """The target of each hardware class; an unknown class is a :class:`NotFoundError` naming the
     known ones (bad input: not retried)."""
@@ -40,21 +39,21 @@ def hardware_targets(hardware: list[str]) -> dict[str, dict[str, Any]]:
     return {name: dict(db.hardware_class(name).target) for name in hardware}
 
 
-@task(name="pending_shards", cache_policy=NO_CACHE, **steps.RETRY)
+@task(name="pending_shards", **steps.STEP)
 def pending_shards(hardware: str) -> int:
     """How many shards of a hardware class are pending (the ``tune`` flow's poll while it waits)."""
     db = shared_context().db
     return len(db.pending_shards(db.hardware_class(hardware).id))
 
 
-@task(name="model_names", cache_policy=NO_CACHE, **steps.RETRY)
+@task(name="model_names", **steps.STEP)
 def model_names(model_ids: list[int]) -> dict[int, str]:
     """The stored models' names, by id."""
     db = shared_context().db
     return {model_id: db.model(model_id).name for model_id in model_ids}
 
 
-@task(name="current_cost_models", cache_policy=NO_CACHE, **steps.RETRY)
+@task(name="current_cost_models", **steps.STEP)
 def current_cost_models(hardware: list[str]) -> dict[str, bool]:
     """Whether each hardware class has a current (promoted) cost model."""
     db = shared_context().db

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from tunefleet.context import shared_context
@@ -40,17 +41,21 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-RETRY = {
+STEP = {
     "retries": TRANSIENT_RETRIES,
     "retry_delay_seconds": exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
     "retry_jitter_factor": RETRY_JITTER,
     "retry_condition_fn": retry_if_transient,
+    "cache_policy": NO_CACHE,
 }
-"""The retry policy of every step task, and of a flow body's database reads
-(``flows/step_flows.py``): transient errors only, with backoff."""
+"""The task options of every step, and of a flow body's database reads (``flows/step_flows.py``):
+transient errors retried with backoff; never cached. A step reads and writes the database, so the
+same arguments twice (``tune_shard`` leases the next shard with the same ones each time) are not
+the same result, and Prefect caches by inputs wherever results are persisted
+(``PREFECT_RESULTS_PERSIST_BY_DEFAULT``): a cached ``tune_shard`` would loop forever."""
 
 
-@task(name="ingest", **RETRY)
+@task(name="ingest", **STEP)
 def ingest(source: str, batch_size: int = 1, image_size: int | None = None, seq_len: int | None = None) -> dict[str, Any]:
     """Store a model (zoo name, ONNX/.pt2 path or s3:// URI); the same bytes again return the same id."""
     from tunefleet.models.ingest import ingest as ingest_model
@@ -60,7 +65,7 @@ def ingest(source: str, batch_size: int = 1, image_size: int | None = None, seq_
     return {"model_id": res.model.id, "name": res.model.name, "sha256": res.model.sha256, "created": res.created}
 
 
-@task(name="extract", **RETRY)
+@task(name="extract", **STEP)
 def extract(model_id: int, hardware: str) -> dict[str, Any]:
     """Extract and store a model's workloads for one hardware class."""
     from dataclasses import asdict
@@ -71,7 +76,7 @@ def extract(model_id: int, hardware: str) -> dict[str, Any]:
     return asdict(extract_workloads(ctx.db, ctx.store, ctx.db.model(model_id), hardware))
 
 
-@task(name="plan", **RETRY)
+@task(name="plan", **STEP)
 def plan(hardware: str, trials: int | None, model_ids: list[int] | None = None, shard_trials: int = 64,
          budget: Budget | None = None) -> dict[str, Any]:
     """Cut the untuned shortfall of the models' workloads (all workloads if none given) into shards
@@ -98,7 +103,7 @@ def plan(hardware: str, trials: int | None, model_ids: list[int] | None = None, 
             "workloads": len(workloads)}
 
 
-@task(name="tune_shard", **RETRY)
+@task(name="tune_shard", **STEP)
 def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: int | None = None,
                deadline_at: float | None = None, allocated: bool = False) -> ShardResult | None:
     """Lease the next shard of a hardware class, tune it (heartbeating, committing every batch).
@@ -124,7 +129,7 @@ def tune_shard(hardware: str, options: dict[str, Any] | None = None, shard_id: i
                            reprioritise=not allocated)
 
 
-@task(name="plan_round", **RETRY)
+@task(name="plan_round", **STEP)
 def plan_round(rounds: RoundsState) -> tuple[int, RoundsState]:
     """Plan the next round of a model-level budget (:meth:`tunefleet.planning.rounds.Rounds.refill`).
 
@@ -139,7 +144,7 @@ def plan_round(rounds: RoundsState) -> tuple[int, RoundsState]:
     return pending, planning.state
 
 
-@task(name="end_rounds", **RETRY)
+@task(name="end_rounds", **STEP)
 def end_rounds(rounds: RoundsState) -> dict[str, Any]:
     """The rounds of a budget are over (their ``stopped`` says why): cancel what a deadline left
     pending and return :meth:`tunefleet.planning.rounds.Rounds.summary`."""
@@ -148,7 +153,7 @@ def end_rounds(rounds: RoundsState) -> dict[str, Any]:
     return Rounds.resume(rounds).end(shared_context().db)
 
 
-@task(name="account", **RETRY)
+@task(name="account", **STEP)
 def account(model_ids: list[int] | None = None, hardware: list[str] | None = None) -> list[dict[str, Any]]:
     """Energy, money and wasted share per model x hardware class; pushes the fleet gauges if configured."""
     from tunefleet.energy.accounting import energy_report, publish_fleet_metrics
@@ -167,7 +172,7 @@ def account(model_ids: list[int] | None = None, hardware: list[str] | None = Non
     return [r.as_dict() for r in rows]
 
 
-@task(name="export", tags=[EXPORT_TAG], **RETRY)
+@task(name="export", tags=[EXPORT_TAG], **STEP)
 def export(hardware: str | None = None) -> dict[str, Any] | None:
     """Export the measurements not in any dataset version yet as the next Parquet version."""
     from tunefleet.learning.dataset import export as export_dataset
@@ -180,7 +185,7 @@ def export(hardware: str | None = None) -> dict[str, Any] | None:
             "row_counts": version.row_counts, "measurement_ids": version.measurement_ids}
 
 
-@task(name="retrain", **RETRY)
+@task(name="retrain", **STEP)
 def retrain(hardware: str, objective: str = "reg:squarederror", seed: int = 0) -> dict[str, Any]:
     """Train a cost model on every dataset version of a class; promote it only if it beats the current one."""
     from tunefleet.learning.costmodel import retrain as retrain_model
@@ -192,7 +197,7 @@ def retrain(hardware: str, objective: str = "reg:squarederror", seed: int = 0) -
             "current_on_heldout": res.metrics.get("current_on_heldout"), "baselines": res.metrics.get("baselines")}
 
 
-@task(name="build", **RETRY)
+@task(name="build", **STEP)
 def build(model_id: int, hardware: str, output: str | None = None, zero_shot: bool = False,
           verify: int = 0) -> dict[str, Any]:
     """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager.

@@ -144,9 +144,9 @@ def test_the_account_step_goes_on_when_the_pushgateway_is_down(
 
 @pytest.fixture(scope="module")
 def prefect_harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
+    from tunefleet.testing.prefect_server import flow_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with flow_harness():
         yield
 
 

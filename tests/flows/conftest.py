@@ -1,4 +1,4 @@
-"""Flows under Prefect's test harness (a temporary Prefect server on SQLite, once per session)."""
+"""Flows under Prefect's test harness (a temporary Prefect server on SQLite, once per session; results persisted)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tunefleet")
 
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
+    from tunefleet.testing.prefect_server import flow_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with flow_harness():
         yield
 
 

@@ -181,3 +181,22 @@ class Worker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
         self.proc = None
+
+
+@contextlib.contextmanager
+def flow_harness(startup_timeout_s: float = 120.0) -> Iterator[None]:
+    """Prefect's test harness, with flow and task results persisted in a temporary directory.
+
+    ``flow(..., return_state=True).result()`` reads the state the engine holds, unless the API
+    answered the final state proposal with a state of its own (a busy harness server retried a
+    request and rejected its duplicate): that state carries no data, only a reference to a
+    persisted result, so without persistence the result is lost (``MissingResult``).
+    """
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, PREFECT_RESULTS_PERSIST_BY_DEFAULT, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with tempfile.TemporaryDirectory(prefix="tunefleet-prefect-results-") as storage, \
+            prefect_test_harness(server_startup_timeout=int(startup_timeout_s)), \
+            temporary_settings(updates={PREFECT_RESULTS_PERSIST_BY_DEFAULT: True,
+                                        PREFECT_LOCAL_STORAGE_PATH: storage}):
+        yield
