@@ -124,7 +124,10 @@ def _shard_states(home: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_a_rerun_resumes(tmp_path: Path) -> None:
+def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_the_readme_command_resumes(tmp_path: Path) -> None:
+    """The console script, interrupted, then `bash scripts/run.sh` (the README's main command) run
+    from the same folder, outside the clone: it installs into the test's own virtualenv
+    (TUNEFLEET_VENV; already installed there, so it skips pip) and resumes the run."""
     import psutil
 
     home, cwd = tmp_path / "home", tmp_path / "above"
@@ -149,7 +152,11 @@ def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_a_rerun_resu
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"left running after Ctrl-C: {[p.cmdline()[:3] for p in alive]}"
 
-    again = _tunefleet(*args, home=home, cwd=cwd)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFLEET_", "PREFECT_"))}
+    env.update(TUNEFLEET_HOME=str(home), TUNEFLEET_VENV=str(Path(sys.executable).parent.parent))
+    repo = Path(__file__).resolve().parents[2]
+    again = subprocess.Popen(["bash", str(repo / "scripts" / "run.sh"), *args[1:]], cwd=cwd, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = again.communicate(timeout=900)
     assert again.returncode == 0, err[-3000:]
     assert set(_shard_states(home)) == {"done"}
@@ -159,20 +166,6 @@ def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_a_rerun_resu
     log = Path(next(line.split("logs: ", 1)[1] for line in lines if line.startswith("logs: ")).strip())
     assert "Starting temporary server" in log.read_text(), "Prefect's INFO logs go to the log file"
     assert "Traceback" not in err
-
-
-@pytest.mark.slow
-def test_the_readme_main_command_works_from_another_directory(tmp_path: Path) -> None:
-    """`bash scripts/run.sh` (the README's main command) run from elsewhere: it installs into the
-    test's own virtualenv (TUNEFLEET_VENV; already installed there, so pip has little to do) and
-    runs the main job on a tiny model."""
-    repo = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFLEET_", "PREFECT_"))}
-    env.update(TUNEFLEET_HOME=str(tmp_path / "home"), TUNEFLEET_VENV=str(Path(sys.executable).parent.parent))
-    out = subprocess.run(["bash", str(repo / "scripts" / "run.sh"), "--model", "mlp", "--trials", "2"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "tunefleet tuned (3/3 workloads tuned)" in out.stdout
 
 
 def test_tune_json_is_the_only_thing_on_stdout(tmp_path: Path) -> None:
