@@ -454,16 +454,11 @@ def database_where(settings: Any) -> str:
 
 
 def export_bundle(ctx: Any, output: Path, hardware: str, top_k: int | None) -> int:
-    """Write the hub bundle of the class (``tunefleet.api.hub_export``), if this tunefleet has it."""
+    """Write the hub bundle of the class (``tunefleet.api.hub_export``)."""
     from tunefleet import api
 
-    hub_export = getattr(api, "hub_export", None)  # written by another issue; absent in older trees
-    if hub_export is None:
-        print(f"hub export not available in this tunefleet yet; the campaign's database is at "
-              f"{database_where(ctx.settings)}", flush=True)
-        return 0
-    result = hub_export(ctx, output, hardware=[hardware], top_k=top_k)
-    print(f"hub bundle: {result.line() if hasattr(result, 'line') else output}", flush=True)
+    result = api.hub_export(ctx, output, hardware=[hardware], top_k=top_k)
+    print(f"hub bundle: {result.line()}", flush=True)
     return 0
 
 
@@ -555,7 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(filename=log_path, level=logging.INFO,
                         format="%(asctime)s %(processName)s %(name)s %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
-    overrides: dict[str, Any] = {"home": home}
+    # The campaign makes the bundle: its database never imports one (it would seed from itself).
+    overrides: dict[str, Any] = {"home": home, "hub": "off"}
     if args.database_url:
         overrides["database_url"] = args.database_url
     resume = shlex.join([sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])])
