@@ -130,22 +130,6 @@ def test_the_session_log_keeps_every_invocation(tmp_path: Path) -> None:
     assert [s["hours"] for s in campaign.read_sessions(tmp_path)] == [0.5, 2.0]
 
 
-def test_export_without_hub_export_says_where_the_database_is(tunefleet_home: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from types import SimpleNamespace
-
-    from tunefleet import api
-    from tunefleet.config import load_settings
-
-    monkeypatch.delattr(api, "hub_export", raising=False)
-    ctx = SimpleNamespace(settings=load_settings(home=tmp_path))  # export_bundle reads nothing else of it then
-    assert campaign.export_bundle(ctx, tmp_path / "b", "x86", None) == 0
-    out = capsys.readouterr().out.strip()
-    database = tmp_path / "tunefleet.db"
-    assert out == f"hub export not available in this tunefleet yet; the campaign's database is at {database}"
-
-
 # -- through tunefleet ----------------------------------------------------------------------------
 def test_corpus_files_ingest_and_extract(written: list[Path], tunefleet_home: Path) -> None:
     from tunefleet import api
