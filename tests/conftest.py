@@ -9,6 +9,10 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+#: The shipped hub bundle is imported only where a test asks for it (tests/hub, the README command):
+#: every other test starts from an empty database, as its assertions expect, and pays no import.
+NO_HUB = {"TUNEFLEET_HUB": "off"}
+os.environ.update(NO_HUB)
 
 from tunefleet.testing.postgres import PostgresServer  # noqa: E402
 
@@ -77,10 +81,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: 
 
 @pytest.fixture
 def tunefleet_home(tmp_path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """An isolated TUNEFLEET_HOME with no TUNEFLEET_* variables leaking in."""
+    """An isolated TUNEFLEET_HOME with no TUNEFLEET_* variables leaking in (and the hub off)."""
     for key in list(os.environ):
         if key.startswith("TUNEFLEET_"):
             monkeypatch.delenv(key)
     home = tmp_path / "home"
     monkeypatch.setenv("TUNEFLEET_HOME", str(home))
+    for key, value in NO_HUB.items():  # no shipped bundle either, unless the test asks
+        monkeypatch.setenv(key, value)
     return home

@@ -11,10 +11,12 @@ import pytest
 from tunefleet.config import load_settings
 from tunefleet.errors import ConfigError
 
+from tests.conftest import NO_HUB
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFLEET_")}
-    full_env.update(env or {})
+    full_env.update({**NO_HUB, **(env or {})})
     return subprocess.run([sys.executable, "-m", "tunefleet.cli.app", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout)
 

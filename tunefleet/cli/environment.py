@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet.cli.common import open_db
 from tunefleet.errors import NotFoundError
+from tunefleet.vocab import HUB_POOL
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,7 +78,7 @@ def preflight_run(args: argparse.Namespace, settings: Settings,
     check_budget(args, settings)
     TuneOptions.from_settings(settings, seed=args.seed)
     db = open_db(settings)
-    known = {h.name: h.target for h in db.hardware_classes()}
+    known = {h.name: h.target for h in db.hardware_classes() if h.node_pool != HUB_POOL}  # hub classes are never tuned
     if args.hardware not in known:
         from tunefleet.hardware import hardware_names
 
