@@ -147,6 +147,41 @@ def test_a_deadline_keeps_time_for_the_build_and_a_batch(db: tuple[Database, int
     assert deadline.reason() == "deadline: reached"
 
 
+def test_a_budget_too_short_for_a_round_measures_the_hub_s_schedules_only(db: tuple[Database, int]) -> None:
+    """The build's reserve leaves no time for a first round: the workloads another compatible class
+    (a hub class) measured replay its schedules (and their default) in one small round with a
+    deadline of its own, heaviest first; the others keep their default; no round of search."""
+    database, model = db
+    clock = Clock()
+    source = database.upsert_hardware_class("hub-x86", {"kind": "llvm", "num-cores": 2}, "tunefleet-hub")
+    for wl, _ in database.workloads(model):
+        if wl.name != "flat":
+            database.commit_measurements([NewMeasurement(wl.id, source.id, f"{wl.name}-hub", [1e-4])])
+    rounds = Rounds("x86", [model], Budget(seconds=20), started_at=clock(), reserve_builds=1, min_trials=8, batch=8,
+                    clock=clock)
+    assert rounds.refill(database) == 2
+    assert rounds.reserve_s > 20  # the build's reserve alone is longer than the budget
+    assert rounds.stopped == ("deadline: reached before the first round: 2 workload(s) measure the hub's "
+                              "schedules only")
+    assert rounds.deadline is not None and rounds.deadline.at == clock() + 2 * (1 + round_planning.REPLAY_SEEDS) * \
+        round_planning.REPLAY_TRIAL_S
+    planned = sorted(shard_queue.list_shards(database), key=lambda s: -s.priority)
+    assert [(database.workload(s.workload_id).name, s.trials) for s in planned] == [("big", 3), ("small", 3)]
+    assert all(s.history[0]["replay"] is True and s.history[0]["round"] == 1 for s in planned)
+    summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(clock), refill=rounds)  # type: ignore[arg-type]
+    assert summary.measured == 6 and summary.budget is not None and summary.budget["stopped"] == rounds.stopped
+    assert {s.state for s in shard_queue.list_shards(database)} == {DONE}
+    assert rounds.refill(database) == 0 and len(shard_queue.list_shards(database)) == 2  # once
+
+
+def test_a_budget_too_short_for_a_round_with_nothing_to_replay_plans_nothing(db: tuple[Database, int]) -> None:
+    database, model = db
+    clock = Clock()
+    rounds = Rounds("x86", [model], Budget(seconds=20), started_at=clock(), reserve_builds=1, clock=clock)
+    assert rounds.refill(database) == 0 and rounds.stopped == "deadline: reached"
+    assert shard_queue.list_shards(database) == []  # no round planned, then cancelled
+
+
 def test_a_round_that_measured_nothing_ends_the_rounds(db: tuple[Database, int]) -> None:
     database, model = db
     clock = Clock()

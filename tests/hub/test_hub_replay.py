@@ -10,7 +10,11 @@ from typing import Any
 import pytest
 
 from tunefleet import api
+from tunefleet.budget import Budget
+from tunefleet.engine.worker import Tuner, drain
 from tunefleet.planning import shard_queue
+from tunefleet.planning.rounds import Rounds
+from tunefleet.vocab import DEFAULT_TRACE_SHA256
 
 from tests.conftest import on_backend
 
@@ -68,3 +72,21 @@ def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, 
     report = build_model(db, dst.store, model, "x86-avx2", rounds=2, compare_torch=False)
     assert report.hub_workloads == from_hub
     assert any("from the hub" in n for n in report.notes) == bool(from_hub)
+
+    # A budget too short for a round of search (the build's reserve alone is longer) on a class
+    # that never measured the model: each workload measures its default and the hub's 2 best, no more.
+    api.extract(dst, model, "x86")
+    x86 = db.hardware_class("x86")
+    options = dst.options(trials_per_iter=8, seed=0)
+    tuner = Tuner(db, "x86", options)
+    try:
+        rounds = Rounds("x86", [model.id], Budget(seconds=1), reserve_builds=1)
+        summary = drain(db, "x86", options, tuner=tuner, refill=rounds)
+    finally:
+        tuner.close()
+    assert summary.budget is not None and "measure the hub's schedules only" in summary.budget["stopped"]
+    assert (summary.measured, summary.shards_done) == (9, 3)
+    for wl in workloads:
+        assert db.count_measurements(wl.id, x86.id) == 3
+        assert DEFAULT_TRACE_SHA256 in db.measured_trace_hashes(wl.id, x86.id)
+        assert {sha for (wl_id, sha) in origins if wl_id == wl.id} & db.measured_trace_hashes(wl.id, x86.id)

@@ -96,7 +96,8 @@ class Transfer(ShardPolicy):
     """A workload this class never measured first measures the best schedules of the most
     compatible classes that hold it (:func:`tunefleet.planning.transfer.transfer_seeds`): a hub
     bundle's records (tuned on this CPU first) or another class's; at most :data:`SEEDS`, and
-    at most half of the shard's trials."""
+    at most half of the shard's trials — all of them but the default schedule's in a shard of a
+    replay round (:func:`tunefleet.planning.rounds.plan_replay_round`), which measures nothing else."""
 
     SEEDS = 5
 
@@ -108,7 +109,9 @@ class Transfer(ShardPolicy):
             return []
         from tunefleet.planning.transfer import transfer_seeds
 
-        found = transfer_seeds(run.db, run.wl, run.hw, min(self.SEEDS, max(1, run.remaining // 2)))
+        replay = any(e.get("event") == "planned" and e.get("replay") for e in run.shard.history or [])
+        limit = max(1, run.remaining - 1) if replay else min(self.SEEDS, max(1, run.remaining // 2))
+        found = transfer_seeds(run.db, run.wl, run.hw, limit)
         if found.traces:
             log.info("shard %d is seeded with %d schedule(s) of %s%s", run.shard.id, len(found.traces),
                      ", ".join(sorted(set(found.sources))),

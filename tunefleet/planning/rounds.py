@@ -45,6 +45,14 @@ log = logging.getLogger(__name__)
 
 DEADLINE = "deadline"
 
+#: Schedules of the hub (or of another compatible class) that the replay round measures for each
+#: workload, besides its default schedule (:meth:`Rounds.refill`).
+REPLAY_SEEDS = 2
+#: What the replay round is expected to take per trial (one build and one run of a known schedule),
+#: in seconds: the round's own deadline is that much per trial from its start. An estimate to bound
+#: the round, not a measurement: the run's summary says how long it took.
+REPLAY_TRIAL_S = 1.0
+
 
 class Deadline:
     """When tuning must stop: ``at``, seconds since the epoch (so it holds across processes)."""
@@ -133,9 +141,12 @@ class Rounds:
         over, and :attr:`stopped` says why). Another worker's round counts: it is there to lease."""
         if self.stopped is not None:
             return 0
+        if self.rounds == 0 and self.reserve_builds and self.deadline is not None and not self.deadline.reason():
+            # The build's reserve moves the deadline: see it before the first round is planned.
+            self._reserve(plan_round(db, self.hardware, self.model_ids, self.budget, self.since, dry=True,
+                                     min_trials=self.min_trials, batch=self.batch).build_reserve_s)
         if self.deadline is not None and (why := self.deadline.reason()):
-            self.stopped = why
-            return 0
+            return self._replay(db, why) if self.rounds == 0 else self._stop(why)
         if self.spent is not None and self._stalled(db):
             return 0
         res = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
@@ -145,6 +156,28 @@ class Rounds:
         self._reserve(res.build_reserve_s)
         if not res.open_round_shards:
             self.stopped = res.stop or "nothing left to plan"
+        return len(res.open_round_shards)
+
+    def _stop(self, why: str) -> int:
+        self.stopped = why
+        return 0
+
+    def _replay(self, db: Database, why: str) -> int:
+        """The deadline (less the build's reserve) leaves no time for a first round of search: the
+        workloads never measured on the class that the hub (or another compatible class) holds
+        measure their default and :data:`REPLAY_SEEDS` of its best schedules instead, in one
+        round with a deadline of its own (:data:`REPLAY_TRIAL_S` a trial), and the rounds end.
+        A budget too short to search still delivers the fleet's schedules, measured here, for
+        a little more time than it allowed; without such workloads the rounds end at once."""
+        res = plan_replay_round(db, self.hardware, self.model_ids, self.budget, self.since)
+        self.rounds = max(self.rounds, res.round)
+        if not res.shards:
+            return self._stop(why)
+        trials = sum(shard.trials for shard in res.shards)
+        assert self.deadline is not None
+        self.deadline.at = self.clock() + trials * REPLAY_TRIAL_S
+        self.stopped = f"{why} before the first round: {len(res.shards)} workload(s) measure the hub's schedules only"
+        log.info("budget %s on %s: %s", self.budget, self.hardware, self.stopped)
         return len(res.open_round_shards)
 
     def _stalled(self, db: Database) -> bool:
@@ -300,6 +333,30 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
         log.info("budget %s on %s: no round %d: %s", budget, hardware, number, plan.stop)
     return RoundResult(number if created else view.rounds, created, plan, workloads, spent,
                        outstanding + sum(s.trials for s in created), reserve,
+                       view.open_round_shards + [s.id for s in created])
+
+
+def plan_replay_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Budget, since: dt.datetime, *,
+                      seeds: int = REPLAY_SEEDS, max_leases: int = 3) -> RoundResult:
+    """Plan the replay round (:meth:`Rounds._replay`), if no round of ``budget`` was planned yet:
+    a shard of ``1 + seeds`` trials (the default schedule and ``seeds`` transferred ones) for each
+    workload of the models with no measurement on the class and a record on a compatible class
+    (:func:`~tunefleet.planning.transfer.transfer_candidates`: a hub class first), the heaviest
+    (weight x FLOPs) first. Its ``planned`` events carry ``replay``: the shard's transfer seeding
+    takes all of its trials but the default's (:class:`~tunefleet.engine.policies.Transfer`)."""
+    from tunefleet.planning.transfer import transfer_candidates
+
+    hw = db.hardware_class(hardware)
+    with db.planning(hw.id):
+        view = db.budget_view(hw.id, list(model_ids), since)
+        rows = [r for r in view.rows if r.committed == 0 and r.outstanding == 0] if view.rounds == 0 else []
+        rows = [r for r in rows if transfer_candidates(db, db.workload(r.workload_id), hw)]
+        rows.sort(key=lambda r: -r.weight * r.flops)
+        cuts = [(r.workload_id, 1 + seeds, float(len(rows) - i)) for i, r in enumerate(rows)]
+        created = db.add_shards(hw.id, cuts, max_leases=max_leases,
+                                info={"round": 1, "budget": str(budget), "replay": True}) if cuts else []
+    plan = RoundPlan((), None if created else "no workload new to the class has a record on a compatible class")
+    return RoundResult(1 if created else view.rounds, created, plan, [], 0, sum(s.trials for s in created), 0.0,
                        view.open_round_shards + [s.id for s in created])
 
 
