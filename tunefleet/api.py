@@ -273,7 +273,8 @@ def hub_export(ctx: Context, output: str | Path, *, hardware: list[str] | None =
     if model is not None:
         m = _model(db, model)
         wanted = {hw.name: {wl.id for wl, _ in db.workloads(m.id, hw.id)} for hw in db.hardware_classes()}
-    return write_bundle(db, ctx.store, output, hardware=hardware, workload_ids=wanted,
+    store = ctx.store if str(output).startswith("s3://") else None  # a file needs no store (nor its S3 endpoint)
+    return write_bundle(db, store, output, hardware=hardware, workload_ids=wanted,
                         top_k=DEFAULT_TOP_K if top_k is None else top_k)
 
 

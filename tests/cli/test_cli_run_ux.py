@@ -161,6 +161,7 @@ def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_the_readme_c
     assert again.returncode == 0, err[-3000:]
     assert set(_shard_states(home)) == {"done"}
     assert "tunefleet tuned (3/3 workloads tuned)" in out
+    assert "hub: 3 of 3 workloads start from the hub (tuned as x86 on " in out  # the shipped bundle, by default
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) <= 33, out  # not a terminal: a line per finished workload and build step at most, no log flood
     log = Path(next(line.split("logs: ", 1)[1] for line in lines if line.startswith("logs: ")).strip())

@@ -1,0 +1,36 @@
+"""The hub bundle shipped with tunefleet (``tunefleet/data/hub/default.parquet``, the campaign's:
+docs/campaign.md): inside its package-data budget, valid for this TVM, and made under the current
+extraction recipe — a recipe change that leaves it stale fails here (regenerate it then)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from tunefleet import api
+from tunefleet.learning import hub
+
+#: Issue 32: at most 20 MB of package data for the bundle.
+MAX_BYTES = 20_000_000
+
+
+def test_the_default_bundle_ships_within_its_budget() -> None:
+    assert hub.DEFAULT_BUNDLE.is_file(), f"no default hub bundle at {hub.DEFAULT_BUNDLE}"
+    assert hub.DEFAULT_BUNDLE.stat().st_size <= MAX_BYTES
+    meta = pq.read_schema(hub.DEFAULT_BUNDLE).metadata
+    assert meta[b"format"] == hub.FORMAT.encode() and meta[b"version"] == str(hub.FORMAT_VERSION).encode()
+
+
+def test_a_new_database_imports_the_default_bundle_and_the_zoo_starts_from_it(make_home: Any) -> None:
+    ctx = make_home("fresh", hub="default")
+    [done] = ctx.db.hub_imports()
+    result = hub.import_bundle(ctx.db, hub.DEFAULT_BUNDLE)
+    assert not result.new  # imported on first use, once
+    table = pq.read_table(hub.DEFAULT_BUNDLE, columns=["workload_hash", "class_name"])
+    assert done.counts["records_new"] == table.num_rows  # nothing skipped: this TVM, known recipes, sound traces
+    model = api.ingest(ctx, "mlp").model
+    api.extract(ctx, model, "x86")
+    hw = ctx.db.hardware_class("x86")
+    report = hub.hub_report(ctx.db, [wl.id for wl, _ in ctx.db.workloads(model.id, hw.id)], hw.id)
+    assert (report.workloads, report.from_hub) == (3, 3), "the bundle predates the current recipe: regenerate it"
