@@ -101,7 +101,8 @@ def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_comman
               "extracted": [{"workloads": 2, "new_workloads": 0}],
               "planned": [{"new_shards": 2, "new_trials": 8, "workloads": 2}],
               "tuned": {"x86": {"shards_done": 0, "shards_failed": 2, "measured": 0, "errors": 0, "seconds": 1.0}},
-              "energy": [], "builds": [{"tuned_workloads": 0, "workloads": 2, "default_workloads": 2}]}
+              "energy": [], "builds": [{"tuned_workloads": 0, "workloads": 2, "default_workloads": 2,
+                                        "hub": "0 of 2 workloads start from the hub"}]}
     console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
     with pytest.raises(TunefleetError) as as_json:  # --json: the same error, no JSON pretending success
         _run_summary(console, db, argparse.Namespace(**{**vars(args), "json": True}), result, tmp_path / "run.log")

@@ -70,7 +70,7 @@ def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, 
 
     assert export_json_database(db, "x86-avx2", tmp_path / "msdb").from_hub == from_hub
     report = build_model(db, dst.store, model, "x86-avx2", rounds=2, compare_torch=False)
-    assert report.hub_workloads == from_hub
+    assert report.hub_workloads == from_hub and report.hub == after.line()
     assert any("from the hub" in n for n in report.notes) == bool(from_hub)
 
     # A budget too short for a round of search (the build's reserve alone is longer) on a class

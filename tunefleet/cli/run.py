@@ -67,14 +67,6 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return _run_summary(console, db, args, result, log_path)
 
 
-def _hub_line(db: Database, model_id: int, hardware: str) -> str:
-    """What the model's tuning on the class took from the hub, in one line."""
-    from tunefleet.learning.hub import hub_report
-
-    hw = db.hardware_class(hardware)
-    return hub_report(db, [wl.id for wl, _ in db.workloads(model_id, hw.id)], hw.id).line()
-
-
 def _model_name(source: str) -> str:
     """The name a model is ingested under (a zoo name, or a file's stem)."""
     from pathlib import Path as _Path
@@ -92,7 +84,7 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
     """The steps' results; a run where no shard succeeded is one error line, never a tuned table."""
     model = result["models"][0]
     tuned = result["tuned"][args.hardware]
-    result["hub"] = _hub_line(db, model["model_id"], args.hardware)
+    result["hub"] = result["builds"][0]["hub"]  # the build's: what tuning took from the hub
     if args.json:
         if not result["builds"][0]["tuned_workloads"]:
             raise TunefleetError(_no_success(db, args, model["model_id"], log))

@@ -66,6 +66,9 @@ class BuildReport:
     hub_workloads: int = 0
     """Of ``tuned_workloads``, those whose best schedule on the class came from a hub bundle (and
     was measured on the class: a hub record alone is never built in)."""
+    hub: str = ""
+    """What the model's tuning on the class took from the hub, in one line
+    (:meth:`tunefleet.learning.hub.HubReport.line`: ``run`` prints it)."""
     zero_shot_s_per_task: float | None = None
     verified: int = 0
     recipe: str = ""
@@ -280,12 +283,13 @@ def resolve(
         db.set_model_workloads(model.id, hw.id, recipe.name, weights)
         zs = predict_workloads(db, store, hardware, list(weights), top_k=top_k, verify=verify, tuner=tuner,
                                model=cost_model)
-    tuned, bests = 0, set()
+    tuned, bests, ids = 0, set(), []
     for w in found:
         try:
             wl_id = db.workload(w.structural_hash).id
         except NotFoundError:
             continue
+        ids.append(wl_id)
         top = db.best_measurements(wl_id, hw.id, 1)
         if top:
             tuned += 1
@@ -297,13 +301,17 @@ def resolve(
     if zs is not None:
         report.zero_shot_s_per_task = zs.seconds_per_task
         report.verified = sum(w.verified for w in zs.workloads)
-    _hub_provenance(db, report, bests)
+    _hub_provenance(db, report, bests, ids, hw.id)
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
 
 
-def _hub_provenance(db: Database, report: BuildReport, bests: set[tuple[int, str]]) -> None:
-    """Count the workloads whose best schedule here came from a hub bundle (measured here too)."""
-    from tunefleet.learning.hub import describe_hub_class
+def _hub_provenance(db: Database, report: BuildReport, bests: set[tuple[int, str]], workload_ids: list[int],
+                    hardware_class_id: int) -> None:
+    """What tuning took from the hub, and the workloads whose best schedule here came from a hub
+    bundle (measured here too)."""
+    from tunefleet.learning.hub import describe_hub_class, hub_report
+
+    report.hub = hub_report(db, workload_ids, hardware_class_id).line()
 
     origins = db.hub_origins({wl_id for wl_id, _ in bests})
     mine = [origins[key] for key in bests if key in origins]
