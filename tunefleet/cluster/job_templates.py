@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tunefleet import __version__
 from tunefleet.errors import ConfigError, NotSupportedError, TunefleetError
 
 POOL_PREFIX = "tunefleet-"
@@ -53,7 +54,7 @@ ARCH_LABEL = "kubernetes.io/arch"
 GPU_RESOURCE = "nvidia.com/gpu"
 HARDWARE_ARCH: dict[str, str] = {"x86": "amd64", "arm": "arm64", "gpu": "amd64"}
 DEFAULT_CLASSES: tuple[str, ...] = ("x86", "arm", "gpu")
-DEFAULT_IMAGE = "tunefleet:0.1.0"
+DEFAULT_IMAGE = f"tunefleet:{__version__}"  # the image of this version's Dockerfile
 DEFAULT_NAMESPACE = "tunefleet"
 DEFAULT_SERVICE_ACCOUNT = "tunefleet-run"
 """The flow-run Jobs' service account: no RoleBinding names it (``k8s/base/serviceaccount-run.yaml``)."""
