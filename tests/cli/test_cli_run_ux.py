@@ -43,6 +43,21 @@ def test_a_bad_run_is_refused_before_any_server_starts(tmp_path: Path, args: lis
     assert not (home / "prefect").exists() and not (home / "logs").exists(), "nothing was started"
 
 
+def test_a_missing_compiler_is_named_before_anything_is_ingested(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunefleet.tvm.probe import missing_compiler
+
+    home = tmp_path / "home"
+    out = run_cli("run", "--model", "mlp", env={"TUNEFLEET_HOME": str(home), "CXX": str(tmp_path / "no-such-g++")})
+    assert out.returncode == 2
+    assert f"the C/C++ compiler CXX names, '{tmp_path / 'no-such-g++'}', is not there" in error_line(out.stderr)
+    assert not (home / "prefect").exists() and not (home / "logs").exists(), "nothing was started"
+    assert missing_compiler() is None  # this machine has one
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
+    assert missing_compiler().startswith("no C/C++ compiler on PATH: TVM links every tuned candidate")  # type: ignore[union-attr]
+
+
 def test_a_bad_budget_setting_or_a_duration_to_plan_is_one_line(tmp_path: Path) -> None:
     env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
     out = run_cli("run", "--model", "mlp", env={**env, "TUNEFLEET_BUDGET": "soon"})

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.cli.common import open_db
-from tunefleet.errors import NotFoundError
+from tunefleet.errors import ConfigError, NotFoundError
 from tunefleet.vocab import HUB_POOL
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def preflight_run(args: argparse.Namespace, settings: Settings,
     from tunefleet.errors import ParameterError
     from tunefleet.hardware import claim_for_this_cpu
     from tunefleet.models.ingest import check_source
+    from tunefleet.tvm.probe import missing_compiler
 
     check_source(args.model)
     for name in ("trials", "shard_trials"):
@@ -77,6 +78,8 @@ def preflight_run(args: argparse.Namespace, settings: Settings,
             raise ParameterError(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} (must be >= 1)")
     check_budget(args, settings)
     TuneOptions.from_settings(settings, seed=args.seed)
+    if (why := missing_compiler()) is not None:  # before anything is ingested or tuned
+        raise ConfigError(why)
     db = open_db(settings)
     known = {h.name: h.target for h in db.hardware_classes() if h.node_pool != HUB_POOL}  # hub classes are never tuned
     if args.hardware not in known:
