@@ -203,11 +203,24 @@ def build(model_id: int, hardware: str, output: str | None = None, zero_shot: bo
     """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager.
 
     With ``zero_shot``, workloads never measured on the class get the current cost model's best
-    proposal (stored as predictions); ``verify`` measures the top K proposals of each here.
+    proposal (stored as predictions); ``verify`` measures the top K proposals of each here. The
+    delivered library goes to ``output`` (if given) and to the artifact store (``library_uri``):
+    on a cluster the task's node is gone after it, its scratch space with it.
     """
-    from tunefleet.delivery.build import build_model
+    import os
+    import tempfile
+
+    from tunefleet.delivery.build import build_model, store_library
 
     ctx = shared_context()
     tuner = ctx.tuner(hardware) if verify else None
-    return build_model(ctx.db, ctx.store, ctx.db.model(model_id), hardware, output=output, zero_shot=zero_shot,
-                       top_k=max(5, verify), verify=verify, tuner=tuner).as_dict()
+    model = ctx.db.model(model_id)
+    with tempfile.TemporaryDirectory(prefix="tunefleet-build-") as scratch:
+        path = output or os.path.join(scratch, "model.so")
+        report = build_model(ctx.db, ctx.store, model, hardware, output=path, zero_shot=zero_shot,
+                             top_k=max(5, verify), verify=verify, tuner=tuner)
+        if os.path.exists(path):
+            report.library_uri = store_library(ctx.store, path, model.name, hardware)
+        if output is None:
+            report.output = None  # the scratch copy is gone; the store's stays
+    return report.as_dict()

@@ -125,6 +125,12 @@ def test_pipeline_tunes_once_and_records_a_summary_artifact(flow_env, tmp_path) 
     assert (tmp_path / "out" / "mlp-x86.so").exists()
     build = first["builds"][0]
     assert build["tuned_workloads"] == 3 and build["tuned_ms"] <= build["untuned_ms"] * 1.2
+    # the library is in the artifact store too (on a cluster the node's scratch space is gone after)
+    from tunefleet.context import shared_context
+
+    store = shared_context().store
+    assert build["library_uri"].startswith(store.uri("builds/mlp-x86/"))
+    assert store.get_bytes(store.key_from_uri(build["library_uri"])) == (tmp_path / "out" / "mlp-x86.so").read_bytes()
     measured = _count_measurements()
     assert measured == tuned["measured"]
 
@@ -156,7 +162,8 @@ def test_retrain_flow_ends_with_zero_shot_builds(flow_env) -> None:  # type: ign
     assert second["version"] == 2
     (build,) = second["zero_shot_builds"]
     assert (build["predicted_workloads"], build["tuned_workloads"], build["default_workloads"]) == (7, 0, 0)  # NHWC recipe
-    assert build["tuned_ms"] is not None
+    assert build["tuned_ms"] is not None and build["output"] is None  # no output_dir: the store has it
+    assert build["library_uri"] and build["library_uri"].endswith(".so")
 
 
 def _model_id(db, version: int) -> int:  # type: ignore[no-untyped-def]

@@ -58,6 +58,9 @@ class BuildReport:
     its PyTorch module exported to ONNX (None: not measured; ``notes`` says why)."""
     max_abs_diff: float | None = None
     output: str | None = None
+    library_uri: str | None = None
+    """Where the delivered library is in the artifact store (:func:`store_library`: the ``build``
+    flow's, so that a build on a cluster node comes back); None when it was not stored."""
     threads: int = 0
     predicted_workloads: int = 0
     """Workloads built with a cost-model prediction (zero-shot), never measured on the class."""
@@ -696,6 +699,17 @@ def build_model(
         report.notes.append(note)
     deliver(resolved, checked, output=output)
     return report
+
+
+def store_library(store: ArtifactStore, path: str | Path, model: str, hardware: str) -> str:
+    """Put a built library into the artifact store, once per content
+    (``builds/<model>-<class>/<sha256>.so``); its URI. ``tunefleet gc`` never deletes it."""
+    import re
+
+    prefix = "builds/" + re.sub(r"[^a-z0-9._-]+", "-", f"{model}-{hardware}".lower())
+    with open(path, "rb") as f:
+        key, _ = store.put_content_addressed(f, prefix=prefix, suffix=".so", content_type="application/octet-stream")
+    return store.uri(key)
 
 
 def _to_numpy(out: Any) -> list[Any]:
