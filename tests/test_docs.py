@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tunefleet.cli.app import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,3 +61,23 @@ def test_cli_guide_lists_every_command() -> None:
     guide = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     missing = [c for c in _commands(build_parser(), "tunefleet") if f"`{c}`" not in guide]
     assert not missing, f"docs/cli.md does not list: {missing}"
+
+
+@pytest.mark.slow
+def test_the_python_guide_s_script_runs_as_written(tmp_path: Path) -> None:
+    """docs/python.md's script, in a fresh home as a user would run it (tuning mlp: slow)."""
+    import os
+
+    text = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
+    script = re.search(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert script is not None, "docs/python.md has no python block"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFLEET_")}
+    env["TUNEFLEET_HOME"] = str(tmp_path / "home")
+    out = subprocess.run([sys.executable, "-c", script.group(1)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    measured = re.search(r"^(\d+) candidates measured; stopped: ", out.stdout, re.M)
+    assert measured and 3 <= int(measured.group(1)) <= 24, out.stdout
+    assert len(re.findall(r"^\S+ \(x\d+\): \d+\.\d us$", out.stdout, re.M)) == 3, out.stdout  # every workload tuned
+    assert re.search(r"^tuned \d+\.\d{3} ms, untuned \d+\.\d{3} ms -> mlp-x86.so$", out.stdout, re.M), out.stdout
+    assert (tmp_path / "mlp-x86.so").stat().st_size > 0

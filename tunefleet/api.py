@@ -19,17 +19,18 @@ cheap: TVM, torch, onnx and the database load inside the calls that need them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tunefleet.context import Context
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.db.tables import Model
-    from tunefleet.delivery.best import BestSchedule
+    from tunefleet.delivery.best import BestSchedule, WorkloadBest
     from tunefleet.delivery.build import BuildReport
     from tunefleet.engine.loop import TuneSummary
     from tunefleet.engine.options import TuneOptions
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from tunefleet.models.workloads import ExtractResult
     from tunefleet.planning.rounds import Deadline, Rounds
 
-__all__ = ["Context", "best", "build", "connect", "extract", "hub_export", "hub_import", "ingest", "tune",
+__all__ = ["Context", "best", "best_for", "build", "connect", "extract", "hub_export", "hub_import", "ingest", "tune",
            "tune_with_workers"]
 
 
@@ -118,9 +119,11 @@ def extract(ctx: Context, model: Model | int | str, hardware: str) -> ExtractRes
     return extract_workloads(db, store, _model(db, model), hardware)
 
 
-def tune(ctx: Context, hardware: str, options: TuneOptions | None = None, *, max_shards: int | None = None,
+def tune(ctx: Context, hardware: str, options: TuneOptions | None = None, *, budget: str | int | None = None,
+         models: Sequence[Model | int | str] | None = None, max_shards: int | None = None,
          rounds: Rounds | None = None, deadline: Deadline | None = None) -> TuneSummary:
-    """Lease and tune the pending shards of a hardware class in this process until none is left.
+    """Lease and tune the pending shards of a hardware class in this process until none is left,
+    or spend a budget on models (planned in rounds as ``tunefleet tune --budget`` does).
 
     Parameters
     ----------
@@ -130,10 +133,16 @@ def tune(ctx: Context, hardware: str, options: TuneOptions | None = None, *, max
         The hardware class whose queue to drain.
     options : TuneOptions, optional
         Default: the settings' (:meth:`Context.options`).
+    budget : str or int, optional
+        A number of trials (``2000``: ``models`` needed) or a wall time (``"15m"``), spent on the
+        workloads of ``models`` in rounds; a wall time alone stops draining the queue then.
+    models : sequence of Model, int or str, optional
+        The models the budget is for (extracted for the class already).
     max_shards : int, optional
         Stop after this many shards.
     rounds : Rounds, optional
-        A model's budget: an empty queue plans its next round until the budget is spent.
+        A model's budget built by hand (instead of ``budget``): an empty queue plans its next
+        round until the budget is spent.
     deadline : Deadline, optional
         Stop leasing at this time (default the rounds' deadline, if any).
 
@@ -141,10 +150,25 @@ def tune(ctx: Context, hardware: str, options: TuneOptions | None = None, *, max
     -------
     TuneSummary
         Shards done and failed, candidates measured, and why draining stopped.
+
+    Raises
+    ------
+    ParameterError
+        A budget that does not parse, a number of trials without models, models without a
+        budget, or ``budget`` together with ``rounds`` or ``deadline``.
     """
     from tunefleet.engine.worker import drain
 
     options = options if options is not None else ctx.options()
+    if budget is not None or models:
+        from tunefleet.errors import ParameterError
+        from tunefleet.planning.spend import TUNE, Spend
+
+        if rounds is not None or deadline is not None:
+            raise ParameterError("invalid parameters: give budget (and models), or rounds and deadline, not both")
+        ids = [_model(ctx.db, m).id for m in models or ()]
+        spend = Spend.request(TUNE, None if budget is None else str(budget), model_ids=ids, name="budget")
+        rounds, deadline = spend.tuning(hardware, batch=options.trials_per_iter, energy_aware=options.energy_aware)
     return drain(ctx.db, hardware, options, max_shards=max_shards, store=ctx.store, refill=rounds, deadline=deadline)
 
 
@@ -290,3 +314,58 @@ def hub_import(ctx: Context, source: str | Path) -> ImportResult:
     from tunefleet.learning.hub import import_bundle
 
     return import_bundle(ctx.db, source, store=ctx.store if str(source).startswith("s3://") else None)
+
+
+def best_for(ctx: Context, what: Model | int | str | Any, hardware: str, *, n: int = 1,
+             params: dict[str, Any] | None = None) -> list[WorkloadBest]:
+    """The best measured schedules of every workload of a model, or of your own Relax module, on a
+    hardware class: the structural hashes are computed for you under the class's recipe.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect`.
+    what : Model, int, str or tvm.IRModule
+        A stored model (or its id, name or sha256 prefix), extracted for the class already; or a
+        Relax ``IRModule``, whose workloads are extracted here (nothing is stored).
+    hardware : str
+        The hardware class.
+    n : int, optional
+        Schedules per workload, best first (default 1).
+    params : dict of str to array, optional
+        With an ``IRModule``: the weights to bind (prepacking folds them into the workloads).
+
+    Returns
+    -------
+    list of WorkloadBest
+        One per workload, heaviest call count first; ``schedules`` is empty for a workload the
+        class never measured.
+
+    Raises
+    ------
+    NotFoundError
+        An unknown model or class, or a stored model never extracted for the class.
+    """
+    from tunefleet.db.tables import Model as StoredModel
+    from tunefleet.delivery.best import best_for_workloads
+
+    db = ctx.db
+    hw = db.hardware_class(hardware)
+    if isinstance(what, (int, str, StoredModel)):
+        model = _model(db, what)
+        linked = db.workloads(model.id, hw.id)
+        if not linked:
+            from tunefleet.errors import NotFoundError
+
+            raise NotFoundError(f"model {model.name} has no workloads on {hardware}: extract it first "
+                                f"(`tunefleet extract {model.name} --hardware {hardware}`)")
+        workloads = [(wl.structural_hash, wl.name, int(weight)) for wl, weight in linked]
+    else:
+        from tunefleet.models.workloads import class_recipe
+        from tunefleet.tvm.extract import extract_workloads
+        from tunefleet.tvm.targets import make_target
+
+        found = extract_workloads(what, make_target(hw.target), params=params, recipe=class_recipe(hw))
+        workloads = [(w.structural_hash, w.name, int(w.weight)) for w in found]
+    workloads.sort(key=lambda w: -w[2])
+    return best_for_workloads(db, workloads, hardware, n=n)

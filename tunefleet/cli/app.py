@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tunefleet import __version__
+from tunefleet.version import __version__
 from tunefleet.cli import catalog, cluster, config_db, delivery, hub, learning, reports, run, tuning
 from tunefleet.errors import TunefleetError
 

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tunefleet import __version__
+from tunefleet.version import __version__
 from tunefleet.errors import ConfigError, NotSupportedError, TunefleetError
 
 POOL_PREFIX = "tunefleet-"

@@ -52,6 +52,36 @@ def best(db: Database, workload: str, hardware: str, n: int = 1) -> list[BestSch
     ]
 
 
+@dataclass
+class WorkloadBest:
+    """One workload of a model or module, and its best measured schedules on a class."""
+
+    workload: str
+    """The workload's structural hash (under the class's recipe)."""
+    name: str
+    weight: int
+    """Calls per inference."""
+    schedules: list[BestSchedule]
+    """Best first; empty when the class never measured the workload."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "schedules": [b.as_dict() for b in self.schedules]}
+
+
+def best_for_workloads(db: Database, workloads: list[tuple[str, str, int]], hardware: str,
+                       n: int = 1) -> list[WorkloadBest]:
+    """:func:`best` of each ``(structural hash, name, weight)``; a workload never measured on the
+    class (or unknown to the database) gets no schedule rather than an error."""
+    out = []
+    for structural_hash, name, weight in workloads:
+        try:
+            found = best(db, structural_hash, hardware, n=n)
+        except NotFoundError:
+            found = []
+        out.append(WorkloadBest(structural_hash, name, weight, found))
+    return out
+
+
 def _origin(hub: tuple[str, dict[str, Any]] | None) -> str:
     if hub is None:
         return "tuned here"
