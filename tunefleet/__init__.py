@@ -15,8 +15,8 @@ from typing import Any
 from tunefleet.version import __version__
 
 #: The calls of :mod:`tunefleet.api` that ``tunefleet.<name>`` also names.
-API = ("Context", "best", "best_for", "build", "connect", "extract", "hub_export", "hub_import", "ingest", "tune",
-       "tune_with_workers")
+API = ("Context", "best", "best_for", "build", "build_exported", "connect", "extract", "hub_export", "hub_import",
+       "ingest", "tune", "tune_with_workers")
 
 __all__ = ["__version__", *API]
 

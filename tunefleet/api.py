@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from tunefleet.models.workloads import ExtractResult
     from tunefleet.planning.rounds import Deadline, Rounds
 
-__all__ = ["Context", "best", "best_for", "build", "connect", "extract", "hub_export", "hub_import", "ingest", "tune",
+__all__ = ["Context", "best", "best_for", "build", "build_exported", "connect", "extract", "hub_export", "hub_import", "ingest", "tune",
            "tune_with_workers"]
 
 
@@ -369,3 +369,31 @@ def best_for(ctx: Context, what: Model | int | str | Any, hardware: str, *, n: i
         workloads = [(w.structural_hash, w.name, int(w.weight)) for w in found]
     workloads.sort(key=lambda w: -w[2])
     return best_for_workloads(db, workloads, hardware, n=n)
+
+
+def build_exported(mod: Any, directory: str | Path, *, params: dict[str, Any] | None = None,
+                   func_name: str | None = None) -> Any:
+    """Build your own Relax module with the records ``tunefleet export-db`` wrote to a directory:
+    no database and no settings, only tunefleet and TVM installed (the directory's
+    ``tunefleet.json`` names the target and the extraction recipe the records need).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The model as its frontend gave it (weights bound, or given as ``params``).
+    directory : str or Path
+        What ``export-db`` wrote.
+    params : dict of str to array, optional
+        The weights to bind, by parameter name.
+    func_name : str, optional
+        The Relax function ``params`` belong to.
+
+    Returns
+    -------
+    tunefleet.tvm.compile.BuildResult
+        ``executable`` (run it with ``tvm.relax.VirtualMachine(executable, tvm.cpu())``) and
+        ``hits`` (the functions built from the records; the others keep the default schedule).
+    """
+    from tunefleet.delivery.best import build_exported as build
+
+    return build(mod, directory, params=params, func_name=func_name)

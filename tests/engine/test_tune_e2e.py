@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tunefleet import api
 from tests.conftest import on_backend
 from tunefleet.planning import shard_queue
 from tunefleet.db.database import sha256_text
@@ -66,9 +67,16 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     wl = db.workloads(model.id)[0][0]
     records = fleet_db.get_top_k(fleet_db.commit_workload(tvm.ir.load_json(wl.tir_json)), 2)
     assert len(records) == 2 and records[0].run_secs is not None
-    assert export_json_database(db, "x86", tmp_path / "msdb") == (3, 3, 0)  # nothing from a hub here
+    exported = export_json_database(db, "x86", tmp_path / "msdb")
+    assert exported == (3, 3, 0, "nhwc+prepack+fastmath+fold")  # nothing from a hub here; the recipe they need
     loaded = ms.database.JSONDatabase(work_dir=str(tmp_path / "msdb"))
     assert len(loaded) == 3
+    # A pipeline with tunefleet but no database builds its own Relax module from the directory alone.
+    from tunefleet.models.ingest import load_model
+
+    frontend = load_model(db, store, model)
+    built = api.build_exported(frontend.mod, tmp_path / "msdb", params=frontend.params)
+    assert len(built.hits) == 3, built.hits
 
 
 def _committed(db, shard_id: int) -> dict[int, str]:  # type: ignore[no-untyped-def]

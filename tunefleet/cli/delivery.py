@@ -118,7 +118,8 @@ def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
     done = export_json_database(ctx.db, args.hardware, args.directory, top_k=args.top)
     hub = f"; {done.from_hub} of them from the hub, measured on {args.hardware}" if done.from_hub else ""
     print(f"wrote {done.records} record(s) for {done.workloads} workload(s) to {args.directory} (MetaSchedule "
-          f"JSONDatabase files{hub})")
+          f"JSONDatabase files{hub}); they need recipe {done.recipe}, named in {args.directory}/tunefleet.json: "
+          "build with tunefleet.build_exported(mod, DIRECTORY, params=...)")
     return 0
 
 

@@ -4,7 +4,7 @@ measurements for TVM users, and an export as MetaSchedule JSON files.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -119,6 +119,10 @@ def metaschedule_database(db: Database, hardware: str, *, transfer: bool = False
     return FleetDatabase(db, hardware, transfer=transfer_lookup(db, hardware) if transfer else None)
 
 
+#: The file ``export-db`` writes beside MetaSchedule's two: the class, target and recipe the records need.
+EXPORT_MANIFEST = "tunefleet.json"
+
+
 class ExportedDatabase(NamedTuple):
     """What :func:`export_json_database` wrote."""
 
@@ -126,15 +130,22 @@ class ExportedDatabase(NamedTuple):
     records: int
     from_hub: int
     """Records whose schedule a hub bundle brought (measured on the class all the same)."""
+    recipe: str = ""
+    """The extraction recipe the records need (in :data:`EXPORT_MANIFEST` too)."""
 
 
 def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> ExportedDatabase:
     """Write the best ``top_k`` records per workload as MetaSchedule JSON database files.
 
-    Returns (workloads, records, records from the hub). Load them with ``ms.database.JSONDatabase(work_dir=directory)``
-    and build with :func:`tunefleet.tvm.compile.build_with_database` under the class's recipe
-    (see :func:`metaschedule_database`).
+    Returns (workloads, records, records from the hub, recipe). Beside the two MetaSchedule files
+    it writes :data:`EXPORT_MANIFEST` (the class, its target and the extraction recipe the records
+    need, the TVM version): :func:`build_exported` builds a Relax module with the directory alone,
+    no database (or load the files with ``ms.database.JSONDatabase(work_dir=directory)`` and build
+    with :func:`tunefleet.tvm.compile.build_with_database` under that recipe).
     """
+    import json
+
+    from tunefleet.models.workloads import class_recipe
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -160,4 +171,38 @@ def export_json_database(db: Database, hardware: str, directory: str | Path, *, 
             n_rec += 1
             n_hub += (wl.id, r.trace_sha256) in origins
         n_wl += 1
-    return ExportedDatabase(n_wl, n_rec, n_hub)
+    recipe = class_recipe(hw).name
+    manifest = {"format": 1, "hardware": hw.name, "target": dict(hw.target), "recipe": recipe,
+                "tvm_version": tvm.__version__, "workloads": n_wl, "records": n_rec}
+    (directory / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return ExportedDatabase(n_wl, n_rec, n_hub, recipe)
+
+
+def build_exported(mod: Any, directory: str | Path, *, params: Mapping[str, Any] | None = None,
+                   func_name: str | None = None) -> Any:
+    """Build a Relax module with the records ``export-db`` wrote to ``directory``, under the
+    recipe and for the target its :data:`EXPORT_MANIFEST` names: what a compile pipeline with
+    tunefleet installed but no database runs. Returns a
+    :class:`~tunefleet.tvm.compile.BuildResult` (``executable``, ``hits``: the functions built from
+    the records).
+
+    Raises
+    ------
+    NotFoundError
+        No manifest in ``directory`` (not written by ``export-db``, or by one before manifests).
+    """
+    import json
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.recipes import Recipe
+    from tunefleet.tvm.compile import build_with_database
+
+    directory = Path(directory)
+    path = directory / EXPORT_MANIFEST
+    if not path.is_file():
+        raise NotFoundError(f"{directory}: no {EXPORT_MANIFEST} (write the directory with `tunefleet export-db`)")
+    manifest = json.loads(path.read_text())
+    database = ms.database.JSONDatabase(work_dir=str(directory), allow_missing=False)
+    return build_with_database(mod, manifest["target"], database, params=params,
+                               recipe=Recipe.from_name(manifest["recipe"]), func_name=func_name)
