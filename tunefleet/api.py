@@ -303,8 +303,10 @@ def hub_export(ctx: Context, output: str | Path, *, hardware: list[str] | None =
 
 
 def hub_import(ctx: Context, source: str | Path) -> ImportResult:
-    """Load a hub bundle (a file path or an ``s3://`` URI of the artifact store): validated, in one
-    transaction, idempotent. Its records go under hub classes that tuning starts from.
+    """Load a hub bundle (a file path, an ``s3://`` URI of the artifact store, or a schedule
+    registry's ``https://`` URL, fetched with the ``registry_token`` setting and checked against the
+    SHA-256 the registry sends): validated, in one transaction, idempotent. Its records go under
+    hub classes that tuning starts from.
 
     Returns
     -------
@@ -313,7 +315,8 @@ def hub_import(ctx: Context, source: str | Path) -> ImportResult:
     """
     from tunefleet.learning.hub import import_bundle
 
-    return import_bundle(ctx.db, source, store=ctx.store if str(source).startswith("s3://") else None)
+    token = ctx.settings.registry_token.get_secret_value() or None
+    return import_bundle(ctx.db, source, store=ctx.store if str(source).startswith("s3://") else None, token=token)
 
 
 def best_for(ctx: Context, what: Model | int | str | Any, hardware: str, *, n: int = 1,

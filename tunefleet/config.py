@@ -216,6 +216,11 @@ class Settings(BaseSettings, TuneKnobs):
                      "seed the searches of workloads new to a class): 'default' (the bundle shipped with tunefleet), "
                      "'off', or a bundle file or s3:// URI of the artifact store. `run --no-hub` sets 'off'.")
 
+    registry_max_upload_mb: float = Field(default=100.0, gt=0, le=10_000, description="The schedule registry "
+                                          "(`tunefleet serve`) refuses a request body larger than this (413).")
+    registry_token: SecretStr = Field(default=SecretStr(""), description="The bearer token this tunefleet sends "
+                                      "to a schedule registry (`hub import https://...`).")
+
     gpu_arch: str = Field(default="sm_80", description="CUDA arch of the built-in gpu class.")
     hardware: dict[str, dict[str, Any]] = Field(
         default_factory=dict,

@@ -310,8 +310,8 @@ def test_the_workers_role_grants_exactly_what_prefect_kubernetes_calls_offline()
 
 @pytest.mark.parametrize("set_name", SETS)
 def test_only_the_workers_may_use_the_kubernetes_api_offline(set_name: str) -> None:
-    """One Role, bound to the workers' account alone; every other pod (server, hooks, flow runs)
-    runs as an account bound to nothing and mounts no token."""
+    """One Role, bound to the workers' account alone; every other pod (server, hooks, flow runs,
+    the schedule registry) runs as an account bound to nothing and mounts no token."""
     objs = rendered(set_name)
     byname = by_kind_name(objs)
     assert [k for k in byname if k[0] in {"Role", "ClusterRole"}] == [("Role", "tunefleet-worker")]
@@ -319,11 +319,13 @@ def test_only_the_workers_may_use_the_kubernetes_api_offline(set_name: str) -> N
     assert [b["subjects"] for b in bindings] == [[{"kind": "ServiceAccount", "name": "tunefleet-worker",
                                                    "namespace": NAMESPACE}]]
     assert byname[("ServiceAccount", "tunefleet-run")]["automountServiceAccountToken"] is False
+    assert byname[("ServiceAccount", "tunefleet-registry")]["automountServiceAccountToken"] is False
     for label, spec in pod_specs(objs):
         if "-worker-" in label:
             assert spec["serviceAccountName"] == "tunefleet-worker"
             continue
-        assert spec.get("serviceAccountName", "default") in {"tunefleet-run", "default"}, label
+        allowed = {"tunefleet-registry"} if label == "Deployment/tunefleet-registry" else {"tunefleet-run", "default"}
+        assert spec.get("serviceAccountName", "default") in allowed, label
         assert spec["automountServiceAccountToken"] is False, label
     for template in pools_script().build_templates(pools_spec(objs), NAMESPACE).values():
         pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]

@@ -87,7 +87,7 @@ def test_ca_bundles_from_a_configmap_or_a_secret_reach_every_pod_that_needs_them
     store = {"name": "s3-ca", "secret": {"secretName": "minio-ca",
                                          "items": [{"key": "bundle.pem", "path": "bundle.pem"}]}}
     needs = {"Job/tunefleet-db-upgrade": [database], "Job/tunefleet-deploy": [database, store],
-             "Deployment/tunefleet-prefect-server": [database]}
+             "Deployment/tunefleet-prefect-server": [database], "Deployment/tunefleet-registry": [database, store]}
     for label, spec in pod_specs(objs):
         volumes = [v for v in spec["volumes"] if v["name"].endswith("-ca")]
         assert volumes == needs.get(label, []), label  # workers open neither

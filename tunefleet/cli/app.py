@@ -14,18 +14,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tunefleet.version import __version__
-from tunefleet.cli import catalog, cluster, config_db, delivery, hub, learning, reports, run, tuning
+from tunefleet.cli import catalog, cluster, config_db, delivery, hub, learning, registry, reports, run, tuning
 from tunefleet.errors import TunefleetError
 
 if TYPE_CHECKING:
     from tunefleet.cli.common import AddParser, Handler
 
 #: The command modules; each names its commands and what adds them (``PARSERS``).
-MODULES = (config_db, catalog, tuning, run, delivery, hub, learning, reports, cluster)
+MODULES = (config_db, catalog, tuning, run, delivery, hub, registry, learning, reports, cluster)
 
 #: The order ``tunefleet --help`` lists the commands in.
 COMMANDS = ("config", "db", "run", "report", "dataset", "costmodel", "gc", "metrics", "deploy", "ingest", "extract",
-            "plan", "tune", "models", "workloads", "hardware", "shards", "best", "build", "export-db", "hub")
+            "plan", "tune", "models", "workloads", "hardware", "shards", "best", "build", "export-db", "hub", "serve",
+            "token")
 
 
 def build_parser() -> argparse.ArgumentParser:

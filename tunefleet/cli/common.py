@@ -6,6 +6,8 @@ Standard library only at import: ``tunefleet --help`` builds every command's par
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,27 @@ def open_db(settings: Settings, *, check_schema: bool = True) -> Database:
     from tunefleet.db import Database
 
     return Database.from_settings(settings, check_schema=check_schema)
+
+
+_DURATION = re.compile(r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?")
+
+
+def duration(flag: str) -> Callable[[str], dt.timedelta]:
+    """An argparse ``type``: a duration such as ``1d``, ``12h``, ``1d12h``, ``30m``, ``90s`` or
+    ``0``; anything else is one :class:`~tunefleet.errors.ParameterError` line naming ``flag``."""
+    from tunefleet.errors import ParameterError
+
+    def parse(text: str) -> dt.timedelta:
+        value = text.strip().lower()
+        if value == "0":
+            return dt.timedelta(0)
+        match = _DURATION.fullmatch(value)
+        if match is None or not any(match.groupdict().values()):
+            raise ParameterError(f"invalid {flag}: {text!r} (give a duration such as 1d, 12h, 30m, 90s or 0)")
+        d, h, m, s = (int(match[k] or 0) for k in ("d", "h", "m", "s"))
+        return dt.timedelta(days=d, hours=h, minutes=m, seconds=s)
+
+    return parse
 
 
 def at_least(minimum: int, flag: str, *, at_most: int | None = None) -> Callable[[str], int]:

@@ -75,7 +75,8 @@ def _add_hub(sub: Subparsers) -> None:
     ex.add_argument("--json", action="store_true", help="print JSON instead of a line")
     ex.set_defaults(handler=cmd_hub_export)
     im = hub.add_parser("import", help="load a hub bundle: validated, all or nothing, idempotent")
-    im.add_argument("source", help="a bundle file, or an s3:// URI of the artifact store")
+    im.add_argument("source", help="a bundle file, an s3:// URI of the artifact store, or a schedule registry's "
+                    "https://.../v1/hub/CLASS.parquet (TUNEFLEET_REGISTRY_TOKEN; checked against its SHA-256)")
     im.add_argument("--json", action="store_true", help="print JSON instead of a line")
     im.set_defaults(handler=cmd_hub_import)
     ls = hub.add_parser("list", help="the bundles imported and the hub classes their records live under")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
 from typing import TYPE_CHECKING, Any
 
 from tunefleet import api
-from tunefleet.cli.common import between
+from tunefleet.cli.common import between, duration
 from tunefleet.cli.render import print_json, table
 
 if TYPE_CHECKING:
@@ -139,22 +138,8 @@ def _when(moment: dt.datetime | None) -> str:
     return "-" if moment is None else moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-_GRACE = re.compile(r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?")
-
-
-def grace_period(text: str) -> dt.timedelta:
-    """An argparse ``type``: a duration such as ``1d``, ``12h``, ``1d12h``, ``30m``, ``90s`` or ``0``;
-    anything else is one :class:`~tunefleet.errors.ParameterError` line naming ``--grace``."""
-    from tunefleet.errors import ParameterError
-
-    value = text.strip().lower()
-    if value == "0":
-        return dt.timedelta(0)
-    match = _GRACE.fullmatch(value)
-    if match is None or not any(match.groupdict().values()):
-        raise ParameterError(f"invalid --grace: {text!r} (give a duration such as 1d, 12h, 30m, 90s or 0)")
-    d, h, m, s = (int(match[k] or 0) for k in ("d", "h", "m", "s"))
-    return dt.timedelta(days=d, hours=h, minutes=m, seconds=s)
+grace_period = duration("--grace")
+"""An argparse ``type``: ``--grace``'s duration (``1d``, ``12h``, ``1d12h``, ``30m``, ``90s`` or ``0``)."""
 
 
 def _duration_text(period: dt.timedelta) -> str:

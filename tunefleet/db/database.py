@@ -7,7 +7,8 @@ with one line naming the database (password masked) and the driver's reason.
 The methods live in one module per concern: :mod:`~tunefleet.db.catalog` (hardware classes,
 models, workloads), :mod:`~tunefleet.db.measurements` (measurements, plateau state),
 :mod:`~tunefleet.db.shards` (shards and leases), :mod:`~tunefleet.db.learning` (predictions,
-datasets, cost models) and :mod:`~tunefleet.db.reports` (aggregates), :mod:`~tunefleet.db.hub` (hub bundles). Only this package runs SQL.
+datasets, cost models) and :mod:`~tunefleet.db.reports` (aggregates), :mod:`~tunefleet.db.hub` (hub bundles), :mod:`~tunefleet.db.tokens` (the registry's
+tokens). Only this package runs SQL.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from tunefleet.db.learning import LearningMixin
 from tunefleet.db.measurements import MeasurementsMixin, NewMeasurement, SimilarWorkload
 from tunefleet.db.reports import EnergyGroup, EnergyTotals, OutlookInputs, ReportsMixin, TimelinePoint
 from tunefleet.db.shards import BudgetRow, BudgetView, PlanRow, ShardsMixin, TrialGrant
+from tunefleet.db.tokens import TokensMixin
 from tunefleet.vocab import FILTERED
 
 
-class Database(MeasurementsMixin, ShardsMixin, LearningMixin, ReportsMixin, HubMixin):
+class Database(MeasurementsMixin, ShardsMixin, LearningMixin, ReportsMixin, HubMixin, TokensMixin):
     """Access to the tunefleet schema on SQLite or PostgreSQL: one class composed of the concerns'
-    methods (catalog, measurements, shards and leases, learning artifacts, reports, hub bundles) over one
+    methods (catalog, measurements, shards and leases, learning artifacts, reports, hub bundles, the
+    registry's tokens) over one
     session factory; constructed as :class:`~tunefleet.db._base.DatabaseBase` says."""
 
 

@@ -327,6 +327,24 @@ class HubImport(Base):
     imported_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class ApiToken(Base):
+    """A bearer token of the schedule registry (``tunefleet serve``): one team's key, ``read`` or
+    ``write`` (write includes read), with an optional expiry; revoked, never deleted (the audit
+    lines name its id). Only the token's SHA-256 is stored: the token itself is shown once, when it
+    is created (``tunefleet token create``)."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    team: Mapped[str] = mapped_column(String(128))
+    scope: Mapped[str] = mapped_column(String(16))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
 class Artifact(Base):
     """Something in the artifact store that the database points to: one object, or a folder of them.
 

@@ -134,8 +134,10 @@ class ExportedDatabase(NamedTuple):
     """The extraction recipe the records need (in :data:`EXPORT_MANIFEST` too)."""
 
 
-def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1) -> ExportedDatabase:
-    """Write the best ``top_k`` records per workload as MetaSchedule JSON database files.
+def export_json_database(db: Database, hardware: str, directory: str | Path, *, top_k: int = 1,
+                         workload_ids: set[int] | None = None) -> ExportedDatabase:
+    """Write the best ``top_k`` records per workload (of every workload, or of ``workload_ids``:
+    a model's) as MetaSchedule JSON database files.
 
     Returns (workloads, records, records from the hub, recipe). Beside the two MetaSchedule files
     it writes :data:`EXPORT_MANIFEST` (the class, its target and the extraction recipe the records
@@ -158,7 +160,7 @@ def export_json_database(db: Database, hardware: str, directory: str | Path, *, 
                                    path_tuning_record=str(directory / "database_tuning_record.json"),
                                    allow_missing=True)
     n_wl = n_rec = n_hub = 0
-    workloads = db.workloads()
+    workloads = [(wl, w) for wl, w in db.workloads() if workload_ids is None or wl.id in workload_ids]
     origins = db.hub_origins(wl.id for wl, _ in workloads)
     for wl, _ in workloads:
         rows = db.best_measurements(wl.id, hw.id, top_k)

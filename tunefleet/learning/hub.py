@@ -195,9 +195,50 @@ class ImportResult:
         return text
 
 
-def read_source(source: str | Path, store: ArtifactStore | None = None) -> bytes:
-    """A bundle's bytes from a file path or an ``s3://`` URI of the artifact store."""
+#: The response header in which a schedule registry (``tunefleet serve``) sends a bundle's SHA-256.
+SHA256_HEADER = "X-Tunefleet-Sha256"
+
+
+def fetch_bundle(url: str, token: str | None = None, *, timeout_s: float = 120.0) -> bytes:
+    """A bundle's bytes from a schedule registry (``https://.../v1/hub/<class>.parquet``), checked
+    against the SHA-256 the registry sends with it (:data:`SHA256_HEADER`): a bundle damaged on
+    the way, or a response without the header, is refused."""
+    import httpx
+
+    from tunefleet.config import mask_url
+    from tunefleet.errors import ConfigError, TransientError
+
+    where = mask_url(url)
+    try:
+        resp = httpx.get(url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=timeout_s,
+                         follow_redirects=True)
+    except httpx.HTTPError as exc:
+        raise TransientError(f"cannot fetch {where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+    if resp.status_code in (401, 403):
+        raise ConfigError(f"the registry refused {where} ({resp.status_code}): set TUNEFLEET_REGISTRY_TOKEN to a live "
+                          "token of scope read" + ("" if token else " (none is set)"))
+    if resp.status_code == 404:
+        raise ParameterError(f"no hub bundle at {where} (404)")
+    if resp.status_code != 200:
+        raise TransientError(f"cannot fetch {where}: HTTP {resp.status_code}")
+    data = resp.content
+    expected = resp.headers.get(SHA256_HEADER, "").strip().lower()
+    if not expected:
+        raise ParameterError(f"{where} sent no {SHA256_HEADER} header: refused (a bundle over HTTP is checked "
+                             "against the registry's SHA-256)")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise ParameterError(f"{where}: the bundle's SHA-256 {actual[:12]}... is not the registry's {expected[:12]}...: "
+                             "refused (damaged on the way)")
+    return data
+
+
+def read_source(source: str | Path, store: ArtifactStore | None = None, token: str | None = None) -> bytes:
+    """A bundle's bytes from a file path, an ``s3://`` URI of the artifact store, or a schedule
+    registry's ``https://`` (or ``http://``) URL (:func:`fetch_bundle`, with ``token``)."""
     text = str(source)
+    if text.startswith(("https://", "http://")):
+        return fetch_bundle(text, token)
     if text.startswith("s3://"):
         if store is None:
             raise ParameterError(f"cannot read {text}: no artifact store")
@@ -251,7 +292,8 @@ def _skip_reason(row: dict[str, Any], here_tvm: str) -> str | None:
     return None if fine else "invalid"
 
 
-def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | None = None) -> ImportResult:
+def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | None = None,
+                  token: str | None = None) -> ImportResult:
     """Validate a bundle and load its records under hub classes (module docstring); idempotent.
 
     Raises
@@ -265,7 +307,7 @@ def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | No
 
     start = time.monotonic()
     name = str(source)
-    data = read_source(source, store)
+    data = read_source(source, store, token)
     sha = hashlib.sha256(data).hexdigest()
     done = db.hub_import_of(sha)
     if done is not None:
@@ -409,6 +451,6 @@ def _parse_time(text: str | None) -> dt.datetime | None:
     return when.astimezone(dt.timezone.utc).replace(tzinfo=None) if when.tzinfo else when
 
 
-__all__ = ["DEFAULT_BUNDLE", "DEFAULT_TOP_K", "FORMAT", "FORMAT_VERSION", "ExportResult", "HubReport", "ImportResult",
-           "describe_hub_class", "ensure_hub", "export_bundle", "hub_class_name", "hub_report", "import_bundle",
-           "read_source", "write_bundle"]
+__all__ = ["DEFAULT_BUNDLE", "DEFAULT_TOP_K", "FORMAT", "FORMAT_VERSION", "SHA256_HEADER", "ExportResult", "HubReport",
+           "ImportResult", "describe_hub_class", "ensure_hub", "export_bundle", "fetch_bundle", "hub_class_name",
+           "hub_report", "import_bundle", "read_source", "write_bundle"]

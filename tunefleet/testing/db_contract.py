@@ -25,7 +25,7 @@ from tunefleet.db import Database, NewMeasurement, TrialGrant, current_revision,
 from tunefleet.db.database import sha256_text
 from tunefleet.db.tables import TuningState, utcnow
 from tunefleet.db.measurements import _COPY_MIN_ROWS
-from tunefleet.errors import (ConflictError, DatabaseUnavailableError, NotFoundError, SchemaOutdatedError,
+from tunefleet.errors import (ConflictError, DatabaseUnavailableError, NotFoundError, ParameterError, SchemaOutdatedError,
                               SchemaTooNewError)
 from tunefleet.testing.tcp_proxy import TcpProxy
 from tunefleet.vocab import CANCELLED, DEFAULT_TRACE_JSON, DONE, FAILED, FILTERED, LEASED, PENDING
@@ -647,6 +647,34 @@ class DatabaseContract(ShardCases, ReportCases):
         assert hw.capabilities == {"isa": ["avx", "avx2"], "cpu": first} and hw.target == adopt["target"]
         with pytest.raises(NotFoundError):
             db.claim_hardware_cpu("tpu", first)
+
+    def test_registry_tokens_are_stored_hashed_scoped_expire_and_revoke(self, db: Database) -> None:
+        from tunefleet.db.tokens import grants, token_digest
+
+        token, row = db.create_token("vision", "read", note="ci")
+        assert token.startswith("tf_") and len(token) > 40 and row.token_sha256 == token_digest(token)
+        assert token not in str([(t.team, t.token_sha256, t.note) for t in db.api_tokens()])  # only its digest
+        seen = db.authenticate(token)
+        assert seen is not None and (seen.team, seen.scope) == ("vision", "read") and seen.last_used_at is not None
+        assert db.authenticate(token[:-1] + ("A" if token[-1] != "A" else "B")) is None
+        assert db.authenticate("Bearer " + token) is None
+        writer, _ = db.create_token("vision", "write", expires_at=utcnow() + dt.timedelta(hours=1))
+        assert grants("write", "read") and grants("write", "write") and not grants("read", "write")
+        assert db.authenticate(writer) is not None
+        with db.session() as s:  # an hour later
+            s.execute(text("UPDATE api_tokens SET expires_at = :t WHERE scope = 'write'"),
+                      {"t": utcnow() - dt.timedelta(seconds=1)})
+        assert db.authenticate(writer) is None
+        revoked = db.revoke_token(row.id)
+        assert revoked.revoked_at is not None and db.authenticate(token) is None
+        assert db.revoke_token(row.id).revoked_at == revoked.revoked_at  # once
+        with pytest.raises(NotFoundError, match="unknown token id 99"):
+            db.revoke_token(99)
+        with pytest.raises(ParameterError, match="invalid scope: 'admin'"):
+            db.create_token("vision", "admin")
+        with pytest.raises(ParameterError, match="invalid expiry"):
+            db.create_token("vision", "read", expires_at=utcnow() - dt.timedelta(days=1))
+        assert [t.team for t in db.api_tokens()] == ["vision", "vision"]
 
     def test_a_hub_import_is_whole_idempotent_and_kept_apart(self, seeded: tuple[Database, int, int, int]) -> None:
         from tunefleet.vocab import HUB_POOL

@@ -51,6 +51,9 @@ app.kubernetes.io/part-of: tunefleet
 {{- define "tunefleet.runServiceAccount" -}}
 {{- printf "%s-run" (include "tunefleet.fullname" .) }}
 {{- end }}
+{{- define "tunefleet.registryName" -}}
+{{- printf "%s-registry" (include "tunefleet.fullname" .) }}
+{{- end }}
 
 {{/* The Secret every pod reads credentials from (after the install hooks). */}}
 {{- define "tunefleet.secretName" -}}
@@ -256,10 +259,9 @@ TUNEFLEET_HARDWARE: {{ . | quote }}
 {{- end }}
 {{- end }}
 
-{{/* tunefleet's credentials as secretKeyRef env entries (the deploy hook and, through the pools'
-     templates, every flow-run Job), with the Prefect API's auth string; a flow run's
-     PREFECT_API_KEY is the worker's business. */}}
-{{- define "tunefleet.secretEnv" -}}
+{{/* tunefleet's own credentials, the database URL and the S3 keys, as secretKeyRef env entries
+     to the release's Secret: the schedule registry gets these alone (it is no Prefect client). */}}
+{{- define "tunefleet.storeSecretEnv" -}}
 {{- $secret := include "tunefleet.secretName" . -}}
 - name: TUNEFLEET_DATABASE_URL
   valueFrom:
@@ -270,6 +272,13 @@ TUNEFLEET_HARDWARE: {{ . | quote }}
 - name: TUNEFLEET_S3_SECRET_KEY
   valueFrom:
     secretKeyRef: {name: {{ $secret }}, key: {{ .Values.secrets.keys.s3SecretKey }}}
+{{- end }}
+
+{{/* tunefleet's credentials as secretKeyRef env entries (the deploy hook and, through the pools'
+     templates, every flow-run Job), with the Prefect API's auth string; a flow run's
+     PREFECT_API_KEY is the worker's business. */}}
+{{- define "tunefleet.secretEnv" -}}
+{{ include "tunefleet.storeSecretEnv" . }}
 {{- include "tunefleet.prefectAuthEnv" . }}
 {{- end }}
 
