@@ -144,6 +144,44 @@ def test_wheel_ships_every_module(tmp_path: Path) -> None:
     assert not stale, f"the wheel ships modules the source tree does not have: {stale}"
 
 
+@pytest.mark.slow
+def test_the_wheel_installs_into_a_fresh_virtualenv_and_runs_the_main_job(tmp_path: Path) -> None:
+    """The wheel in a virtualenv of its own, outside the clone: its package data (migrations, the
+    flows' prefect.yaml, the hub bundle, py.typed, the LICENSE) is enough for ``tunefleet run``.
+    Its dependencies come from this test's environment (a ``.pth`` line: nothing downloaded), whose
+    editable tunefleet stays out (a ``.pth`` path's own ``.pth`` files are not read)."""
+    import venv
+
+    wheel = _build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+    assert {"tunefleet/py.typed", "tunefleet/data/hub/default.parquet",
+            "tunefleet/db/migrations/versions/0011_api_tokens.py", "tunefleet/flows/prefect.yaml"} <= names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "zz-test-dependencies.pth").write_text("\n".join(deps) + "\n")
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
+                                "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    where = subprocess.run([str(py), "-c", "import tunefleet; print(tunefleet.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert where.startswith(str(site)), f"tunefleet imported from {where}, not the wheel"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFLEET_", "PREFECT_"))}
+    env["TUNEFLEET_HOME"] = str(tmp_path / "home")
+    out = subprocess.run([str(env_dir / "bin" / "tunefleet"), "run", "--model", "mlp", "--trials", "2"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "tunefleet tuned (3/3 workloads tuned)" in out.stdout
+    assert "hub: 3 of 3 workloads start from the hub" in out.stdout  # the bundle shipped in the wheel
+
+
 # -- every module imports alone ------------------------------------------------------------------
 
 
