@@ -174,6 +174,21 @@ def test_a_budget_too_short_for_a_round_measures_the_hub_s_schedules_only(db: tu
     assert rounds.refill(database) == 0 and len(shard_queue.list_shards(database)) == 2  # once
 
 
+def test_a_budget_spent_before_tuning_starts_still_replays_the_hub(db: tuple[Database, int]) -> None:
+    """Ingest and extraction took the whole budget: the loop still asks the rounds once, and they
+    replay the hub's schedules."""
+    database, model = db
+    clock = Clock()
+    source = database.upsert_hardware_class("hub-x86", {"kind": "llvm", "num-cores": 2}, "tunefleet-hub")
+    (big, _), *_ = [(wl, w) for wl, w in database.workloads(model) if wl.name == "big"]
+    database.commit_measurements([NewMeasurement(big.id, source.id, "big-hub", [1e-4])])
+    rounds = Rounds("x86", [model], Budget(seconds=20), started_at=clock() - 60, reserve_builds=1, clock=clock)
+    assert rounds.deadline is not None and rounds.deadline.reason() == "deadline: reached"
+    summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(clock), refill=rounds)  # type: ignore[arg-type]
+    assert summary.measured == 3 and [database.workload(s.workload_id).name
+                                      for s in shard_queue.list_shards(database)] == ["big"]
+
+
 def test_a_budget_too_short_for_a_round_with_nothing_to_replay_plans_nothing(db: tuple[Database, int]) -> None:
     database, model = db
     clock = Clock()

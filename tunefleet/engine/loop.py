@@ -186,6 +186,9 @@ class TuneLoop:
         if self.max_shards is not None and len(self.results) >= self.max_shards:
             return self._end(None)
         if self.deadline is not None and (why := self.deadline.reason()):
+            first = self.rounds is not None and self.rounds.stopped is None and self.rounds.rounds == 0
+            if first and not self._refilled:
+                return Refill(self.rounds)  # type: ignore[arg-type]  # the rounds may still replay the hub
             return self._end(why)
         if not self._found_nothing:
             return Lease(self.deadline, allocated=self.rounds is not None)
