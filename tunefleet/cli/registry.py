@@ -53,8 +53,11 @@ def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
                      "created_at": t.created_at, "expires_at": t.expires_at, "revoked_at": t.revoked_at,
                      "last_used_at": t.last_used_at} for t in rows])
         return 0
-    table("registry tokens", ["id", "team", "scope", "state", "created", "expires", "last used", "note"],
-          [(t.id, t.team, t.scope, state(t), t.created_at, t.expires_at or "-", t.last_used_at or "-", t.note)
+    def when(moment: object) -> str:
+        return f"{moment:%Y-%m-%d %H:%M}" if moment is not None else "-"
+
+    table("registry tokens (times UTC)", ["id", "team", "scope", "state", "created", "expires", "last used", "note"],
+          [(t.id, t.team, t.scope, state(t), when(t.created_at), when(t.expires_at), when(t.last_used_at), t.note)
            for t in rows])
     return 0
 
