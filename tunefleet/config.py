@@ -214,7 +214,8 @@ class Settings(BaseSettings, TuneKnobs):
 
     hub: str = Field(default="default", description="The hub bundle a database imports on first use (its records "
                      "seed the searches of workloads new to a class): 'default' (the bundle shipped with tunefleet), "
-                     "'off', or a bundle file or s3:// URI of the artifact store. `run --no-hub` sets 'off'.")
+                     "'off', a bundle file, an s3:// URI of the artifact store, or a schedule registry's https:// URL "
+                     "(fetched with registry_token). `run --no-hub` sets 'off'.")
 
     registry_max_upload_mb: float = Field(default=100.0, gt=0, le=10_000, description="The schedule registry "
                                           "(`tunefleet serve`) refuses a request body larger than this (413).")

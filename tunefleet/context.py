@@ -44,7 +44,8 @@ class Context:
 
                     # The fleet's schedules on first use (the shipped bundle, or the one set).
                     ensure_hub(db, self.settings.hub, self._store_unlocked()
-                               if self.settings.hub.startswith("s3://") else None)
+                               if self.settings.hub.startswith("s3://") else None,
+                               token=self.settings.registry_token.get_secret_value() or None)
                 self._db = db
             return self._db
 

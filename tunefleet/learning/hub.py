@@ -364,10 +364,12 @@ def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | No
 DEFAULT_BUNDLE = Path(__file__).resolve().parent.parent / "data" / "hub" / "default.parquet"
 
 
-def ensure_hub(db: Database, hub: str, store: ArtifactStore | None = None) -> ImportResult | None:
+def ensure_hub(db: Database, hub: str, store: ArtifactStore | None = None, *,
+               token: str | None = None) -> ImportResult | None:
     """Import the bundle the ``hub`` setting names unless this database has it (first use).
 
-    ``"off"``: nothing. ``"default"``: :data:`DEFAULT_BUNDLE`, if this installation ships one.
+    ``"off"``: nothing. ``"default"``: :data:`DEFAULT_BUNDLE`, if this installation ships one. A
+    schedule registry's URL is fetched with ``token`` (:func:`fetch_bundle`).
     A bundle another process imports at the same moment is not an error (the import is
     idempotent; the loser's transaction finds it done).
     """
@@ -382,7 +384,7 @@ def ensure_hub(db: Database, hub: str, store: ArtifactStore | None = None) -> Im
     else:
         source = hub
     try:
-        result = import_bundle(db, source, store=store)  # a bundle imported before is not parsed again
+        result = import_bundle(db, source, store=store, token=token)  # a bundle imported before is not parsed again
     except ConflictError:
         return None
     if not result.new:
