@@ -54,7 +54,7 @@ def _settings(home: Path, db_url: str, s3: Any, **more: Any) -> Any:
 
     return load_settings(home=home, database_url=db_url, store="s3", s3_endpoint=s3.endpoint,
                          s3_access_key=s3.access_key, s3_secret_key=s3.secret_key,
-                         s3_bucket=unique_bucket_name("registry"), hub="off", **more)
+                         s3_bucket=unique_bucket_name("registry"), **{"hub": "off", **more})
 
 
 def _measure_every_workload(ctx: Any, model: Any, hardware: str = "x86") -> None:
@@ -199,11 +199,15 @@ def test_bundles_travel_with_their_sha256_and_a_writer_uploads_and_submits(
 
     # another database imports it over HTTP with its read token (checked against the SHA-256)
     databases = [pg_server.create_database(), pg_server.create_database()]
-    other = api.connect(_settings(tmp_path / "client", pg_server.url(databases[0]), s3, registry_token=read))
+    # (its TUNEFLEET_HUB names the registry's bundle: the database's first use fetches it)
+    other = api.connect(_settings(tmp_path / "client", pg_server.url(databases[0]), s3, registry_token=read,
+                                  hub=f"{url}/v1/hub/x86.parquet"))
     no_token = api.connect(_settings(tmp_path / "anon", pg_server.url(databases[1]), s3))
     try:
-        done = api.hub_import(other, f"{url}/v1/hub/x86.parquet")
-        assert done.new and done.counts["records_new"] == 3
+        [first] = other.db.hub_imports()
+        assert first.source == f"{url}/v1/hub/x86.parquet" and first.counts["records_new"] == 3
+        again = api.hub_import(other, f"{url}/v1/hub/x86.parquet")  # the same file, or made again: nothing new
+        assert not again.new or again.counts["records_new"] == 0
         with pytest.raises(ConfigError, match=r"refused .* \(401\): set TUNEFLEET_REGISTRY_TOKEN .* \(none is set\)"):
             api.hub_import(no_token, f"{url}/v1/hub/x86.parquet")
         with _serving_bytes(bundle.content, {SHA256_HEADER: "0" * 64}) as tampered:
