@@ -163,8 +163,8 @@ def test_a_budget_too_short_for_a_round_measures_the_hub_s_schedules_only(db: tu
     assert rounds.reserve_s > 20  # the build's reserve alone is longer than the budget
     assert rounds.stopped == ("deadline: reached before the first round: 2 workload(s) measure the hub's "
                               "schedules only")
-    assert rounds.deadline is not None and rounds.deadline.at == clock() + 2 * (1 + round_planning.REPLAY_SEEDS) * \
-        round_planning.REPLAY_TRIAL_S
+    assert rounds.deadline is not None and rounds.deadline.at == clock() + round_planning.first_round_s(
+        [1 + round_planning.REPLAY_SEEDS] * 2)
     planned = sorted(shard_queue.list_shards(database), key=lambda s: -s.priority)
     assert [(database.workload(s.workload_id).name, s.trials) for s in planned] == [("big", 3), ("small", 3)]
     assert all(s.history[0]["replay"] is True and s.history[0]["round"] == 1 for s in planned)
@@ -187,6 +187,29 @@ def test_a_budget_spent_before_tuning_starts_still_replays_the_hub(db: tuple[Dat
     summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(clock), refill=rounds)  # type: ignore[arg-type]
     assert summary.measured == 3 and [database.workload(s.workload_id).name
                                       for s in shard_queue.list_shards(database)] == ["big"]
+
+
+@pytest.mark.parametrize("hub", [True, False], ids=["with-hub", "without-hub"])
+def test_a_first_round_that_cannot_end_before_the_deadline_replays_the_hub_instead(db: tuple[Database, int],
+                                                                                     hub: bool) -> None:
+    """Time is left, but less than a first round needs (a shard's start and its trials, estimated):
+    with the hub, the replay round; without it, the first round all the same."""
+    database, model = db
+    clock = Clock()
+    if hub:
+        source = database.upsert_hardware_class("hub-x86", {"kind": "llvm", "num-cores": 2}, "tunefleet-hub")
+        for wl, _ in database.workloads(model):
+            database.commit_measurements([NewMeasurement(wl.id, source.id, f"{wl.name}-hub", [1e-4])])
+    need = round_planning.first_round_s([8, 8, 8])
+    rounds = Rounds("x86", [model], Budget(seconds=need - 2), started_at=clock(), min_trials=8, batch=8, clock=clock)
+    assert rounds.refill(database) == 3
+    planned = sorted(s.trials for s in shard_queue.list_shards(database))
+    if hub:
+        assert rounds.stopped == (f"deadline: {need - 2:.0f}s left, less than a first round needs (about {need:.0f}s) "
+                                  "before the first round: 3 workload(s) measure the hub's schedules only")
+        assert planned == [3, 3, 3]
+    else:
+        assert rounds.stopped is None and planned == [8, 8, 8]  # nothing to replay: the round is planned
 
 
 def test_a_budget_too_short_for_a_round_with_nothing_to_replay_plans_nothing(db: tuple[Database, int]) -> None:

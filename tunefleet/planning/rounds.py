@@ -48,11 +48,17 @@ DEADLINE = "deadline"
 #: Schedules of the hub (or of another compatible class) that the replay round measures for each
 #: workload, besides its default schedule (:meth:`Rounds.refill`).
 REPLAY_SEEDS = 2
-#: What the replay round is expected to take per trial (one build and one run of a known schedule,
-#: and the shard's start shared by its few trials), in seconds: the round's own deadline is that
-#: much per trial from its start. An estimate to bound the round, not a measurement: the run's
-#: summary says how long it took (docs/performance.md, the 2-minute run).
-REPLAY_TRIAL_S = 2.0
+#: What a first round is expected to take, in seconds: a shard's start (its search space, its
+#: first builds) and each of its trials. Estimates to decide whether a first round fits before the
+#: deadline (else the replay round runs instead) and to bound the replay round, not measurements:
+#: the run's summary says how long it took (docs/performance.md, the 2-minute run).
+SHARD_START_S = 4.0
+TRIAL_S = 0.5
+
+
+def first_round_s(trials: Sequence[int]) -> float:
+    """The expected seconds of a first round of shards of ``trials`` trials each."""
+    return sum(SHARD_START_S + n * TRIAL_S for n in trials)
 
 
 class Deadline:
@@ -142,12 +148,18 @@ class Rounds:
         over, and :attr:`stopped` says why). Another worker's round counts: it is there to lease."""
         if self.stopped is not None:
             return 0
-        if self.rounds == 0 and self.reserve_builds and self.deadline is not None and not self.deadline.reason():
-            # The build's reserve moves the deadline: see it before the first round is planned.
-            self._reserve(plan_round(db, self.hardware, self.model_ids, self.budget, self.since, dry=True,
-                                     min_trials=self.min_trials, batch=self.batch).build_reserve_s)
+        if self.rounds == 0 and self.deadline is not None and not self.deadline.reason():
+            # Before the first round: the build's reserve moves the deadline, and a first round
+            # that cannot end before it would measure a shard or two and be cancelled.
+            dry = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, dry=True,
+                             min_trials=self.min_trials, batch=self.batch)
+            self._reserve(dry.build_reserve_s)
+            need, left = first_round_s([g.trials for g in dry.plan.grants]), self.deadline.left_s()
+            if 0 < left < need and (replayed := self._replay(db, f"{DEADLINE}: {left:.0f}s left, less than a "
+                                                                 f"first round needs (about {need:.0f}s)")):
+                return replayed  # (nothing to replay: the first round is planned all the same)
         if self.deadline is not None and (why := self.deadline.reason()):
-            return self._replay(db, why) if self.rounds == 0 else self._stop(why)
+            return (self.rounds == 0 and self._replay(db, why)) or self._stop(why)
         if self.spent is not None and self._stalled(db):
             return 0
         res = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
@@ -167,16 +179,16 @@ class Rounds:
         """The deadline (less the build's reserve) leaves no time for a first round of search: the
         workloads never measured on the class that the hub (or another compatible class) holds
         measure their default and :data:`REPLAY_SEEDS` of its best schedules instead, in one
-        round with a deadline of its own (:data:`REPLAY_TRIAL_S` a trial), and the rounds end.
+        round with a deadline of its own (:func:`first_round_s` of its shards), and the rounds end.
         A budget too short to search still delivers the fleet's schedules, measured here, for
-        a little more time than it allowed; without such workloads the rounds end at once."""
+        a little more time than it allowed. The shards pending (0: nothing to replay, nothing
+        planned)."""
         res = plan_replay_round(db, self.hardware, self.model_ids, self.budget, self.since)
         self.rounds = max(self.rounds, res.round)
         if not res.shards:
-            return self._stop(why)
-        trials = sum(shard.trials for shard in res.shards)
+            return 0
         assert self.deadline is not None
-        self.deadline.at = self.clock() + trials * REPLAY_TRIAL_S
+        self.deadline.at = self.clock() + first_round_s([shard.trials for shard in res.shards])
         self.stopped = f"{why} before the first round: {len(res.shards)} workload(s) measure the hub's schedules only"
         log.info("budget %s on %s: %s", self.budget, self.hardware, self.stopped)
         return len(res.open_round_shards)
