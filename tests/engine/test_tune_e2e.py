@@ -74,9 +74,12 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     # A pipeline with tunefleet but no database builds its own Relax module from the directory alone.
     from tunefleet.models.ingest import load_model
 
+    from tunefleet.tvm.compile import build_with_database
+
     frontend = load_model(db, store, model)
     built = api.build_exported(frontend.mod, tmp_path / "msdb", params=frontend.params)
-    assert len(built.hits) == 3, built.hits
+    live = build_with_database(frontend.mod, db.hardware_class("x86").target, fleet_db, params=frontend.params)
+    assert built.hits and built.hits == live.hits  # what the database itself gives (a default best is no "hit")
 
 
 def _committed(db, shard_id: int) -> dict[int, str]:  # type: ignore[no-untyped-def]

@@ -129,7 +129,7 @@ def test_pipeline_tunes_once_and_records_a_summary_artifact(flow_env, tmp_path) 
     from tunefleet.context import shared_context
 
     store = shared_context().store
-    assert build["library_uri"].startswith(store.uri("builds/mlp-x86/"))
+    assert build["library_uri"].startswith(store.uri("builds/mlp-x86") + "/")
     assert store.get_bytes(store.key_from_uri(build["library_uri"])) == (tmp_path / "out" / "mlp-x86.so").read_bytes()
     measured = _count_measurements()
     assert measured == tuned["measured"]

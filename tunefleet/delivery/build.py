@@ -703,7 +703,7 @@ def build_model(
 
 def store_library(store: ArtifactStore, path: str | Path, model: str, hardware: str) -> str:
     """Put a built library into the artifact store, once per content
-    (``builds/<model>-<class>/<sha256>.so``); its URI. ``tunefleet gc`` never deletes it."""
+    (``builds/<model>-<class>/<sha256[:2]>/<sha256>.so``); its URI. ``tunefleet gc`` never deletes it."""
     import re
 
     prefix = "builds/" + re.sub(r"[^a-z0-9._-]+", "-", f"{model}-{hardware}".lower())
