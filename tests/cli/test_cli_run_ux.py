@@ -44,7 +44,7 @@ def test_a_bad_run_is_refused_before_any_server_starts(tmp_path: Path, args: lis
 
 
 def test_a_missing_compiler_is_named_before_anything_is_ingested(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tunefleet.tvm.probe import missing_compiler
+    from tunefleet.tvm.compiler import missing_compiler
 
     home = tmp_path / "home"
     out = run_cli("run", "--model", "mlp", env={"TUNEFLEET_HOME": str(home), "CXX": str(tmp_path / "no-such-g++")})

@@ -70,7 +70,7 @@ def preflight_run(args: argparse.Namespace, settings: Settings,
     from tunefleet.errors import ParameterError
     from tunefleet.hardware import claim_for_this_cpu
     from tunefleet.models.ingest import check_source
-    from tunefleet.tvm.probe import missing_compiler
+    from tunefleet.tvm.compiler import missing_compiler
 
     check_source(args.model)
     for name in ("trials", "shard_trials"):

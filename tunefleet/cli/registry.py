@@ -10,6 +10,8 @@ from tunefleet.cli.common import at_least, duration
 from tunefleet.cli.render import print_json, table
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from tunefleet.cli.common import AddParser, Subparsers
     from tunefleet.config import Settings
 
@@ -37,23 +39,21 @@ def cmd_token_create(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
+    from functools import partial
+
     from tunefleet.db.tables import utcnow
+    from tunefleet.db.tokens import token_state
 
-    now = utcnow()
     rows = api.connect(settings).db.api_tokens()
-
-    def state(t: object) -> str:
-        if getattr(t, "revoked_at", None) is not None:
-            return "revoked"
-        expires = getattr(t, "expires_at", None)
-        return "expired" if expires is not None and expires <= now else "live"
+    state = partial(token_state, now=utcnow())
 
     if args.json:
         print_json([{"id": t.id, "team": t.team, "scope": t.scope, "state": state(t), "note": t.note,
                      "created_at": t.created_at, "expires_at": t.expires_at, "revoked_at": t.revoked_at,
                      "last_used_at": t.last_used_at} for t in rows])
         return 0
-    def when(moment: object) -> str:
+
+    def when(moment: dt.datetime | None) -> str:
         return f"{moment:%Y-%m-%d %H:%M}" if moment is not None else "-"
 
     table("registry tokens (times UTC)", ["id", "team", "scope", "state", "created", "expires", "last used", "note"],

@@ -8,12 +8,11 @@ slow hash buys nothing for a random 256-bit secret). ``write`` includes ``read``
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import secrets
 
 from sqlalchemy import select, update
 
-from tunefleet.db._base import DatabaseBase
+from tunefleet.db._base import DatabaseBase, sha256_text
 from tunefleet.db.tables import ApiToken, utcnow
 from tunefleet.errors import NotFoundError, ParameterError
 
@@ -22,8 +21,15 @@ SCOPES = ("read", "write")
 TOKEN_PREFIX = "tf_"
 
 
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+#: What the database keeps of a token.
+token_digest = sha256_text
+
+
+def token_state(row: ApiToken, now: dt.datetime) -> str:
+    """``live``, ``expired`` or ``revoked``."""
+    if row.revoked_at is not None:
+        return "revoked"
+    return "expired" if row.expires_at is not None and row.expires_at <= now else "live"
 
 
 def grants(scope: str, needed: str) -> bool:
@@ -59,7 +65,7 @@ class TokensMixin(DatabaseBase):
         now = utcnow()
         with self.session() as s:
             row = s.scalars(select(ApiToken).where(ApiToken.token_sha256 == token_digest(token))).one_or_none()
-            if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+            if row is None or token_state(row, now) != "live":
                 return None
             row.last_used_at = now
             return row

@@ -222,7 +222,7 @@ def create_app(settings: "Settings") -> FastAPI:
     # -- writing --------------------------------------------------------------------------------
     @app.post("/v1/models", tags=["write"])
     def submit_model(row: Writer, data: Annotated[bytes, Depends(body)], name: str,
-                     format: Annotated[str, Query(pattern="^(onnx|pt2)$")] = "onnx",  # noqa: A002 - the API's word
+                     format: Annotated[str, Query(pattern=f"^({'|'.join(FORMATS)})$")] = "onnx",  # noqa: A002 - the API's word
                      hardware: str = "x86", trials: Annotated[int, Query(ge=1, le=100_000)] = 64) -> dict[str, Any]:
         """Submit a model for tuning: the body is the model file (ONNX, or a ``.pt2`` exported
         program, parsed in a sandbox); it is stored (once per content), its workloads extracted for

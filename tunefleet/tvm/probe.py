@@ -23,7 +23,7 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-__all__ = ["default_schedule", "missing_compiler", "probe", "probe_module"]
+__all__ = ["default_schedule", "probe", "probe_module"]
 
 
 def probe_module() -> tvm.IRModule:
@@ -55,27 +55,12 @@ def _first_line(text: str) -> str:
     return (lines[-1] if lines else "no message")[:300]
 
 
-def missing_compiler() -> str | None:
-    """Why TVM cannot link what it builds here, in one line (None: it can). Every candidate the
-    runner loads and every exported model are linked with a C/C++ compiler: the one ``CXX`` (or
-    ``CC``) names, else the first of g++, gcc, clang++, clang, c++, cc on ``PATH`` (TVM's own
-    lookup, :func:`tvm.support.cc.get_cc`)."""
-    from tvm.support.cc import get_cc
-
-    found = get_cc()
-    if found is None:
-        return ("no C/C++ compiler on PATH: TVM links every tuned candidate and the built model with one "
-                "(g++, clang++ or cc; or name it in CXX); install one, e.g. `apt-get install g++`")
-    if shutil.which(found) is None:
-        named = "CXX" if os.environ.get("CXX") else "CC"
-        return f"the C/C++ compiler {named} names, {found!r}, is not there: TVM links every tuned candidate with it"
-    return None
-
-
 def probe(target: tvm.target.Target, builder: Any, runner: Any, mod: tvm.IRModule | None = None) -> str | None:
     """Build and run ``mod``'s default schedule (a small matmul when None) with ``builder`` and
     ``runner`` (MetaSchedule's interfaces); None when both worked, else why not, in one line
     ("build failed: ..." or "run failed: ...", or :func:`missing_compiler`'s reason)."""
+    from tunefleet.tvm.compiler import missing_compiler
+
     if (why := missing_compiler()) is not None:
         return why
     mod = default_schedule(mod if mod is not None else probe_module(), target)
