@@ -40,7 +40,8 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
 
 ``--hub off|default|BUNDLE`` sets the runs' ``TUNEFLEET_HUB`` (a fresh ``--home`` imports that
 hub bundle first; ``off``: tuning from scratch) and each phase prints run's ``hub:`` line: how many
-workloads started from the hub. ``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
+workloads started from the hub. ``--compare LABEL=LIBRARY`` (repeatable) times another exported
+library in the same rounds, e.g. an earlier run's under another recipe. ``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
 it). Prints what it measured; asserts nothing about speed. Needs ``pip install -e '.[bench]'``
 (PyTorch and transformers; onnx and onnxruntime are tunefleet's own dependencies).
 """
@@ -315,9 +316,11 @@ def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Pat
 
 
 def measure_phase(phase: dict[str, Any], inputs_np: list[Any], alt_calls: dict[str, Any], reference: list[Any] | None,
-                  rounds: int) -> dict[str, Any]:
-    """Time the phase's tuned library alternating with the alternatives; check outputs against eager."""
-    calls = {"tunefleet tuned": tuned_runner(phase["library"], inputs_np), **alt_calls}
+                  rounds: int, compare: dict[str, str] | None = None) -> dict[str, Any]:
+    """Time the phase's tuned library alternating with the ``compare`` libraries (label -> path)
+    and the alternatives; check outputs against eager."""
+    calls = {"tunefleet tuned": tuned_runner(phase["library"], inputs_np),
+             **{label: tuned_runner(library, inputs_np) for label, library in (compare or {}).items()}, **alt_calls}
     diffs = {}
     if reference is not None:
         for name, fn in calls.items():
@@ -373,7 +376,8 @@ def print_latency(phase: dict[str, Any], skipped: dict[str, str], setup: dict[st
           "alternating rounds; ratio < 1: tuned is faster)")
     print(f"{'runtime':<18} {'ms':>10} {'round min-max ms':>20} {'calls/round':>11} {'tuned / it':>11} "
           f"{'max abs diff vs eager':>22}")
-    for name in ("tunefleet tuned", *ALTERNATIVES):
+    compared = [name for name in lat if name != "tunefleet tuned" and name not in ALTERNATIVES]
+    for name in ("tunefleet tuned", *compared, *ALTERNATIVES):
         if name in lat:
             r = lat[name]
             ratio = tuned / r["ms"] if name != "tunefleet tuned" else None
@@ -446,9 +450,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hub", default=None, metavar="BUNDLE",
                     help="the runs' TUNEFLEET_HUB: 'off' (tuning from scratch), 'default', or a hub bundle file "
                     "(default: this environment's, else 'default')")
+    ap.add_argument("--compare", action="append", default=[], metavar="LABEL=LIBRARY",
+                    help="another exported library (e.g. an earlier run's, under another recipe; give that run its "
+                    "own --work-dir so this one does not overwrite it) timed in the same alternating rounds; repeatable")
     args = ap.parse_args(argv)
     if args.rounds < 3:
         ap.error("--rounds must be at least 3")
+    compare = {}
+    for item in args.compare:
+        label, sep, library = item.partition("=")
+        if not sep or not label:
+            ap.error(f"--compare takes LABEL=LIBRARY, got {item!r}")
+        if not Path(library).is_file():
+            ap.error(f"--compare {label}: no such library {library}")
+        compare[label] = library
+    args.compare = compare
     return args
 
 
@@ -544,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             out["phases"].append(phase)
             status = 1
             continue
-        phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds)
+        phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds, args.compare)
         phase["ratios"] = print_latency(phase, skipped, setup, threads)
         # The first peak was measured as the tuning run's processes exited, which can halve it
         # (docs/performance.md, mobilenet_v2 +60): measure again after the timings, keep the faster.

@@ -18,6 +18,7 @@ import platform
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.errors import ConfigError
+from tunefleet.recipes import recipe_for
 from tunefleet.vocab import LAYOUTS
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ _X86_CHECKED_FEATURES = {"avx": "avx", "avx2": "avx2", "fma": "fma", "avx512f": 
                          "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512cd": "avx512cd",
                          "avx512vnni": "avx512_vnni"}
 _FIELDS = {"target", "node_pool", "watts_per_core", "idle_watts", "watts_per_gpu", "price_per_hour", "capabilities",
-           "layout"}
+           "layout", "winograd"}
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -159,6 +160,13 @@ def configured_classes(settings: Settings) -> dict[str, dict[str, Any]]:
         if spec.get("layout") is not None and spec["layout"] not in LAYOUTS:
             raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: class {name!r} has layout {spec['layout']!r}; "
                               f"one of {', '.join(LAYOUTS)}")
+        if not isinstance(spec.get("winograd", False), bool):
+            raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: class {name!r} has winograd "
+                              f"{spec['winograd']!r}; true or false")
+        try:
+            recipe_for(spec["target"], spec.get("layout"), spec.get("winograd", False))
+        except ConfigError as exc:
+            raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: class {name!r}: {exc}") from None
     return classes
 
 
@@ -214,6 +222,7 @@ def seed_hardware_classes(db: Database, settings: Settings, names: set[str] | No
                 price_per_hour=float(spec.get("price_per_hour", 0.0)),
                 capabilities=spec.get("capabilities") or {},
                 layout=spec.get("layout"),
+                winograd=bool(spec.get("winograd", False)),
             )
         )
     return out

@@ -38,19 +38,35 @@ class Recipe:
     """BatchNorm folded into the preceding convolution's weights and bias, and the bindings it
     leaves canonicalised, so a convolution's ReLU and residual add fuse into its epilogue instead
     of running as workloads of their own."""
+    winograd: bool = False
+    """3x3 stride-1 float32 convolutions with at least ``WINOGRAD_MIN_CHANNELS`` input and output
+    channels computed as Winograd F(4x4, 3x3): fewer multiplications, their weights transformed
+    once at build time. NHWC only."""
+
+    def __post_init__(self) -> None:
+        if self.winograd and self.layout != "NHWC":
+            raise ConfigError(f"not supported: Winograd convolutions in the {self.layout or 'native'} layout "
+                              "(NHWC only)")
 
     @property
     def name(self) -> str:
         return (f"{(self.layout or 'native').lower()}{'+prepack' if self.prepack else ''}"
-                f"{'+fastmath' if self.fast_math else ''}{'+fold' if self.fold else ''}")
+                f"{'+fastmath' if self.fast_math else ''}{'+fold' if self.fold else ''}"
+                f"{'+winograd' if self.winograd else ''}")
 
     @classmethod
     def from_name(cls, name: str) -> Recipe:
         layout, *extras = name.split("+")
-        known = [e for e in ("prepack", "fastmath", "fold") if e in extras]
+        known = [e for e in ("prepack", "fastmath", "fold", "winograd") if e in extras]
         if layout not in _LAYOUT_NAMES or extras != known:
             raise ConfigError(f"unknown extraction recipe {name!r} (e.g. 'nhwc+prepack+fastmath+fold', 'native')")
-        return cls(_LAYOUT_NAMES[layout], "prepack" in extras, "fastmath" in extras, "fold" in extras)
+        return cls(_LAYOUT_NAMES[layout], "prepack" in extras, "fastmath" in extras, "fold" in extras,
+                   "winograd" in extras)
+
+
+#: The fewest input and output channels for which a convolution is computed as Winograd: below,
+#: the transforms cost more than the multiplications they save.
+WINOGRAD_MIN_CHANNELS = 32
 
 
 _LAYOUT_NAMES = {"native": None, **{layout.lower(): layout for layout in LAYOUTS if layout != "native"}}
@@ -64,12 +80,13 @@ def _kind(target: Any) -> str:
     return str(target.kind.name)  # a tvm.target.Target
 
 
-def recipe_for(target: Any, layout: str | None = None) -> Recipe:
+def recipe_for(target: Any, layout: str | None = None, winograd: bool = False) -> Recipe:
     """The recipe for a target (dict form, kind name or ``tvm.target.Target``): CPU (llvm) targets
     convert conv2d to NHWC (unless ``layout`` says otherwise), prepack weights (TVM's own CPU
     recipe) and use fast math; GPU targets keep the frontend's layout, unpacked weights (their
     schedules stage weights through shared memory instead) and their own math intrinsics. Every
-    target folds BatchNorm into the convolutions."""
+    target folds BatchNorm into the convolutions. ``winograd`` (CPU, NHWC) computes the 3x3
+    convolutions that qualify as Winograd F(4x4, 3x3)."""
     if layout is not None and layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; one of {', '.join(LAYOUTS)}")
     cpu = _kind(target) == "llvm"
@@ -77,4 +94,6 @@ def recipe_for(target: Any, layout: str | None = None) -> Recipe:
         layout = "NHWC" if cpu else "native"
     if layout == "NCHWc" and not cpu:
         raise ConfigError("not supported: the blocked NCHWc layout on a GPU target (CPU classes only)")
-    return Recipe(None if layout == "native" else layout, prepack=cpu, fast_math=cpu, fold=True)
+    if winograd and not cpu:
+        raise ConfigError("not supported: Winograd convolutions on a GPU target (CPU classes only)")
+    return Recipe(None if layout == "native" else layout, prepack=cpu, fast_math=cpu, fold=True, winograd=winograd)

@@ -5,6 +5,7 @@ default schedule (the empty trace) stands in for tuning, so nothing here tunes."
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -246,6 +247,10 @@ def test_other_recipes_are_the_frontend_layout_with_and_without_prepacking(fleet
     assert [r.name for r in other_recipes(mlp)] == ["nhwc+fastmath+fold"]
     gpu = resolve(db, store, mlp.model, "gpu")
     assert other_recipes(gpu) == []  # the frontend's layout, no prepacking already
+    # A Winograd class's build compares with direct convolutions too (a hub's schedules are for them).
+    winograd = replace(cnn, recipe=replace(cnn.recipe, winograd=True))
+    assert [r.name for r in other_recipes(winograd)] == ["nhwc+prepack+fastmath+fold", "native+prepack+fastmath+fold",
+                                                         "native+fastmath+fold"]
 
 
 def test_a_build_whose_layout_conversion_loses_is_not_delivered(fleet, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -254,6 +259,9 @@ def test_a_build_whose_layout_conversion_loses_is_not_delivered(fleet, tmp_path,
     db, store = fleet
     model = ingest(db, store, "small-cnn", image_size=16).model
     _slowed(monkeypatch, {"tuned"})
+    # Every build runs default schedules here: a first call slowed by other load must not screen one
+    # out (screening has a test of its own).
+    monkeypatch.setattr("tunefleet.delivery.build.SCREEN_FACTOR", float("inf"))
     out = tmp_path / "cnn.so"
     report = build_model(db, store, model, "x86", output=out, compare_torch=False, rounds=3)
     assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold", "native+prepack+fastmath+fold",

@@ -87,6 +87,18 @@ def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # 
     bad = load_settings(home=engine_settings.home, hardware={"x86": {"layout": "NCHW"}})
     with pytest.raises(ConfigError, match="layout 'NCHW'; one of NHWC, NCHWc, native"):
         configured_classes(bad)
+    # Winograd: a setting of its own, stored with the class; NHWC CPU classes only
+    winograd = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
+                             hardware={"x86": {"layout": "NHWC", "winograd": True}})
+    seed_hardware_classes(db, winograd)
+    assert db.hardware_class("x86").winograd and not db.hardware_class("arm").winograd
+    assert class_recipe(db.hardware_class("x86")).name == "nhwc+prepack+fastmath+fold+winograd"
+    for spec, error in (({"gpu": {"winograd": True}}, "class 'gpu': not supported: Winograd convolutions on a GPU"),
+                        ({"x86": {"layout": "native", "winograd": True}},
+                         "class 'x86': not supported: Winograd convolutions in the native layout"),
+                        ({"x86": {"winograd": "yes"}}, "class 'x86' has winograd 'yes'; true or false")):
+        with pytest.raises(ConfigError, match=error):
+            configured_classes(load_settings(home=engine_settings.home, hardware=spec))
     db.close()
 
 

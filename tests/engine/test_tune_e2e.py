@@ -79,7 +79,12 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     frontend = load_model(db, store, model)
     built = api.build_exported(frontend.mod, tmp_path / "msdb", params=frontend.params)
     live = build_with_database(frontend.mod, db.hardware_class("x86").target, fleet_db, params=frontend.params)
-    assert built.hits and built.hits == live.hits  # what the database itself gives (a default best is no "hit")
+    # What the database itself gives, but for a workload whose best is the default schedule: the live
+    # database answers nothing for it (no "hit"), the exported file its empty trace (a hit that
+    # schedules nothing). Which schedule measures fastest is a timing (CI's load made one default best).
+    default_best = sum(db.best_measurements(wl.id, db.hardware_class("x86").id, 1)[0].trace_sha256 == EMPTY_TRACE_SHA
+                       for wl, _ in db.workloads(model.id))
+    assert built.hits and set(live.hits) <= set(built.hits) and len(built.hits) == len(live.hits) + default_best
 
 
 def _committed(db, shard_id: int) -> dict[int, str]:  # type: ignore[no-untyped-def]

@@ -337,15 +337,17 @@ def test_nhwc_converts_relu6_and_tf_padding_without_transposes(cpu_target: Any) 
     np.testing.assert_allclose(nhwc["main"](x).numpy(), expected, rtol=1e-5, atol=1e-4)
 
 
-def _conv_bn_relu_residual() -> Any:
+def _conv_bn_relu_residual(channels: int = 16, size: int = 8) -> Any:
     from tvm.script import relax as R
+
+    c, s = channels, size
 
     @tvm.script.ir_module
     class Block:
         @R.function
-        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w: R.Tensor((16, 16, 3, 3), "float32"),
-                 gamma: R.Tensor((16,), "float32"), beta: R.Tensor((16,), "float32"),
-                 mean: R.Tensor((16,), "float32"), var: R.Tensor((16,), "float32")) -> R.Tensor((1, 16, 8, 8), "float32"):
+        def main(x: R.Tensor((1, c, s, s), "float32"), w: R.Tensor((c, c, 3, 3), "float32"),
+                 gamma: R.Tensor((c,), "float32"), beta: R.Tensor((c,), "float32"),
+                 mean: R.Tensor((c,), "float32"), var: R.Tensor((c,), "float32")) -> R.Tensor((1, c, s, s), "float32"):
             R.func_attr({"num_input": 1})
             with R.dataflow():
                 a = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
@@ -358,9 +360,9 @@ def _conv_bn_relu_residual() -> Any:
             return e
 
     rng = np.random.default_rng(0)
-    params = {"w": rng.standard_normal((16, 16, 3, 3)).astype("float32") * 0.1,
-              "gamma": rng.uniform(0.5, 1.5, 16).astype("float32"), "beta": rng.standard_normal(16).astype("float32"),
-              "mean": rng.standard_normal(16).astype("float32"), "var": rng.uniform(0.5, 1.5, 16).astype("float32")}
+    params = {"w": rng.standard_normal((c, c, 3, 3)).astype("float32") * 0.1,
+              "gamma": rng.uniform(0.5, 1.5, c).astype("float32"), "beta": rng.standard_normal(c).astype("float32"),
+              "mean": rng.standard_normal(c).astype("float32"), "var": rng.uniform(0.5, 1.5, c).astype("float32")}
     return Block, params
 
 
@@ -419,3 +421,65 @@ def test_channel_block_follows_the_vector_width() -> None:
     assert channel_block(make_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})) == 8
     assert channel_block(make_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})) == 16
     assert channel_block(make_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 2})) == 4
+
+
+def _single_conv(shape: tuple[Any, ...], weight: tuple[int, ...], strides: int = 1) -> Any:
+    """A module of one convolution (NCHW, OIHW) followed by a ReLU."""
+    from tvm.script import relax as R
+
+    bb = relax.BlockBuilder()
+    dims = [tvm.tirx.Var(d, "int64") if isinstance(d, str) else d for d in shape]
+    x = relax.Var("x", R.Tensor(dims, "float32"))
+    w = relax.Var("w", R.Tensor(weight, "float32"))
+    with bb.function("main", [x, w], attrs={"num_input": 1}):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, w, strides=strides, padding=[weight[2] // 2] * 4))
+            out = bb.emit_output(relax.op.nn.relu(conv))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_winograd_computes_the_qualifying_convolutions(cpu_target: Any) -> None:
+    """Under ``winograd``, a 3x3 stride-1 NHWC convolution with 32 channels or more becomes one
+    Winograd workload, its epilogue fused and its weight transform folded away; the outputs equal
+    the model's (14x14: the last tiles are partial)."""
+    from dataclasses import replace
+
+    block, params = _conv_bn_relu_residual(channels=32, size=14)
+    recipe = Recipe("NHWC", prepack=True, fast_math=True, fold=True, winograd=True)
+    assert recipe.name == "nhwc+prepack+fastmath+fold+winograd" and Recipe.from_name(recipe.name) == recipe
+    workloads = extract_workloads(block, cpu_target, params, recipe=recipe)
+    convs = [w.name for w in workloads if "conv2d" in w.name]
+    assert len(convs) == 2 and all("winograd" in n for n in convs), convs
+    assert any("add" in n and "relu" in n for n in convs), convs
+    assert not any("weight_transform" in w.name for w in workloads)  # folded into a constant
+    direct = extract_workloads(block, cpu_target, params, recipe=replace(recipe, winograd=False))
+    assert {w.structural_hash for w in workloads}.isdisjoint(w.structural_hash for w in direct if "conv2d" in w.name)
+    _build_and_compare(block, cpu_target, params, recipe, (1, 32, 14, 14))
+
+
+@pytest.mark.parametrize(("shape", "weight", "strides"), [
+    ((1, 16, 8, 8), (16, 16, 3, 3), 1),  # too few channels: the transforms would cost more
+    ((1, 32, 8, 8), (32, 32, 1, 1), 1),  # 1x1
+    ((1, 32, 8, 8), (32, 32, 3, 3), 2),  # strided
+    (("n", 32, 8, 8), (32, 32, 3, 3), 1),  # a symbolic batch
+])
+def test_winograd_leaves_other_convolutions_direct(cpu_target: Any, shape: tuple[Any, ...],
+                                                   weight: tuple[int, ...], strides: int) -> None:
+    from dataclasses import replace
+
+    mod = _single_conv(shape, weight, strides)
+    params = {"w": np.random.default_rng(0).standard_normal(weight).astype("float32")}
+    recipe = Recipe("NHWC", prepack=True, fold=True, winograd=True)
+    hashes = {w.structural_hash for w in extract_workloads(mod, cpu_target, params, recipe=recipe)}
+    direct = {w.structural_hash for w in extract_workloads(mod, cpu_target, params, recipe=replace(recipe, winograd=False))}
+    assert hashes == direct
+
+
+def test_winograd_is_refused_where_it_does_not_apply(cpu_target: Any) -> None:
+    assert recipe_for(cpu_target, winograd=True).name == "nhwc+prepack+fastmath+fold+winograd"
+    with pytest.raises(ConfigError, match="not supported: Winograd convolutions on a GPU"):
+        recipe_for({"kind": "cuda", "arch": "sm_80"}, winograd=True)
+    for layout in ("native", "NCHWc"):
+        with pytest.raises(ConfigError, match="not supported: Winograd convolutions in the .* layout"):
+            recipe_for(cpu_target, layout, winograd=True)

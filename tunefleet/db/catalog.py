@@ -73,6 +73,7 @@ class CatalogMixin(DatabaseBase):
         price_per_hour: float = 0.0,
         capabilities: dict[str, Any] | None = None,
         layout: str | None = None,
+        winograd: bool = False,
     ) -> HardwareClass:
         """Create or update a hardware class by name (a name or node pool longer than its column
         is one :class:`~tunefleet.errors.ParameterError` line, on every backend)."""
@@ -81,6 +82,7 @@ class CatalogMixin(DatabaseBase):
         check_fits(HardwareClass.layout, layout, "hardware class layout")
         values = {
             "layout": layout,
+            "winograd": winograd,
             "target": target,
             "node_pool": node_pool,
             "watts_per_core": watts_per_core,

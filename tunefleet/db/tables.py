@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -87,7 +88,7 @@ class ModelWorkload(Base):
                                                    primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True)
     weight: Mapped[int] = mapped_column(Integer, default=1)
-    recipe: Mapped[str] = mapped_column(String(32), default="native")
+    recipe: Mapped[str] = mapped_column(String(64), default="native")
 
 
 class HardwareClass(Base):
@@ -105,6 +106,8 @@ class HardwareClass(Base):
     capabilities: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     layout: Mapped[str | None] = mapped_column(String(16), nullable=True)
     """conv2d layout of the extraction recipe ("NHWC", "native"); None: the target's default."""
+    winograd: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Whether the extraction recipe computes the qualifying 3x3 convolutions as Winograd."""
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
 

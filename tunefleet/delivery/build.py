@@ -395,18 +395,22 @@ def _export(executable: Any, output: str | Path, report: BuildReport) -> None:
 
 
 def other_recipes(resolved: Resolved) -> list[Recipe]:
-    """The recipes the build compares with the class's: the frontend's layout with the class's
-    prepacking, and without prepacking — those the class's recipe is not already. The frontend's
-    layout is left out for a model without a 2-D convolution (a layout conversion changes nothing
-    there)."""
+    """The recipes the build compares with the class's: direct convolutions when the class's are
+    Winograd (schedules from a hub or from before the class turned Winograd on are for direct
+    ones), the frontend's layout with the class's prepacking, and without prepacking — those the
+    class's recipe is not already. Both layout-dependent ones are left out for a model without a
+    2-D convolution (they change nothing there)."""
     from dataclasses import replace
 
     recipe = resolved.recipe
     out = []
-    if recipe.layout is not None and _has_conv2d(resolved.loaded.mod):
-        out.append(replace(recipe, layout=None))
+    has_conv2d = recipe.layout is not None and _has_conv2d(resolved.loaded.mod)
+    if recipe.winograd and has_conv2d:
+        out.append(replace(recipe, winograd=False))
+    if has_conv2d:
+        out.append(replace(recipe, layout=None, winograd=False))
     if recipe.prepack:
-        out.append(replace(recipe, layout=None if out else recipe.layout, prepack=False))
+        out.append(replace(out[-1] if has_conv2d else recipe, prepack=False))
     return out
 
 

@@ -31,8 +31,9 @@ class ExtractResult:
 
 
 def class_recipe(hw: HardwareClass) -> Recipe:
-    """The extraction recipe of a hardware class (its ``layout`` setting, else the target's default)."""
-    return recipe_for(hw.target, hw.layout)
+    """The extraction recipe of a hardware class (its ``layout`` setting, else the target's default,
+    and its ``winograd`` setting)."""
+    return recipe_for(hw.target, hw.layout, hw.winograd)
 
 
 def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> ExtractResult:

@@ -741,6 +741,17 @@ class DatabaseContract(ShardCases, ReportCases):
         assert db.workload_weight(wl.id, hw) == 5 and db.workload_weight(wl.id, arm) == 3
         assert db.workload("beef").id == wl.id
 
+    def test_a_class_keeps_its_winograd_setting_and_recipe_names_up_to_64_characters(self, db: Database) -> None:
+        hw = db.upsert_hardware_class("x86", {"kind": "llvm"}, "x86", layout="NHWC", winograd=True).id
+        assert db.hardware_class("x86").winograd
+        db.upsert_hardware_class("x86", {"kind": "llvm"}, "x86", layout="NHWC")
+        assert not db.hardware_class("x86").winograd
+        model, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
+        wl = db.add_workload(structural_hash="aa0", name="conv", op_kind="conv2d", flops=1.0, tir_json="{}")[0].id
+        name = "nhwc+prepack+fastmath+fold+winograd"  # 35 characters
+        db.set_model_workloads(model.id, hw, name, {wl: 2})
+        assert db.model_recipes(model.id, hw) == [name]
+
     def test_model_workloads_follow_the_recipe(self, db: Database) -> None:
         # Re-extracting under another recipe replaces a model's links on that class only, and says
         # how much tuning of the unlinked workloads no longer applies.

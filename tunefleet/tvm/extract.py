@@ -85,13 +85,15 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
+from tvm.topi.nn.utils import get_pad_tuple
+from tvm.topi.nn.winograd_util import winograd_transform_matrices
 from tvm.relax import pipeline as relax_pipeline
 from tvm.ir import IRModule
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
-from tunefleet.recipes import Recipe, recipe_for
+from tunefleet.recipes import WINOGRAD_MIN_CHANNELS, Recipe, recipe_for
 from tunefleet.tvm.targets import make_target
 from tunefleet.vocab import task_name_key
 
@@ -393,6 +395,109 @@ def _legalize_conv2d_nchwc(bb: relax.BlockBuilder, call: relax.Call) -> relax.Ex
                       primfunc_name_hint="conv2d_NCHWc")
 
 
+_WINOGRAD_TILE = 4
+"""Output tile of the Winograd convolutions: F(4x4, 3x3), 6x6 input tiles (TVM's CPU choice)."""
+
+
+def _static_shape(expr: relax.Expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    try:
+        return [int(d) for d in shape] if shape is not None else None
+    except (TypeError, ValueError):  # a symbolic dimension
+        return None
+
+
+def _winograd_applies(call: relax.Call) -> bool:
+    """Whether a ``relax.nn.conv2d`` is one the Winograd recipe computes as Winograd: NHWC data and
+    output, OHWI weights, 3x3, stride and dilation 1, no groups, float32, static shapes, at least
+    ``WINOGRAD_MIN_CHANNELS`` channels in and out."""
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or attrs.data_layout))
+    if layouts != ("NHWC", "OHWI", "NHWC") or int(attrs.groups) != 1:
+        return False
+    if [int(v) for v in attrs.strides] != [1, 1] or [int(v) for v in attrs.dilation] != [1, 1]:
+        return False
+    data, weight = call.args
+    if {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)} != {"float32"}:
+        return False
+    data_shape, weight_shape = _static_shape(data), _static_shape(weight)
+    if data_shape is None or weight_shape is None:
+        return False
+    co, kh, kw, ci = weight_shape
+    return (kh, kw) == (3, 3) and min(ci, co) >= WINOGRAD_MIN_CHANNELS
+
+
+def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
+    """OHWI 3x3 weights transformed for F(4x4, 3x3), as ``[alpha, alpha, CI, CO]`` (output
+    channels innermost, the vectorised axis). A call on constant weights, which ``FoldConstant``
+    folds: the transform runs once at build time, not in every call."""
+    co, kh, kw, ci = (int(d) for d in weight.shape)
+    _, _, g = winograd_transform_matrices(_WINOGRAD_TILE, kh, str(weight.dtype))
+    alpha = _WINOGRAD_TILE + kh - 1
+    r_kh, r_kw = te.reduce_axis((0, kh), name="r_kh"), te.reduce_axis((0, kw), name="r_kw")
+    return te.compute((alpha, alpha, ci, co),
+                      lambda eps, nu, c, o: te.sum(weight[o, r_kh, r_kw, c] * g[eps, r_kh] * g[nu, r_kw],
+                                                   axis=[r_kh, r_kw]),
+                      name="kernel_pack")
+
+
+def _tile_transform(x: te.Tensor, matrix: te.Tensor, size: int, name: str, axes: list[str]) -> te.Tensor:
+    """``M^T X M`` on each tile of ``x`` (``[alpha, alpha, P, C]``), ``size`` x ``size`` out: the
+    data (``B``) and inverse (``A``) transforms, with TVM's block names and ``schedule_rule``
+    attributes, so MetaSchedule's own CPU rules for them apply."""
+    alpha = int(x.shape[0])
+    r_a, r_b = te.reduce_axis((0, alpha), "r_a"), te.reduce_axis((0, alpha), "r_b")
+    return te.compute((size, size, x.shape[2], x.shape[3]),
+                      lambda i, j, p, c: te.sum(x[r_a, r_b, p, c] * matrix[r_a, i] * matrix[r_b, j], axis=[r_a, r_b]),
+                      name=name,
+                      attrs={"auto_scheduler_simplify_const_tensor_indices": [*axes, "r_a", "r_b"],
+                             "schedule_rule": f"conv2d_nhwc_winograd_{name}"})
+
+
+def _conv2d_winograd_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: list[int], out_dtype: str) -> te.Tensor:
+    """A 3x3 stride-1 NHWC convolution as Winograd F(4x4, 3x3) on pre-transformed weights
+    (``[alpha, alpha, CI, CO]``). TVM 0.27's ``topi.nn.conv2d_winograd_nhwc`` transforms the
+    weights in every call and refuses pre-transformed ones ("LEGACY-FLOW"); this follows its
+    compute otherwise, with the tiles counted per axis."""
+    n, h, w, _ = (int(d) for d in data.shape)
+    alpha, _, _, co = (int(d) for d in kernel_pack.shape)
+    m = _WINOGRAD_TILE
+    r = alpha - m + 1
+    a_mat, b_mat, _ = winograd_transform_matrices(m, r, out_dtype)
+    pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, (r, r))
+    out_h, out_w = h + pad_t + pad_b - r + 1, w + pad_l + pad_r - r + 1
+    n_h, n_w = (out_h + m - 1) // m, (out_w + m - 1) // m
+    tiles = n * n_h * n_w
+    # padded so that every tile, the last ones included, reads alpha x alpha values
+    data_pad = topi.nn.pad(data, (0, pad_t, pad_l, 0),
+                           (0, (n_h - 1) * m + alpha - h - pad_t, (n_w - 1) * m + alpha - w - pad_l, 0),
+                           name="data_pad", attrs={"schedule_rule": "None"})
+    input_tile = te.compute((alpha, alpha, tiles, data.shape[3]),
+                            lambda eps, nu, p, c: data_pad[p // (n_h * n_w), (p // n_w) % n_h * m + eps,
+                                                           p % n_w * m + nu, c],
+                            name="input_tile", attrs={"schedule_rule": "None"})
+    data_pack = _tile_transform(input_tile, b_mat, alpha, "data_pack", ["eps", "nu"])
+    ci = te.reduce_axis((0, int(data.shape[3])), name="ci")
+    bgemm = te.compute((alpha, alpha, tiles, co),
+                       lambda eps, nu, p, o: te.sum(data_pack[eps, nu, p, ci] * kernel_pack[eps, nu, ci, o], axis=[ci]),
+                       name="bgemm")
+    inverse = _tile_transform(bgemm, a_mat, m, "inverse", ["vh", "vw"])
+    return te.compute((n, out_h, out_w, co),
+                      lambda b, y, x, o: inverse[y % m, x % m, b * n_h * n_w + y // m * n_w + x // m, o],
+                      name="conv2d_winograd")
+
+
+def _legalize_conv2d_winograd(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A conv2d that qualifies (:func:`_winograd_applies`) as two calls: the weight transform
+    (folded away on constant weights) and the Winograd convolution; any other as TVM legalises
+    it."""
+    if not _winograd_applies(call):
+        return _tvm_legalization("relax.nn.conv2d")(bb, call)
+    kernel = bb.emit_te(_winograd_weight_transform, call.args[1], primfunc_name_hint="winograd_weight_transform")
+    return bb.call_te(_conv2d_winograd_nhwc, call.args[0], kernel, [int(p) for p in call.attrs.padding],
+                      str(call.ty.dtype), primfunc_name_hint="conv2d_winograd")
+
+
 def _float_value(expr: Any) -> float | None:
     value = getattr(expr, "value", None)  # a FloatImm/IntImm, or a PrimValue around one
     value = getattr(value, "value", value)
@@ -538,9 +643,10 @@ _FAST_LEGALIZE = {"relax.nn.gelu": _fast_gelu, "relax.nn.gelu_tanh": _fast_gelu_
 
 
 def _legalize_map(recipe: Recipe) -> dict[str, Any] | None:
-    """The recipe's own legalisations: fast math, blocked convolutions."""
+    """The recipe's own legalisations: fast math, blocked and Winograd convolutions."""
     legalize = {**(_FAST_LEGALIZE if recipe.fast_math else {}),
-                **({"relax.nn.conv2d": _legalize_conv2d_nchwc} if recipe.layout == "NCHWc" else {})}
+                **({"relax.nn.conv2d": _legalize_conv2d_nchwc} if recipe.layout == "NCHWc" else {}),
+                **({"relax.nn.conv2d": _legalize_conv2d_winograd} if recipe.winograd else {})}
     return legalize or None
 
 
