@@ -49,7 +49,6 @@ it). Prints what it measured; asserts nothing about speed. Needs ``pip install -
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -270,28 +269,13 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
-@contextlib.contextmanager
-def native_stderr_to(path: Path) -> Any:
-    """Send what native code writes to stderr (TVM's C++ "Scope Loaded" warnings, one per function of
-    a library it loads) to ``path`` instead of between the figures."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 def tuned_runner(library: str, inputs_np: list[Any]) -> Any:
     """A zero-argument call of the exported tuned library on the inputs (TVM's native warnings
     while it loads go to ``tvm-native.log`` beside the library)."""
     import tvm
     from tvm import relax
+
+    from tunefleet.tvm.native_log import native_stderr_to
 
     dev = tvm.cpu()
     with native_stderr_to(Path(library).parent / "tvm-native.log"):

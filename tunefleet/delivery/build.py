@@ -404,13 +404,13 @@ def other_recipes(resolved: Resolved) -> list[Recipe]:
 
     recipe = resolved.recipe
     out = []
-    has_conv2d = recipe.layout is not None and _has_conv2d(resolved.loaded.mod)
-    if recipe.winograd and has_conv2d:
+    layout_matters = recipe.layout is not None and _has_conv2d(resolved.loaded.mod)
+    if recipe.winograd and layout_matters:
         out.append(replace(recipe, winograd=False))
-    if has_conv2d:
+    if layout_matters:
         out.append(replace(recipe, layout=None, winograd=False))
     if recipe.prepack:
-        out.append(replace(out[-1] if has_conv2d else recipe, prepack=False))
+        out.append(replace(out[-1] if layout_matters else recipe, prepack=False))
     return out
 
 

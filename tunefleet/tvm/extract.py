@@ -459,7 +459,7 @@ def _conv2d_winograd_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: list
     (``[alpha, alpha, CI, CO]``). TVM 0.27's ``topi.nn.conv2d_winograd_nhwc`` transforms the
     weights in every call and refuses pre-transformed ones ("LEGACY-FLOW"); this follows its
     compute otherwise, with the tiles counted per axis."""
-    n, h, w, _ = (int(d) for d in data.shape)
+    n, h, w, channels = (int(d) for d in data.shape)
     alpha, _, _, co = (int(d) for d in kernel_pack.shape)
     m = _WINOGRAD_TILE
     r = alpha - m + 1
@@ -472,12 +472,12 @@ def _conv2d_winograd_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: list
     data_pad = topi.nn.pad(data, (0, pad_t, pad_l, 0),
                            (0, (n_h - 1) * m + alpha - h - pad_t, (n_w - 1) * m + alpha - w - pad_l, 0),
                            name="data_pad", attrs={"schedule_rule": "None"})
-    input_tile = te.compute((alpha, alpha, tiles, data.shape[3]),
+    input_tile = te.compute((alpha, alpha, tiles, channels),
                             lambda eps, nu, p, c: data_pad[p // (n_h * n_w), (p // n_w) % n_h * m + eps,
                                                            p % n_w * m + nu, c],
                             name="input_tile", attrs={"schedule_rule": "None"})
     data_pack = _tile_transform(input_tile, b_mat, alpha, "data_pack", ["eps", "nu"])
-    ci = te.reduce_axis((0, int(data.shape[3])), name="ci")
+    ci = te.reduce_axis((0, channels), name="ci")
     bgemm = te.compute((alpha, alpha, tiles, co),
                        lambda eps, nu, p, o: te.sum(data_pack[eps, nu, p, ci] * kernel_pack[eps, nu, ci, o], axis=[ci]),
                        name="bgemm")
