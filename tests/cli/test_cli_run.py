@@ -70,7 +70,7 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     # cost-efficient tuning from the CLI: the current model filters half of each round from the start
     # (the audit that may stop it is off here: its decision depends on measured times, and
     # tests/engine/test_efficiency.py checks it)
-    assert run_cli("plan", "--hardware", "x86", "--trials", "14", "--model", "mlp", env=env).returncode == 0
+    assert run_cli("plan", "--hardware", "x86", "--trials", "10", "--model", "mlp", env=env).returncode == 0
     tuned = run_cli("tune", "--efficient", "--trials-per-iter", "4", "--seed", "0",
                     env={**env, "TUNEFLEET_FILTER_MIN_AGREEMENT": "0"}, timeout=900)
     assert tuned.returncode == 0, tuned.stderr[-2000:]

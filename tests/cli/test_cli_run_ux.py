@@ -148,7 +148,7 @@ def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_the_readme_c
 
     home, cwd = tmp_path / "home", tmp_path / "above"
     (cwd / "tunefleet").mkdir(parents=True)  # what `git clone` leaves beside the user
-    args = ("run", "--model", "mlp", "--trials", "16", "--shard-trials", "4")
+    args = ("run", "--model", "mlp", "--trials", "8", "--shard-trials", "4")
     run = _tunefleet(*args, home=home, cwd=cwd)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and run.poll() is None:
@@ -162,7 +162,7 @@ def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_the_readme_c
     run.send_signal(signal.SIGINT)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 130, err[-3000:]
-    assert "resume with: tunefleet run --model mlp --hardware x86 --trials 16" in err
+    assert "resume with: tunefleet run --model mlp --hardware x86 --trials 8" in err
     states = _shard_states(home)
     assert states.get("leased", 0) == 0 and states.get("failed", 0) == 0, states
     _, alive = psutil.wait_procs(children, timeout=30)

@@ -151,3 +151,28 @@ def test_the_speed_up_counts_every_workload_and_waits_until_each_has_a_run_time(
     queue = Snapshot.of(db.queue_progress([a.id, b.id, c.id], since), estimate=False)  # no model: no estimate
     assert (queue.latency_ratio, queue.timed, queue.round) == (None, None, None)
     assert queue.line(65, 30) == "tuning 3/3 workloads | 12 candidates, 1 errors | 1:05"
+
+
+def test_the_line_reads_nothing_while_the_build_times_the_model(tunefleet_home) -> None:  # type: ignore[no-untyped-def]
+    """A query a second on the cores the build times on would slow the calls timed (PyTorch eager
+    most: it returns to Python between operators), so the run's table would disagree with the bench."""
+    import threading
+    import time
+
+    from tunefleet.delivery.timing import time_alternating, timing_now
+
+    progress = RunProgress(load_settings(), "mlp", "x86", Console(file=io.StringIO()), interval_s=0.02)
+    reads: list[bool] = []  # whether each reading happened while the timing ran
+    progress.read = lambda db: reads.append(timing_now())  # type: ignore[method-assign,assignment,return-value]
+    timed = threading.Event()
+    with progress:
+        while not reads:
+            time.sleep(0.01)
+        time_alternating({"call": lambda: (timed.set(), time.sleep(0.05))}, rounds=3, round_s=0)
+        assert timed.is_set() and not timing_now()
+        before = len(reads)
+        while len(reads) == before:  # it reads again once the timing is over
+            time.sleep(0.01)
+    # (one reading may have checked just before the timing began: the timing lasts about a second,
+    # about 50 readings without the pause)
+    assert sum(reads) <= 1 and len(reads) >= 2, f"{sum(reads)} of {len(reads)} readings happened while the model was timed"

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tunefleet.delivery.timing import timing_now
 from tunefleet.vocab import LEASED, PENDING, STAGE_LOG_KEY
 
 if TYPE_CHECKING:
@@ -175,8 +176,10 @@ class RunProgress:
             from rich.live import Live
             from rich.text import Text
 
+            # Redrawn by this display's thread, after each reading: no refresh thread of Rich's own
+            # drawing while the build times the model (see _run).
             self._live = Live(Text("preparing: ingest, extract, plan"), console=self.console, transient=True,
-                              refresh_per_second=4)
+                              auto_refresh=False)
             self._live.__enter__()  # type: ignore[attr-defined]
         logging.getLogger("tunefleet").addHandler(self._stage_handler)
         self._thread.start()
@@ -195,6 +198,8 @@ class RunProgress:
         db = Database.from_settings(self.settings, check_schema=False)
         try:
             while not self._stop.wait(self.interval_s):
+                if timing_now():  # the build is timing the model on these cores: no query, no redraw
+                    continue
                 try:
                     self._show(self.read(db))
                 except Exception:  # a busy database (a long write) must not end the display
@@ -232,7 +237,7 @@ class RunProgress:
         if self._live is not None:
             from rich.text import Text
 
-            self._live.update(Text(text, overflow="ellipsis", no_wrap=True))  # type: ignore[attr-defined]
+            self._live.update(Text(text, overflow="ellipsis", no_wrap=True), refresh=True)  # type: ignore[attr-defined]
         elif (self.last is None or snap.position != self.last.position or stage != self._printed_stage
               or now - self._printed_at >= 60):
             self.console.print(text, highlight=False, soft_wrap=True)

@@ -12,6 +12,7 @@ on the same :data:`~tunefleet.vocab.TIMING_ROUNDS` and :data:`~tunefleet.vocab.T
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +32,16 @@ MIN_CALLS = 5
 MAX_CALLS = 200
 """Calls of each runtime per round, at most (and of its warm-up)."""
 
+_timing = threading.Event()
+
+
+def timing_now() -> bool:
+    """True while :func:`time_alternating` runs in this process. A display that reads the
+    database every second (``tunefleet run``'s live line) pauses then: its queries would take the
+    interpreter and a core from the calls being timed, and PyTorch eager, which returns to Python
+    between operators, would be slowed most."""
+    return _timing.is_set()
+
 
 def time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int = ROUNDS, round_s: float = ROUND_S, *,
                      clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
@@ -42,6 +53,7 @@ def time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int = ROUND
     every round, each call runs its calls back to back, one call at a time with the wall clock
     around it, and the round keeps their median; the order of the calls rotates by one each round
     (round 0: a, b, c; round 1: b, c, a; ...). A call's latency is the median of its rounds.
+    While it runs, :func:`timing_now` is true in this process.
 
     Parameters
     ----------
@@ -71,6 +83,15 @@ def time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int = ROUND
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
+    _timing.set()
+    try:
+        return _time_alternating(calls, rounds, round_s, clock)
+    finally:
+        _timing.clear()
+
+
+def _time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int, round_s: float,
+                      clock: Callable[[], float]) -> dict[str, dict[str, Any]]:
     names = list(calls)
     n_calls: dict[str, int] = {}
     for name in names:

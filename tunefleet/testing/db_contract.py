@@ -751,6 +751,17 @@ class DatabaseContract(ShardCases, ReportCases):
         name = "nhwc+prepack+fastmath+fold+winograd"  # 35 characters
         db.set_model_workloads(model.id, hw, name, {wl: 2})
         assert db.model_recipes(model.id, hw) == [name]
+        other, _ = db.add_model(name="b", source="zoo", format="x", sha256="2" * 64, artifact_uri="u")
+        db.set_model_workloads(other.id, hw, "nhwc+prepack+fastmath+fold", {wl: 1})
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(0), [0.1])])
+        # Below 0012 no recipe name is longer than 32 characters: the Winograd links go, the rest stays
+        downgrade(db.engine, "0011")
+        with db.engine.connect() as conn:
+            rows = conn.execute(text("SELECT model_id, recipe FROM model_workloads")).all()
+            assert [tuple(r) for r in rows] == [(other.id, "nhwc+prepack+fastmath+fold")]
+            assert conn.execute(text("SELECT count(*) FROM measurements")).scalar() == 1
+        upgrade(db.engine)
+        assert Database(db.url).model_recipes(other.id, hw) == ["nhwc+prepack+fastmath+fold"]
 
     def test_model_workloads_follow_the_recipe(self, db: Database) -> None:
         # Re-extracting under another recipe replaces a model's links on that class only, and says

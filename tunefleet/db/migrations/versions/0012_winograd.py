@@ -29,6 +29,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The older schema knows no Winograd recipe and cannot hold its name: a model's links to the
+    # workloads it was extracted into under one go (PostgreSQL would refuse to shorten the column
+    # with them in it). The workloads and their measurements stay; extracting the model again
+    # under the class's recipe links it again.
+    op.execute(sa.text("DELETE FROM model_workloads WHERE length(recipe) > 32"))
     with op.batch_alter_table("model_workloads") as batch:
         batch.alter_column("recipe", existing_type=sa.String(length=64), type_=sa.String(length=32),
                            existing_nullable=False)
