@@ -216,3 +216,26 @@ def test_plan_says_when_a_models_workloads_are_of_another_recipe_or_missing(tmp_
     _warn_recipes(db, "gpu", "new")
     assert capsys.readouterr().err.strip() == ("tunefleet: warning: model new has no workloads on gpu yet: extract it "
                                                "first (`tunefleet extract new --hardware gpu`)")
+
+
+def test_a_temporary_prefect_server_records_no_task_runs_and_a_real_one_is_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary server's task-run recorder stalled runs for 60 s on SQLite's lock; a server of
+    the user's own (PREFECT_API_URL) is configured where it runs, and a choice of the user's wins."""
+    from tunefleet.cli.environment import prefect_environment
+    from tunefleet.config import load_settings
+
+    key = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"
+    settings = load_settings(home=tmp_path / "home")
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what it sets (PREFECT_HOME...) stays in this test
+    for name in (key, "PREFECT_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    prefect_environment(settings)
+    assert os.environ[key] == "false"
+    monkeypatch.setenv(key, "true")
+    prefect_environment(settings)
+    assert os.environ[key] == "true"
+    monkeypatch.delenv(key)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    prefect_environment(settings)
+    assert key not in os.environ
