@@ -20,8 +20,9 @@ def test_run_then_best_build_and_shards(tmp_path) -> None:  # type: ignore[no-un
     assert (tmp_path / "out" / "mlp-x86.so").exists()
     # it ran as the Prefect `pipeline` flow (ephemeral mode, Prefect's database under the tunefleet home)
     (log,) = (home_logs := tmp_path / "home" / "logs").glob("run-*.log")
-    assert "Starting temporary server" in log.read_text(), home_logs  # Prefect's ephemeral mode, logged to the file
-    assert "database is locked" not in log.read_text()  # its task-run recorder is off (cli/environment.py)
+    text = log.read_text()
+    assert "Starting temporary server" in text, home_logs  # Prefect's ephemeral mode, logged to the file
+    assert "database is locked" not in text  # its task-run recorder is off (cli/environment.py)
     assert list((tmp_path / "home" / "prefect").glob("*.db")), "Prefect's database is under the tunefleet home"
 
     workloads = json.loads(run_cli("workloads", "list", "--json", "--model", "mlp", env=env).stdout)

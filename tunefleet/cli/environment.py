@@ -43,9 +43,8 @@ def prefect_environment(settings: Settings, *, quiet: bool = False) -> None:
         # The temporary server's task-run recorder writes each task run's row from its events into
         # the server's SQLite file; at the end of a flow it sometimes waits out SQLite's lock with
         # the server's other writers for the full 60-second busy timeout, and the flow waits with
-        # it (1 of 4 mlp runs stalled 60 s with it, 0 of 4 without: docs/orchestration.md). Nothing
-        # reads those rows: the steps return their results to the flow, flow runs and artifacts
-        # are written through the API as before.
+        # it (measured in docs/orchestration.md). Nothing reads those rows: the steps return their
+        # results to the flow, flow runs and artifacts are written through the API as before.
         os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "false")
     if not ({"PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"} & set(os.environ)) and \
             not (Path.home() / ".prefect" / "profiles.toml").exists():

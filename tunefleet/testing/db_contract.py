@@ -761,7 +761,7 @@ class DatabaseContract(ShardCases, ReportCases):
             assert [tuple(r) for r in rows] == [(other.id, "nhwc+prepack+fastmath+fold")]
             assert conn.execute(text("SELECT count(*) FROM measurements")).scalar() == 1
         upgrade(db.engine)
-        assert Database(db.url).model_recipes(other.id, hw) == ["nhwc+prepack+fastmath+fold"]
+        assert db.model_recipes(other.id, hw) == ["nhwc+prepack+fastmath+fold"]
 
     def test_model_workloads_follow_the_recipe(self, db: Database) -> None:
         # Re-extracting under another recipe replaces a model's links on that class only, and says
