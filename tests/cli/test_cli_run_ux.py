@@ -133,10 +133,19 @@ def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_comman
 
 
 def _shard_states(home: Path) -> dict[str, int]:
+    """Shard counts by state; empty while the run has not yet created its database or its tables
+    (the file appears before the migrations have run)."""
     import sqlite3
 
+    if not (home / "tunefleet.db").exists():
+        return {}
     with sqlite3.connect(home / "tunefleet.db") as conn:
-        return dict(conn.execute("SELECT state, count(*) FROM shards GROUP BY state").fetchall())
+        try:
+            return dict(conn.execute("SELECT state, count(*) FROM shards GROUP BY state").fetchall())
+        except sqlite3.OperationalError as error:
+            if "no such table" in str(error):
+                return {}
+            raise
 
 
 @pytest.mark.slow
@@ -152,8 +161,8 @@ def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_the_readme_c
     run = _tunefleet(*args, home=home, cwd=cwd)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and run.poll() is None:
-        if (home / "tunefleet.db").exists() and _shard_states(home).get("done", 0) >= 1 \
-                and _shard_states(home).get("leased", 0) >= 1:
+        states = _shard_states(home)
+        if states.get("done", 0) >= 1 and states.get("leased", 0) >= 1:
             break
         time.sleep(0.5)
     assert run.poll() is None, run.communicate()[1][-3000:]
