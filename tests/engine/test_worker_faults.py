@@ -98,3 +98,37 @@ def test_drain_survives_a_database_drop_in_a_callback_and_a_lost_lease(engine, d
     assert second.state == CANCELLED
     assert summary.shards_done == 1 and summary.shards_failed == 0
 
+
+
+@pytest.mark.slow
+def test_a_shard_marked_done_before_its_acknowledgement_was_lost_is_counted_not_tuned_again(
+        engine, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The connection drops just after the commit that marks a shard done: the worker sees an
+    error, yet the shard is done. The retry counts it (it would have leased the next shard and
+    left this one out of the summary), and every shard is tuned once."""
+    from tunefleet.engine import shard as shard_module
+    from tunefleet.errors import DatabaseUnavailableError
+
+    settings, db, store = engine
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    planned, _ = shard_queue.plan(db, "x86", target_trials=2, shard_trials=2, model=model.id)
+    shard_queue.cancel(db, [planned[-1].id])  # two shards are enough
+    real_complete = shard_queue.complete
+    lost: list[int] = []
+
+    def complete_then_lose_the_acknowledgement(db_: Database, shard_id: int, owner: str, **kw: Any) -> None:
+        real_complete(db_, shard_id, owner, **kw)
+        if not lost:
+            lost.append(shard_id)
+            raise DatabaseUnavailableError("database test failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(shard_module.shard_queue, "complete", complete_then_lose_the_acknowledgement)
+    summary = drain(db, "x86", TuneOptions(seed=0, trials_per_iter=2, warm_start_shapes=False, transfer=False),
+                    backoff=NO_WAIT)
+
+    assert lost, "the fault never fired"
+    shards = [db.shard(s.id) for s in planned[:-1]]
+    assert [(s.state, s.leases) for s in shards] == [(DONE, 1), (DONE, 1)], [s.history for s in shards]
+    assert (summary.shards_done, summary.shards_failed) == (2, 0)
+    assert summary.measured == 4  # the lost acknowledgement's shard's 2 trials counted once

@@ -101,6 +101,8 @@ class Tuner:
         self._warned_no_filter = False
         self._deadline: Deadline | None = None
         self._probed = False
+        self._in_hand: dict[str, int] = {}
+        """owner -> the shard its last call leased, until that call returns its result."""
 
     def deadline(self, at: float) -> Deadline:
         """A :class:`Deadline` at ``at``, one per tuner, moved to ``at`` (for callers that lease one
@@ -214,6 +216,8 @@ class Tuner:
         ``reprioritise=False`` leaves the pending shards' priorities as planned (a budget's
         rounds: the allocator set them), else energy-aware leasing re-ranks them first."""
         options = options or self.options
+        if (finished := self._finished_unacknowledged(db, owner)) is not None:
+            return finished
         if deadline is not None and deadline.reason():
             return None
         self.start()
@@ -227,6 +231,7 @@ class Tuner:
         leased_s = time.perf_counter() - t0
         if shard is None:
             return None
+        self._in_hand[owner] = shard.id
         trained = self.cost_model(db, options)
         if options.filtering and trained is None and not self._warned_no_filter:
             self._warned_no_filter = True
@@ -237,7 +242,25 @@ class Tuner:
                        num_threads=self.threads, on_batch=on_batch, deadline=deadline)
         result = run_shard(db, shard, owner, options, kit)
         result.lease_s = leased_s
+        del self._in_hand[owner]
         return result
+
+    def _finished_unacknowledged(self, db: Database, owner: str) -> ShardResult | None:
+        """The shard ``owner``'s previous call leased and then raised on, if that call marked it
+        done before failing: its commit reached the database and the acknowledgement was lost (a
+        connection reset). The retry returns it, so its driver counts it, rather than leasing
+        another shard and leaving this one out of its summary."""
+        shard_id = self._in_hand.get(owner)
+        if shard_id is None:
+            return None
+        shard = db.shard(shard_id)
+        del self._in_hand[owner]
+        last = (shard.history or [{}])[-1]
+        if shard.state != shard_queue.DONE or last.get("owner") != owner:
+            return None  # still leased (reclaimed next), or ended by someone else
+        log.warning("shard %d was done by %s before its acknowledgement was lost; counted, not tuned again",
+                    shard.id, owner)
+        return ShardResult(shard.id, shard_queue.DONE, db.count_measurements(shard_id=shard.id), 0, 0, None, 0.0)
 
     def close(self) -> None:
         """Stop the builder (one this tuner made; a given one is left as it is) and the runner; a
