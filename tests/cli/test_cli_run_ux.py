@@ -1,14 +1,11 @@
 """`tunefleet run` as a new user meets it: checks before any server starts, a short output with a
-log file, an honest error when nothing was tuned, Ctrl-C that gives its leases back, and a run
-from the folder above a clone (where a `tunefleet/` folder sits in the working directory)."""
+log file, and an honest error when nothing was tuned. (Ctrl-C, the README's command resuming the
+run from the folder above a clone: the walk-through, tests/cli/test_cli_run.py.)"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,15 +13,6 @@ import pytest
 
 from tests.cli.test_cli_config import error_line, run_cli
 from tunefleet.errors import TunefleetError
-
-
-def _tunefleet(*args: str, home: Path, cwd: Path, **popen: object) -> subprocess.Popen[str]:
-    """The installed console script, as a user runs it (not ``python -m``, which puts the working
-    directory first on sys.path by itself)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFLEET_", "PREFECT_"))}
-    env["TUNEFLEET_HOME"] = str(home)
-    return subprocess.Popen([str(Path(sys.executable).with_name("tunefleet")), *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -130,78 +118,6 @@ def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_comman
     assert f"log: {tmp_path / 'run.log'}" in message
     assert message.endswith("resume with: tunefleet shards retry --hardware x86 && "
                             "tunefleet run --model mlp --hardware x86 --trials 4")
-
-
-def _shard_states(home: Path) -> dict[str, int]:
-    """Shard counts by state; empty while the run has not yet created its database or its tables
-    (the file appears before the migrations have run)."""
-    import sqlite3
-
-    if not (home / "tunefleet.db").exists():
-        return {}
-    with sqlite3.connect(home / "tunefleet.db") as conn:
-        try:
-            return dict(conn.execute("SELECT state, count(*) FROM shards GROUP BY state").fetchall())
-        except sqlite3.OperationalError as error:
-            if "no such table" in str(error):
-                return {}
-            raise
-
-
-@pytest.mark.slow
-def test_from_the_folder_above_a_clone_ctrl_c_gives_leases_back_and_the_readme_command_resumes(tmp_path: Path) -> None:
-    """The console script, interrupted, then `bash scripts/run.sh` (the README's main command) run
-    from the same folder, outside the clone: it installs into the test's own virtualenv
-    (TUNEFLEET_VENV; already installed there, so it skips pip) and resumes the run."""
-    import psutil
-
-    home, cwd = tmp_path / "home", tmp_path / "above"
-    (cwd / "tunefleet").mkdir(parents=True)  # what `git clone` leaves beside the user
-    args = ("run", "--model", "mlp", "--trials", "8", "--shard-trials", "4")
-    run = _tunefleet(*args, home=home, cwd=cwd)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and run.poll() is None:
-        states = _shard_states(home)
-        if states.get("done", 0) >= 1 and states.get("leased", 0) >= 1:
-            break
-        time.sleep(0.5)
-    assert run.poll() is None, run.communicate()[1][-3000:]
-    children = psutil.Process(run.pid).children(recursive=True)
-    assert children, "the run started its server and workers"
-    run.send_signal(signal.SIGINT)
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 130, err[-3000:]
-    assert "resume with: tunefleet run --model mlp --hardware x86 --trials 8" in err
-    states = _shard_states(home)
-    assert states.get("leased", 0) == 0 and states.get("failed", 0) == 0, states
-    _, alive = psutil.wait_procs(children, timeout=30)
-    assert not alive, f"left running after Ctrl-C: {[p.cmdline()[:3] for p in alive]}"
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFLEET_", "PREFECT_"))}
-    env.update(TUNEFLEET_HOME=str(home), TUNEFLEET_VENV=str(Path(sys.executable).parent.parent))
-    repo = Path(__file__).resolve().parents[2]
-    again = subprocess.Popen(["bash", str(repo / "scripts" / "run.sh"), *args[1:]], cwd=cwd, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = again.communicate(timeout=900)
-    assert again.returncode == 0, err[-3000:]
-    assert set(_shard_states(home)) == {"done"}
-    assert "tunefleet tuned (3/3 workloads tuned)" in out
-    assert "hub: 3 of 3 workloads start from the hub (tuned as x86 on " in out  # the shipped bundle, by default
-    lines = [line for line in out.splitlines() if line.strip()]
-    assert len(lines) <= 33, out  # not a terminal: a line per finished workload and build step at most, no log flood
-    log = Path(next(line.split("logs: ", 1)[1] for line in lines if line.startswith("logs: ")).strip())
-    assert "Starting temporary server" in log.read_text(), "Prefect's INFO logs go to the log file"
-    assert "Traceback" not in err
-
-
-def test_tune_json_is_the_only_thing_on_stdout(tmp_path: Path) -> None:
-    import json
-
-    out = run_cli("tune", "--json", "--hardware", "x86", env={"TUNEFLEET_HOME": str(tmp_path / "home")}, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout)  # nothing else on stdout
-    assert (summary["hardware"], summary["shards_done"], summary["measured"]) == ("x86", 0, 0)
-    assert "logs: " in out.stderr
 
 
 def test_plan_says_when_a_models_workloads_are_of_another_recipe_or_missing(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

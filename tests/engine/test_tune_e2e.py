@@ -99,7 +99,7 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
     settings, db, store = engine
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
-    (shard, *_), _ = shard_queue.plan(db, "x86", target_trials=30, model=model.id)
+    (shard, *_), _ = shard_queue.plan(db, "x86", target_trials=20, model=model.id)
     for other in shard_queue.list_shards(db):
         if other.id != shard.id:
             shard_queue.cancel(db, [other.id])
@@ -118,7 +118,7 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
     os.killpg(worker.pid, signal.SIGKILL)  # the worker and its builder processes, mid-shard
     worker.wait(30)
     before = _committed(db, shard.id)
-    assert 10 <= len(before) < 30
+    assert 10 <= len(before) < 20
     assert shard_queue.get_shard(db, shard.id).state == "leased"
 
     time.sleep(4.5)  # the dead worker's lease expires
@@ -129,7 +129,7 @@ def test_warm_restart_after_kill(engine, tmp_path) -> None:  # type: ignore[no-u
     after = _committed(db, shard.id)
     assert set(before) <= set(after), "a committed measurement was lost"
     assert not set(seen) & set(before.values()), "run 2 measured a candidate run 1 had committed"
-    assert len(seen) == 30 - len(before) and len(after) == 30
+    assert len(seen) == 20 - len(before) and len(after) == 20
     final = shard_queue.get_shard(db, shard.id)
     assert final.state == "done" and (final.leases, final.lost_leases) == (1, 1)  # a lost lease is no attempt
     assert [h["event"] for h in final.history][:3] == ["planned", "leased", "lease-expired"]
