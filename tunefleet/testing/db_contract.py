@@ -269,6 +269,34 @@ class ReportCases:
         assert (later.measured_since, later.errors_since) == (0, 0)
         assert db.model_progress(model.id + 1, hw, before) == []
 
+    def test_model_progress_counts_recent_rows_from_an_index_not_the_rows(self, seeded: tuple[Database, int, int, int]) -> None:
+        """The live line reads model_progress once a second during a run: its count of the rows
+        committed since the run started reads ``ix_measurements_recent`` (on SQLite as a covering
+        index: the plan says so), not every measurement row with its trace."""
+        from sqlalchemy import inspect
+
+        db, wl, hw, _ = seeded
+        assert "ix_measurements_recent" in {i["name"] for i in inspect(db.engine).get_indexes("measurements")}
+        model, _ = db.add_model(name="p", source="zoo", format="x", sha256="c" * 64, artifact_uri="u")
+        db.link_model_workload(model.id, wl, 1)
+        seen: list[tuple[str, object]] = []
+
+        def capture(conn: object, cursor: object, statement: str, parameters: object, *_: object) -> None:
+            if "measurements.created_at >=" in statement:
+                seen.append((statement, parameters))
+
+        event.listen(db.engine, "before_cursor_execute", capture)
+        try:
+            db.model_progress(model.id, hw, utcnow() - dt.timedelta(hours=1))
+        finally:
+            event.remove(db.engine, "before_cursor_execute", capture)
+        ((statement, parameters),) = seen
+        if db.dialect == "sqlite":
+            with db.engine.connect() as conn:
+                plan = " ".join(str(row[3]) for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement,
+                                                                             parameters))  # type: ignore[arg-type]
+            assert "COVERING INDEX ix_measurements_recent" in plan, plan
+
     def test_queue_progress_counts_the_given_shards_per_workload(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
         before = utcnow() - dt.timedelta(seconds=1)
