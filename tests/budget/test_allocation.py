@@ -152,3 +152,19 @@ def test_build_reserve_grows_with_the_model_and_its_measured_latency() -> None:
     many = build_reserve_s([_wl(i, [], weight=1) for i in range(24)], compile_s=2.0)
     assert many > 1.2 * (24 * 2.0)
     assert build_reserve_s([]) == 0.0
+
+
+def test_a_workload_whose_first_round_beat_nothing_is_not_starved_before_its_window_is_full() -> None:
+    """Its first random candidates all lost to its default schedule: until a full window says it
+    plateaued, it scores the median rate of the workloads that improved, so its latency share
+    (here the model's largest) buys it the round's batches, not the floor rate's nothing."""
+    stuck = _wl(1, [1.4e-3] + [2e-3, 3e-3, 1.5e-3, 4e-3, 2.5e-3, 1.6e-3, 3.9e-3])  # nothing beats the default
+    improving = [_wl(i, [4e-3] + [0.2e-3] * 7) for i in (2, 3, 4)]  # 20x on their first round
+    plan = allocate([stuck, *improving], None, min_trials=8, batch=8, window=16)
+    assert _split(plan)[1] == 4 * 8  # the largest share: the round's cap of 4 batches
+    # a full window with nothing better: it plateaued and leaves
+    flat = _wl(1, [1.4e-3] + [2e-3] * 16)
+    assert flat.plateaued(16)
+    assert 1 not in _split(allocate([flat, *improving], None, min_trials=8, batch=8, window=16))
+    # alone (no improving workload to take a rate from), it keeps the floor rate, as before
+    assert _split(allocate([stuck], None, min_trials=8, batch=8, window=16)) == {1: 8}

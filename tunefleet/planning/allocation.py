@@ -14,7 +14,9 @@ so the next trials go where they are expected to take the most off that sum. Eac
    relative improvement per trial over its last ``window`` trials (per joule when energy-aware).
    A workload that stopped improving scores little and gets nothing while others still improve;
    one whose best improved by at most ``epsilon`` over a full window has *plateaued* and leaves
-   the run, like one whose search space ran out or that plateau preemption stopped.
+   the run, like one whose search space ran out or that plateau preemption stopped. One whose
+   search has not beaten its default schedule yet, in less than a window, scores the median rate
+   of those that improved (it has not shown what its search can do).
 
 A duration budget has no trial count: its rounds go on until the deadline
 (:mod:`tunefleet.planning.rounds`). Pure Python — no TVM, no database:
@@ -219,6 +221,7 @@ def allocate(
     candidates = [w for w in in_play if not w.plateaued(window, epsilon) and (
         not rounds or (w.planned >= min_trials and w.workload_id not in granted and not w.outstanding))]
     scores = {w.workload_id: w.score(window, epsilon, energy_aware=energy_aware) for w in candidates}
+    scores.update(_unproven(candidates, scores, window, energy_aware))
     if not rounds:
         scores.update(_estimated(candidates, scores, window, epsilon, energy_aware))
     candidates = [w for w in candidates if scores[w.workload_id] is not None]
@@ -267,6 +270,33 @@ def _share_proxy(w: WorkloadHistory) -> float:
     measured and unmeasured workloads apart, so the two units are never compared)."""
     best = w.best_s
     return w.weight * best if best is not None else w.weight * max(w.flops, 0.0)
+
+
+def _unproven(candidates: Sequence[WorkloadHistory], scores: dict[int, float | None], window: int,
+              energy_aware: bool) -> dict[int, float]:
+    """Scores of workloads whose search has found nothing faster than their first success (the
+    default schedule) in less than a full window of trials: scored at the median improvement rate
+    of the workloads that improved, not at the floor. Their first random candidates can all lose to
+    the default (mobilenet_v2's depthwise convolutions on AVX2 did), and at the floor rate they
+    would never get another batch while the others make their big first steps; a full window with
+    nothing better still makes them plateau."""
+    rates, unproven = [], []
+    for w in candidates:
+        gain = w.recent_gain(window)
+        if gain is None or scores[w.workload_id] is None:
+            continue
+        if gain[0] > 0 and gain[1]:
+            rates.append(gain[0] / gain[1])
+        elif gain[0] <= 0 and gain[1] < window:
+            unproven.append(w)
+    if not rates:
+        return {}
+    rate = statistics.median(rates)
+    out: dict[int, float] = {}
+    for w in unproven:
+        value = w.weight * w.best_s * rate  # type: ignore[operator]
+        out[w.workload_id] = value / w.joules_per_trial if energy_aware and w.joules_per_trial else value
+    return out
 
 
 def _estimated(candidates: Sequence[WorkloadHistory], scores: dict[int, float | None], window: int, epsilon: float,
