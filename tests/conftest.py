@@ -30,7 +30,7 @@ def on_backend(name: str) -> pytest.MarkDecorator:
 #: The files that take longest (minutes each), longest first: the parallel phase hands them to its
 #: workers first, so the short files fill the gaps at the end instead of one long file running
 #: alone after everything else (pytest-xdist's loadfile hands out files in collection order).
-HEAVY_FIRST = ("tests/cli/test_cli_run_ux.py", "tests/cli/test_cli_run.py", "tests/integration/test_prefect_server.py",
+HEAVY_FIRST = ("tests/cli/test_cli_run.py", "tests/integration/test_prefect_server.py",
                "tests/hub/test_hub_replay.py", "tests/engine/test_tune_e2e.py", "tests/flows/test_flows.py",
                "tests/costmodel/test_zeroshot.py", "tests/engine/test_efficiency.py", "tests/test_packaging.py")
 

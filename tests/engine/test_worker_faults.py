@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
+from tests.conftest import on_backend
 from tunefleet.db import Database
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import START_FAILURES, Backoff, Tuner, drain
@@ -101,6 +102,7 @@ def test_drain_survives_a_database_drop_in_a_callback_and_a_lost_lease(engine, d
 
 
 @pytest.mark.slow
+@on_backend("sqlite")  # the fault is injected above the database (the commit, then an error): one backend shows it
 def test_a_shard_marked_done_before_its_acknowledgement_was_lost_is_counted_not_tuned_again(
         engine, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The connection drops just after the commit that marks a shard done: the worker sees an
