@@ -25,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from tunefleet.db import Database, upgrade
+from tunefleet.db.tables import utcnow
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -58,7 +59,7 @@ def main() -> int:
         with first.session() as s:
             pairs = s.execute(text("SELECT DISTINCT model_id, hardware_class_id FROM model_workloads")).all()
             rows = s.execute(text("SELECT count(*) FROM measurements")).scalar()
-        since = dt.datetime.utcnow() - dt.timedelta(hours=args.since_hours)
+        since = utcnow() - dt.timedelta(hours=args.since_hours)
         print(f"{args.database}: {rows} measurements, {len(pairs)} model x class pair(s); "
               f"{args.rounds} rounds, alternating")
         for model_id, hw in pairs:

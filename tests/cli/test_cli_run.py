@@ -16,7 +16,7 @@ from tests.cli.test_cli_config import error_line, run_cli
 from tests.test_packaging import wheel_in_a_virtualenv
 
 
-def shard_states(home: Path) -> dict[str, int]:
+def _shard_states(home: Path) -> dict[str, int]:
     """Shard counts by state; empty while the run has not yet created its database or its tables
     (the file appears before the migrations have run)."""
     import sqlite3
@@ -54,7 +54,7 @@ def test_the_wheel_s_main_job_interrupted_resumed_by_the_readme_command_then_the
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and run.poll() is None:
-        states = shard_states(home)
+        states = _shard_states(home)
         if states.get("done", 0) >= 1 and states.get("leased", 0) >= 1:
             break
         time.sleep(0.5)
@@ -65,7 +65,7 @@ def test_the_wheel_s_main_job_interrupted_resumed_by_the_readme_command_then_the
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130, err[-3000:]
     assert "resume with: tunefleet run --model mlp --hardware x86 --trials 8" in err
-    states = shard_states(home)
+    states = _shard_states(home)
     assert states.get("leased", 0) == 0 and states.get("failed", 0) == 0, states
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"left running after Ctrl-C: {[p.cmdline()[:3] for p in alive]}"
@@ -75,7 +75,7 @@ def test_the_wheel_s_main_job_interrupted_resumed_by_the_readme_command_then_the
                            env={**user_env, "TUNEFLEET_VENV": str(bin_dir.parent)},
                            capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert set(shard_states(home)) == {"done"}
+    assert set(_shard_states(home)) == {"done"}
     assert "5/5 build" in again.stdout and "tunefleet tuned (3/3 workloads tuned)" in again.stdout
     assert "hub: 3 of 3 workloads start from the hub (tuned as x86 on " in again.stdout  # the wheel's bundle
     assert (out_dir / "mlp-x86.so").exists()

@@ -100,7 +100,6 @@ def test_drain_survives_a_database_drop_in_a_callback_and_a_lost_lease(engine, d
     assert summary.shards_done == 1 and summary.shards_failed == 0
 
 
-
 @pytest.mark.slow
 @on_backend("sqlite")  # the fault is injected above the database (the commit, then an error): one backend shows it
 def test_a_shard_marked_done_before_its_acknowledgement_was_lost_is_counted_not_tuned_again(
@@ -111,7 +110,7 @@ def test_a_shard_marked_done_before_its_acknowledgement_was_lost_is_counted_not_
     from tunefleet.engine import shard as shard_module
     from tunefleet.errors import DatabaseUnavailableError
 
-    settings, db, store = engine
+    _, db, store = engine
     model = ingest(db, store, "mlp").model
     extract(db, store, model, "x86")
     planned, _ = shard_queue.plan(db, "x86", target_trials=2, shard_trials=2, model=model.id)

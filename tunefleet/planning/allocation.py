@@ -221,7 +221,7 @@ def allocate(
     candidates = [w for w in in_play if not w.plateaued(window, epsilon) and (
         not rounds or (w.planned >= min_trials and w.workload_id not in granted and not w.outstanding))]
     scores = {w.workload_id: w.score(window, epsilon, energy_aware=energy_aware) for w in candidates}
-    scores.update(_unproven(candidates, scores, window, energy_aware))
+    scores.update(_unproven(candidates, window, energy_aware))
     if not rounds:
         scores.update(_estimated(candidates, scores, window, epsilon, energy_aware))
     candidates = [w for w in candidates if scores[w.workload_id] is not None]
@@ -272,8 +272,7 @@ def _share_proxy(w: WorkloadHistory) -> float:
     return w.weight * best if best is not None else w.weight * max(w.flops, 0.0)
 
 
-def _unproven(candidates: Sequence[WorkloadHistory], scores: dict[int, float | None], window: int,
-              energy_aware: bool) -> dict[int, float]:
+def _unproven(candidates: Sequence[WorkloadHistory], window: int, energy_aware: bool) -> dict[int, float]:
     """Scores of workloads whose search has found nothing faster than their first success (the
     default schedule) in less than a full window of trials: scored at the median improvement rate
     of the workloads that improved, not at the floor. Their first random candidates can all lose to
@@ -283,7 +282,7 @@ def _unproven(candidates: Sequence[WorkloadHistory], scores: dict[int, float | N
     rates, unproven = [], []
     for w in candidates:
         gain = w.recent_gain(window)
-        if gain is None or scores[w.workload_id] is None:
+        if gain is None:  # nothing measured yet: no score either
             continue
         if gain[0] > 0 and gain[1]:
             rates.append(gain[0] / gain[1])
