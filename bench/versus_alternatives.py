@@ -41,7 +41,10 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
 ``--hub off|default|BUNDLE`` sets the runs' ``TUNEFLEET_HUB`` (a fresh ``--home`` imports that
 hub bundle first; ``off``: tuning from scratch) and each phase prints run's ``hub:`` line: how many
 workloads started from the hub. ``--compare LABEL=LIBRARY`` (repeatable) times another exported
-library in the same rounds, e.g. an earlier run's under another recipe. ``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
+library in the same rounds, e.g. an earlier run's under another recipe; phase 2 times phase 1's
+library in its rounds too (``tuned after phase 1``), so what the more minutes bought is a ratio
+from one timing, not a difference between two (this VM's speed moves between timings minutes
+apart, and not by the same factor for every runtime). ``--json PATH`` writes everything measured as JSON (docs/performance.md's table is filled from
 it). Prints what it measured; asserts nothing about speed. Needs ``pip install -e '.[bench]'``
 (PyTorch and transformers; onnx and onnxruntime are tunefleet's own dependencies).
 """
@@ -378,7 +381,7 @@ def print_latency(phase: dict[str, Any], skipped: dict[str, str], setup: dict[st
     ratios = {}
     print(f"\n{phase['name']}: latency on {threads} threads (median of {len(lat['tunefleet tuned']['rounds_ms'])} "
           "alternating rounds; ratio < 1: tuned is faster)")
-    print(f"{'runtime':<18} {'ms':>10} {'round min-max ms':>20} {'calls/round':>11} {'tuned / it':>11} "
+    print(f"{'runtime':<20} {'ms':>10} {'round min-max ms':>20} {'calls/round':>11} {'tuned / it':>11} "
           f"{'max abs diff vs eager':>22}")
     compared = [name for name in lat if name != "tunefleet tuned" and name not in ALTERNATIVES]
     for name in ("tunefleet tuned", *compared, *ALTERNATIVES):
@@ -389,10 +392,10 @@ def print_latency(phase: dict[str, Any], skipped: dict[str, str], setup: dict[st
                 ratios[f"tuned / {name}"] = ratio
             spread = f"{_ms(min(r['rounds_ms']))}-{_ms(max(r['rounds_ms']))}"
             diff = "(reference)" if name == "torch eager" else _fmt(diffs.get(name), ".3g")
-            print(f"{name:<18} {_ms(r['ms']):>10} {spread:>20} {r['calls_per_round']:>11} "
+            print(f"{name:<20} {_ms(r['ms']):>10} {spread:>20} {r['calls_per_round']:>11} "
                   f"{_fmt(ratio, '.2f') + ('x' if ratio else ''):>11} {diff:>22}")
         elif name in skipped:
-            print(f"{name:<18} not measured: {skipped[name]}")
+            print(f"{name:<20} not measured: {skipped[name]}")
     if "torch.compile" in setup and phase["name"] == "phase 1":  # set up once, before phase 1's timing
         print(f"torch.compile: first call (compiling, cold inductor cache) took {setup['torch.compile']:.1f} s")
     if "onnxruntime" in setup and phase["name"] == "phase 1":
@@ -555,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     out["versions"] = _versions()
 
     status = 0
+    earlier: dict[str, str] = {}  # label -> library of the phases timed so far
     for i, (name, amount) in enumerate(phases_wanted):
         phase = first if i == 0 else run_phase(name, args, amount, work / f"out-{args.model}-{args.hardware}" / f"phase{i + 1}",
                                                child_env)
@@ -564,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             out["phases"].append(phase)
             status = 1
             continue
-        phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds, args.compare)
+        phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds, {**earlier, **args.compare})
+        earlier[f"tuned after {phase['name']}"] = phase["library"]
         phase["ratios"] = print_latency(phase, skipped, setup, threads)
         # The first peak was measured as the tuning run's processes exited, which can halve it
         # (docs/performance.md, mobilenet_v2 +60): measure again after the timings, keep the faster.
