@@ -82,6 +82,7 @@ def test_a_node_that_cannot_link_is_quarantined_and_its_shard_goes_back_unspent(
     assert len(rows) == 12 and all(m.error_kind is None for m in rows)
 
 
+@on_backend("sqlite")  # the probe fails before any database write: one backend (contract suite: both)
 def test_a_worker_on_a_node_that_cannot_link_never_leases(engine, compiler: Compiler) -> None:  # type: ignore[no-untyped-def]
     """The probe before the first lease (a small kernel, built and run): nothing is touched."""
     _, db, _ = engine
@@ -136,6 +137,7 @@ def test_a_batch_that_fails_on_a_healthy_node_is_stored_as_candidate_errors(engi
     assert len(db.measurements()) == 1  # nothing more stored
 
 
+@on_backend("postgresql")  # the metric is pushed before any database write
 def test_a_quarantine_is_a_metric_on_the_pushgateway(engine, compiler: Compiler) -> None:  # type: ignore[no-untyped-def]
     import socket
     import urllib.request

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 from sqlalchemy import text, update
 
-from tests.conftest import make_db_url
+from tests.conftest import make_db_url, on_backend
 from tunefleet.config import Settings, load_settings
 from tunefleet.db import Database
 from tunefleet.db.tables import Shard
@@ -248,6 +248,7 @@ def _mlp_shard(db: Database, store: Any, *, trials: int) -> tuple[Any, Any]:
 
 
 @pytest.mark.slow
+@on_backend("postgresql")  # the lease's expiry and fencing: the contract suite checks both backends
 def test_a_tuning_thread_stuck_in_a_build_lets_its_lease_lapse_and_another_worker_takes_the_shard(
         engine) -> None:  # type: ignore[no-untyped-def]
     from tvm.ir.utils import derived_object

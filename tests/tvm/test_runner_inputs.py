@@ -2,7 +2,7 @@
 
 MetaSchedule's ``random_fill`` puts values near 2**30 into int32 tensors; used as indices they
 read far outside the table. Both runners fill candidates' inputs with
-:func:`tunefleet.tvm.runner.alloc_arguments`, which zero-fills integer tensors.
+:func:`tunefleet.tvm.runner.alloc_arguments`, which zero-fills integer tensors (masks: ones).
 """
 
 from __future__ import annotations
@@ -59,6 +59,19 @@ def test_alloc_arguments_zero_fills_integers_and_randomises_floats() -> None:
     table, ids32, ids64 = (arg.numpy() for arg in args)
     assert not ids32.any() and not ids64.any()
     assert table.std() > 0  # random_fill's floats, not a constant
+
+
+def test_alloc_arguments_fills_masks_with_ones() -> None:
+    """Zeros masked every position of BERT's attention, so its softmax was never timed (the runner
+    module's docstring): a mask is all ones, nothing masked."""
+    import tvm
+
+    args_info = [["TENSOR", "int8", [1, 12, 128, 1]], ["TENSOR", "uint8", [TOKENS]], ["TENSOR", "bool", [TOKENS]],
+                 ["TENSOR", "int32", [TOKENS]]]
+    (args,) = alloc_arguments(tvm.cpu(), args_info, 1)
+    mask8, masku8, mask_bool, ids = (arg.numpy() for arg in args)
+    assert (mask8 == 1).all() and (masku8 == 1).all() and mask_bool.all()
+    assert not ids.any()  # indices stay zeros: valid on any non-empty axis
 
 
 def test_local_runner_measures_an_embedding_lookup(lookup: tuple[str, Any], cpu_target: Any) -> None:
