@@ -35,7 +35,8 @@ any non-empty axis; floats keep ``random_fill``, whose values time as real data 
 Masks (``bool``, ``int8``, ``uint8``) are filled with ones: nothing masked, as in a batch
 without padding. Zeros masked every position of BERT's attention: its fused softmax workload
 (``where(not mask, softmax(x), fill)``) then skipped the softmax, and the search kept a schedule
-that recomputes it per element, which measured 0.07 ms on zeros and runs 35 ms on a real mask.
+that recomputes it per element: fast on zeros, hundreds of times slower on a real mask (figures:
+docs/learning.md, "Candidate inputs").
 
 The ``LocalRunner`` constructor starts its worker and checks it (that worker imports TVM:
 seconds); create the runner once per tuning session.
@@ -76,7 +77,7 @@ _GPU_DEFAULTS: dict[str, Any] = {
 
 
 #: Element types read as masks: a candidate's inputs of these types are all ones ("Inputs" above).
-MASK_DTYPES = ("bool", "int8", "uint8")
+_MASK_DTYPES = ("bool", "int8", "uint8")
 
 
 def alloc_arguments(device: Any, args_info: Any, alloc_repeat: int) -> list[list[Any]]:
@@ -90,7 +91,7 @@ def alloc_arguments(device: Any, args_info: Any, alloc_repeat: int) -> list[list
 
     def fill(tensor: Any) -> None:
         dtype = str(tensor.dtype)
-        if dtype in MASK_DTYPES:
+        if dtype in _MASK_DTYPES:
             tensor.copyfrom(np.ones(tuple(tensor.shape), dtype=dtype))
         elif dtype.startswith(("int", "uint")):
             tensor.copyfrom(np.zeros(tuple(tensor.shape), dtype=dtype))
