@@ -147,6 +147,8 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
     (``lease_s``) expires and resumes from what was committed; a shard leased by another live
     worker is left alone.
     """
+    from tunefleet.tvm import without_torch  # noqa: F401  # before anything imports TVM: tuning needs no torch
+
     check_hardware([hardware])
     check_positive(max_shards=max_shards)
     options = tune_options(lease_s=lease_s, trials_per_iter=trials_per_iter, seed=seed)

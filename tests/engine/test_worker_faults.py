@@ -51,6 +51,28 @@ def test_worker_stops_after_k_failed_starts_without_touching_a_shard(engine) -> 
     assert (after.state, after.leases) == (PENDING, 0)  # never leased: no attempt spent
 
 
+def test_a_worker_with_nothing_to_lease_starts_no_builder(engine) -> None:  # type: ignore[no-untyped-def]
+    """Only done and cancelled shards: the worker ends without starting its builder and runner
+    (seconds of processes for nothing); a pending shard starts them."""
+    _, db, _ = engine
+    hw = db.hardware_class("x86")
+    wl, _ = db.add_workload(structural_hash="00ac", name="dense", op_kind="dense", flops=1.0, tir_json="{}")
+    (shard,) = db.add_shards(hw.id, [(wl.id, 8, 1.0)])
+    shard_queue.cancel(db, [shard.id])
+    starts: list[int] = []
+
+    def counted_builder(threads: int) -> Any:
+        starts.append(threads)
+        raise OSError(14, "Bad address")
+
+    summary = drain(db, "x86", tuner=Tuner(db, "x86", make_builder=counted_builder), backoff=NO_WAIT)
+    assert (summary.shards_done, summary.measured, starts) == (0, 0, [])
+    db.add_shards(hw.id, [(wl.id, 8, 1.0)])
+    with pytest.raises(WorkerStartError):
+        drain(db, "x86", tuner=Tuner(db, "x86", make_builder=counted_builder), backoff=NO_WAIT)
+    assert len(starts) == START_FAILURES
+
+
 @pytest.mark.slow
 def test_drain_survives_a_database_drop_in_a_callback_and_a_lost_lease(engine, db_url: str) -> None:  # type: ignore[no-untyped-def]
     """Two shards: the first loses its database connection inside ``get_top_k`` (MetaSchedule

@@ -99,6 +99,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
     from tunefleet.cli.progress import RunProgress
+    from tunefleet.tvm import without_torch  # noqa: F401  # before anything imports TVM: tuning needs no torch
     from tunefleet.tvm.native_log import native_stderr_to
 
     options = tune_options(args, settings)

@@ -28,7 +28,7 @@ from tunefleet.errors import NodeFaultError, TransientError, TunefleetError, Wor
 from tunefleet.planning import shard_queue
 from tunefleet.planning.rounds import Deadline, Rounds, RoundsState
 from tunefleet.planning.shard_queue import Backoff, LeaseLostError
-from tunefleet.vocab import TRANSIENT_RETRIES
+from tunefleet.vocab import LEASED, PENDING, TRANSIENT_RETRIES
 
 if TYPE_CHECKING:
     from tunefleet.config import Settings
@@ -220,6 +220,9 @@ class Tuner:
             return finished
         if deadline is not None and deadline.reason():
             return None
+        if shard_id is None and not db.shards(states=(PENDING, LEASED),
+                                               hardware_class_id=db.hardware_class(self.hardware).id):
+            return None  # nothing to lease or take over: no builder and runner started for nothing
         self.start()
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:
@@ -391,6 +394,7 @@ def _worker_main(settings_data: dict[str, Any], hardware: str, options_data: dic
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.store import open_store
+    from tunefleet.tvm import without_torch  # noqa: F401  # first: a worker only tunes
     from tunefleet.tvm.native_log import redirect_native_stderr
 
     redirect_native_stderr()  # before logging's handler takes sys.stderr: TVM's C++ lines to the log file

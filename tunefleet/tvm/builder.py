@@ -78,9 +78,10 @@ __all__ = [
     "import_tensor_intrinsics",
 ]
 
-# The fork server imports these once; importing this module there (``_PRELOAD_ENV`` set) also
-# imports the tensor intrinsics the fast way (see the end of this module).
-_PRELOAD_MODULES = ["tvm", "tvm.s_tir.meta_schedule", __name__]
+# The fork server imports these once, TVM without PyTorch (:mod:`tunefleet.tvm.without_torch`: no
+# worker uses torch); importing this module there (``_PRELOAD_ENV`` set) also imports the tensor
+# intrinsics the fast way (see the end of this module).
+_PRELOAD_MODULES = ["tunefleet.tvm.without_torch", "tvm", "tvm.s_tir.meta_schedule", __name__]
 _PRELOAD_ENV = "TUNEFLEET_BUILDER_FORKSERVER"
 _POLL_S = 0.05
 _BACKSTOP_SLACK_S = 30.0
