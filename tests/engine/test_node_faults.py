@@ -145,6 +145,8 @@ def test_a_quarantine_is_a_metric_on_the_pushgateway(engine, compiler: Compiler)
     from tunefleet.testing.prometheus import PushgatewayServer
 
     _, db, _ = engine
+    wl, _ = db.add_workload(structural_hash="00ad", name="dense", op_kind="dense", flops=1.0, tir_json="{}")
+    db.add_shards(db.hardware_class("x86").id, [(wl.id, 4, 1.0)])  # a worker with nothing to lease probes nothing
     server = PushgatewayServer()
     server.start()
     try:
