@@ -84,15 +84,18 @@ def rungs(target: int) -> list[int]:
 
 # -- the CPU ---------------------------------------------------------------------------------------
 def cpu_model() -> str:
-    """This machine's CPU model name, as its hardware class records it."""
-    from tunefleet.hardware import host_cpu
+    """This machine's CPU: its model name with its family and model (``AMD EPYC (family 26 model
+    2)``), since the name alone does not tell a VM's Zen 4 from its Zen 5."""
+    from tunefleet.hardware import cpu_label, host_cpu
 
-    return str(host_cpu()["model"])
+    return cpu_label(host_cpu())
 
 
 def default_home() -> Path:
     """``~/.tunefleet-campaign/<cpu>``: one database per CPU model, since a CPU class's timings
-    belong to one CPU (sessions on another CPU start their own campaign beside it)."""
+    belong to one CPU (sessions on another CPU start their own campaign beside it). The CPU is
+    its name with its family and model (:func:`tunefleet.hardware.cpu_label`): a VM's ``AMD EPYC``
+    is Zen 4 one day and Zen 5 the next."""
     slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-") or "cpu"
     return Path("~/.tunefleet-campaign").expanduser() / slug
 

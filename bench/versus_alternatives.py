@@ -175,6 +175,20 @@ def blas_core() -> str | None:
     return fn().decode()
 
 
+def default_coretype(hardware: str) -> str | None:
+    """The ``OPENBLAS_CORETYPE`` of a class's sgemm peak: Haswell (AVX2) for ``x86-avx2``;
+    SkylakeX (AVX-512) for the native ``x86`` class on a CPU with AVX-512F, since OpenBLAS runs
+    its AVX2 kernels on an AVX-512 CPU it does not know (Zen 5: core Haswell), which would halve
+    the reference; else None (OpenBLAS picks)."""
+    from tunefleet.hardware import host_cpu
+
+    if hardware == "x86-avx2":
+        return "Haswell"
+    if hardware == "x86" and "avx512f" in (host_cpu().get("isa") or []):
+        return "SkylakeX"
+    return None
+
+
 def sgemm_peak(n: int, repeat: int = 10) -> dict[str, Any]:
     """fp32 GFLOP/s of numpy's BLAS on an n x n x n matmul: the fastest of ``repeat`` after one
     warm-up. A peak, so the fastest: a busy moment slows some repeats, never speeds one up."""
@@ -449,7 +463,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sgemm-n", type=int, default=2048, help="matrix size of the sgemm peak (default 2048)")
     ap.add_argument("--blas-coretype", default=None,
                     help="OPENBLAS_CORETYPE of the sgemm peak (default Haswell for the x86-avx2 class: AVX2 "
-                    "kernels, the class's own peak; else OpenBLAS picks this CPU's)")
+                    "kernels, the class's own peak; SkylakeX for the native x86 class on an AVX-512 CPU; "
+                    "else OpenBLAS picks this CPU's)")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write everything measured here")
     ap.add_argument("--batch-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
     ap.add_argument("--image-size", type=int, default=None, help="zoo option passed to `tunefleet run`")
@@ -477,7 +492,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    coretype = args.blas_coretype or ("Haswell" if args.hardware == "x86-avx2" else None)
+    coretype = args.blas_coretype or default_coretype(args.hardware)
     if coretype:  # OpenBLAS reads it when it loads, with numpy: before anything imports numpy
         os.environ["OPENBLAS_CORETYPE"] = coretype
     work = args.work_dir.resolve()

@@ -34,13 +34,13 @@ if TYPE_CHECKING:
     from tunefleet.delivery.build import BuildReport
     from tunefleet.engine.loop import TuneSummary
     from tunefleet.engine.options import TuneOptions
-    from tunefleet.learning.hub import ExportResult, ImportResult
+    from tunefleet.learning.hub import ExportResult, ImportResult, MergeResult
     from tunefleet.models.ingest import IngestResult
     from tunefleet.models.workloads import ExtractResult
     from tunefleet.planning.rounds import Deadline, Rounds
 
-__all__ = ["Context", "best", "best_for", "build", "build_exported", "connect", "extract", "hub_export", "hub_import", "ingest", "tune",
-           "tune_with_workers"]
+__all__ = ["Context", "best", "best_for", "build", "build_exported", "connect", "extract", "hub_export", "hub_import",
+           "hub_merge", "ingest", "tune", "tune_with_workers"]
 
 
 def connect(settings: Settings | None = None) -> Context:
@@ -299,6 +299,45 @@ def hub_export(ctx: Context, output: str | Path, *, hardware: list[str] | None =
         wanted = {hw.name: {wl.id for wl, _ in db.workloads(m.id, hw.id)} for hw in db.hardware_classes()}
     store = ctx.store if str(output).startswith("s3://") else None  # a file needs no store (nor its S3 endpoint)
     return write_bundle(db, store, output, hardware=hardware, workload_ids=wanted,
+                        top_k=DEFAULT_TOP_K if top_k is None else top_k)
+
+
+def hub_merge(ctx: Context, output: str | Path, sources: list[str | Path], *, exclude: list[str] | None = None,
+              top_k: int | None = None) -> MergeResult:
+    """Write one hub bundle of the records of several: per workload, class and CPU, the ``top_k``
+    fastest distinct schedules (e.g. one campaign's bundle per CPU, shipped as one file). No
+    database is opened.
+
+    Parameters
+    ----------
+    ctx : Context
+        From :func:`connect` (its artifact store for ``s3://``, its registry token for ``https://``).
+    output : str or Path
+        A file path, or an ``s3://`` URI of the artifact store's bucket.
+    sources : list of str or Path
+        Bundles: file paths, ``s3://`` URIs, or a schedule registry's ``https://`` URLs.
+    exclude : list of str, optional
+        ``fnmatch`` patterns of workload names whose records are left out (records known to be wrong).
+    top_k : int, optional
+        Records kept per workload, class and CPU (default :data:`tunefleet.learning.hub.DEFAULT_TOP_K`).
+
+    Returns
+    -------
+    MergeResult
+        What was written and left out (:meth:`~tunefleet.learning.hub.MergeResult.line`).
+
+    Raises
+    ------
+    tunefleet.errors.ParameterError
+        A source that is not a bundle, or every record excluded.
+    tunefleet.errors.NotSupportedError
+        Another format version, or sources of different TVM versions.
+    """
+    from tunefleet.learning.hub import DEFAULT_TOP_K, write_merged
+
+    uses_s3 = any(str(x).startswith("s3://") for x in [output, *sources])
+    token = ctx.settings.registry_token.get_secret_value() or None
+    return write_merged(sources, output, store=ctx.store if uses_s3 else None, token=token, exclude=exclude,
                         top_k=DEFAULT_TOP_K if top_k is None else top_k)
 
 

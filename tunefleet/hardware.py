@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import re
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.errors import ConfigError
@@ -95,6 +96,14 @@ def same_cpu(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two recorded CPUs (:func:`host_cpu`) are one CPU for tuning."""
     return (a.get("model"), a.get("id"), sorted(a.get("isa") or [])) == (b.get("model"), b.get("id"),
                                                                          sorted(b.get("isa") or []))
+
+
+def cpu_label(cpu: dict[str, Any]) -> str:
+    """A recorded CPU's name with its family and model: ``AMD EPYC (family 26 model 2)``. The name
+    alone does not tell CPUs apart (a VM's ``AMD EPYC`` is Zen 4 one day and Zen 5 the next)."""
+    name = str(cpu.get("model") or "an unrecorded CPU")
+    ident = re.sub(r"^(AuthenticAMD|GenuineIntel)\s+", "", str(cpu.get("id") or ""))
+    return f"{name} ({ident})" if ident and ident != name else name
 
 
 def describe_cpu(cpu: dict[str, Any], other: dict[str, Any] | None = None) -> str:

@@ -264,3 +264,72 @@ def test_the_hub_commands(bundle: Any, tmp_path: Path, monkeypatch: pytest.Monke
     assert main(["hub", "import", str(tmp_path / "nothing.parquet")]) == 2
     err = capsys.readouterr().err
     assert "no hub bundle at" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # a merge opens no database
+def test_merge_keeps_the_best_of_each_workload_class_and_cpu(bundle: Any, make_home: Any, tmp_path: Path,
+                                                             mlp_workloads: list[Any], monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _, path = bundle
+    ctx = make_home("merge")
+    rows = _table(path).num_rows
+    # the same records measured on another CPU (another mcpu): another class in the merged bundle
+    other_cpu = {"id": "GenuineIntel family 6 model 143", "isa": ["avx2", "fma"], "model": "Other CPU"}
+    other = _rewrite(path, tmp_path / "cpu.parquet", column=("cpu", lambda i, v: json.dumps(other_cpu, sort_keys=True)))
+    other = _rewrite(other, tmp_path / "other.parquet",
+                     column=("target", lambda i, v: json.dumps({**json.loads(v), "mcpu": "haswell"}, sort_keys=True)))
+    merged = api.hub_merge(ctx, tmp_path / "merged.parquet", [path, path, other], top_k=3)
+    assert (merged.records, merged.dropped, merged.excluded) == (2 * rows, rows, 0)  # the second copy adds nothing
+    assert merged.workloads == len(mlp_workloads) and len(merged.classes) == 2
+    assert any(c == "x86 on Other CPU (family 6 model 143)" for c in merged.classes)
+    assert f"{2 * rows} records of {len(mlp_workloads)} workloads from 3 bundle(s), 2 class(es)" in merged.line()
+    # the same sources, the same bytes: importing it twice does nothing
+    assert api.hub_merge(ctx, tmp_path / "again.parquet", [path, path, other], top_k=3).sha256 == merged.sha256
+    table = _table(tmp_path / "merged.parquet")
+    meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
+    assert meta["created_at"] == {k.decode(): v.decode() for k, v in _table(path).schema.metadata.items()}["created_at"]
+    assert len(json.loads(meta["summary"])["merged_from"]) == 3
+    dst = make_home("dst")
+    done = api.hub_import(dst, tmp_path / "merged.parquet")
+    assert done.counts["records_new"] == 2 * rows and len(done.classes) == 2
+    # two CPUs of one bundle are told apart in what run, best and build say
+    said = {hub.describe_hub_class(hw.name, hw.capabilities) for hw in dst.db.hub_classes()}
+    assert any(s.startswith("x86 on Other CPU (family 6 model 143), ") for s in said) and len(said) == 2
+    # one schedule measured faster in another bundle: the faster measurement is kept, once
+    faster = _rewrite(path, tmp_path / "faster.parquet", column=("mean_run_s", lambda i, v: v / 10))
+    faster = _rewrite(faster, tmp_path / "faster2.parquet", column=("run_secs", lambda i, v: [x / 10 for x in v]))
+    quick = api.hub_merge(ctx, tmp_path / "quick.parquet", [path, faster], top_k=3)
+    assert (quick.records, quick.dropped) == (rows, rows)
+    assert sorted(r["mean_run_s"] for r in _table(tmp_path / "quick.parquet").to_pylist()) == sorted(
+        _table(faster).column("mean_run_s").to_pylist())
+    # top-k 1: each workload's fastest, ranked again
+    api.hub_merge(ctx, tmp_path / "one.parquet", [path, other], top_k=1)
+    one = _table(tmp_path / "one.parquet").to_pylist()
+    assert len(one) == 2 * len(mlp_workloads) and {r["rank"] for r in one} == {0}
+    assert {r["trace_json"] for r in one} == {w.traces[-1] for w in mlp_workloads}  # the last is the fastest
+    # records known to be wrong, left out by workload name
+    name = mlp_workloads[0].name
+    mine = sum(1 for r in _table(path).to_pylist() if r["workload_name"] == name)
+    ex = api.hub_merge(ctx, tmp_path / "ex.parquet", [path], exclude=[name])
+    assert ex.excluded == mine > 0 and ex.records == rows - mine
+    assert name not in {r["workload_name"] for r in _table(tmp_path / "ex.parquet").to_pylist()}
+    # refused in one line: everything excluded, two TVM versions, not a bundle, nothing named
+    with pytest.raises(ParameterError, match=rf"nothing to merge: all {rows} records were excluded"):
+        api.hub_merge(ctx, tmp_path / "x.parquet", [path], exclude=["*"])
+    foreign = _rewrite(path, tmp_path / "tvm.parquet", meta={"tvm": "0.8.0"})
+    with pytest.raises(NotSupportedError, match=r"^not supported: merging bundles of TVM .* and 0\.8\.0"):
+        api.hub_merge(ctx, tmp_path / "x.parquet", [path, foreign])
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ParameterError, match="^not a hub bundle: .*junk.parquet"):
+        api.hub_merge(ctx, tmp_path / "x.parquet", [path, tmp_path / "junk.parquet"])
+    with pytest.raises(ParameterError, match="nothing to merge: name at least one bundle"):
+        api.hub_merge(ctx, tmp_path / "x.parquet", [])
+    assert not (tmp_path / "x.parquet").exists()
+    # the command
+    from tunefleet.cli.app import main
+
+    monkeypatch.setenv("TUNEFLEET_HOME", str(tmp_path / "cli"))
+    assert main(["hub", "merge", str(tmp_path / "cli.parquet"), str(path), str(other), "--exclude-workload", name]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {tmp_path / 'cli.parquet'}: ") and f"{2 * mine} excluded by name" in out
+    assert not (tmp_path / "cli").exists()  # no database was made

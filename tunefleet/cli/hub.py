@@ -1,4 +1,4 @@
-"""The schedule hub: ``hub export``, ``hub import`` and ``hub list``."""
+"""The schedule hub: ``hub export``, ``hub import``, ``hub merge`` and ``hub list``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,15 @@ def cmd_hub_import(args: argparse.Namespace, settings: Settings) -> int:
 
     with Console(stderr=True).status(f"importing {args.source}"):
         result = api.hub_import(api.connect(settings), args.source)
+    return _print(result, as_json=args.json)
+
+
+def cmd_hub_merge(args: argparse.Namespace, settings: Settings) -> int:
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"merging {len(args.sources)} bundle(s) into {args.output}"):
+        result = api.hub_merge(api.connect(settings), args.output, args.sources, exclude=args.exclude_workload or None,
+                               top_k=args.top_k)
     return _print(result, as_json=args.json)
 
 
@@ -79,6 +88,16 @@ def _add_hub(sub: Subparsers) -> None:
                     "https://.../v1/hub/CLASS.parquet (TUNEFLEET_REGISTRY_TOKEN; checked against its SHA-256)")
     im.add_argument("--json", action="store_true", help="print JSON instead of a line")
     im.set_defaults(handler=cmd_hub_import)
+    mg = hub.add_parser("merge", help="write one bundle of several (e.g. one per CPU): the best records of each "
+                        "workload, class and CPU")
+    mg.add_argument("output", help="the bundle file to write (.parquet), or an s3:// URI of the artifact store")
+    mg.add_argument("sources", nargs="+", metavar="SOURCE", help="bundles: files, s3:// URIs or registry URLs")
+    mg.add_argument("--exclude-workload", action="append", metavar="PATTERN",
+                    help="leave out the records of workloads whose name matches (fnmatch; repeatable)")
+    mg.add_argument("--top-k", type=at_least(1, "--top-k"), default=None,
+                    help="records per workload, class and CPU (default 5)")
+    mg.add_argument("--json", action="store_true", help="print JSON instead of a line")
+    mg.set_defaults(handler=cmd_hub_merge)
     ls = hub.add_parser("list", help="the bundles imported and the hub classes their records live under")
     ls.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ls.set_defaults(handler=cmd_hub_list)

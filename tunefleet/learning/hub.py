@@ -148,10 +148,8 @@ def export_bundle(db: Database, *, hardware: list[str] | None = None, workload_i
     return sink.getvalue(), summary
 
 
-def write_bundle(db: Database, store: ArtifactStore | None, output: str | Path, *, hardware: list[str] | None = None,
-                 workload_ids: dict[str, set[int]] | None = None, top_k: int = DEFAULT_TOP_K) -> ExportResult:
-    """:func:`export_bundle` written to ``output``: a file path, or ``s3://`` the artifact store's."""
-    data, summary = export_bundle(db, hardware=hardware, workload_ids=workload_ids, top_k=top_k)
+def _write(store: ArtifactStore | None, output: str | Path, data: bytes) -> str:
+    """A bundle's bytes written to ``output``: a file path, or ``s3://`` the artifact store's."""
     target = str(output)
     if target.startswith("s3://"):
         if store is None:
@@ -163,9 +161,120 @@ def write_bundle(db: Database, store: ArtifactStore | None, output: str | Path, 
         tmp = path.with_name(path.name + ".part")
         tmp.write_bytes(data)
         tmp.replace(path)  # a reader never sees half a bundle
+    return target
+
+
+def write_bundle(db: Database, store: ArtifactStore | None, output: str | Path, *, hardware: list[str] | None = None,
+                 workload_ids: dict[str, set[int]] | None = None, top_k: int = DEFAULT_TOP_K) -> ExportResult:
+    """:func:`export_bundle` written to ``output``: a file path, or ``s3://`` the artifact store's."""
+    data, summary = export_bundle(db, hardware=hardware, workload_ids=workload_ids, top_k=top_k)
+    target = _write(store, output, data)
     return ExportResult(target, [c["class"] for c in summary["classes"]],
                         sum(c["workloads"] for c in summary["classes"]),
                         sum(c["records"] for c in summary["classes"]), len(data), hashlib.sha256(data).hexdigest())
+
+
+# -- merge -------------------------------------------------------------------------------------------
+@dataclass
+class MergeResult:
+    """What ``hub merge`` wrote."""
+
+    output: str
+    sources: list[str]
+    classes: list[str]
+    """Each class of the bundle as "<class> on <CPU>" (one per class, target and CPU)."""
+    workloads: int
+    records: int
+    excluded: int
+    """Records left out because their workload's name matched an ``exclude`` pattern."""
+    dropped: int
+    """Records left out as the same schedule twice, or beyond ``top_k`` of their workload and class."""
+    size_bytes: int
+    sha256: str
+
+    def line(self) -> str:
+        text = (f"wrote {self.output}: {self.records} records of {self.workloads} workloads from "
+                f"{len(self.sources)} bundle(s), {len(self.classes)} class(es) ({'; '.join(self.classes)}), "
+                f"{self.size_bytes / 1e6:.2f} MB")
+        if self.dropped or self.excluded:
+            text += f"; left out: {self.dropped} duplicate or beyond top-k, {self.excluded} excluded by name"
+        return text
+
+
+def merge_bundles(sources: list[tuple[str, bytes]], *, exclude: list[str] | None = None,
+                  top_k: int = DEFAULT_TOP_K) -> tuple[bytes, MergeResult]:
+    """One bundle of the records of several (``(name, bytes)`` each), e.g. one campaign's bundle per
+    CPU: per workload, class, target and CPU, the ``top_k`` fastest distinct schedules, ranked again.
+
+    ``exclude`` takes ``fnmatch`` patterns of workload names whose records are left out (records
+    known to be wrong). Every source is validated as an import validates it; bundles of different
+    TVM versions are refused. The same sources give the same bytes (the merge's ``created_at`` is
+    the newest source's)."""
+    import fnmatch
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tunefleet.hardware import cpu_label
+
+    if not sources:
+        raise ParameterError("nothing to merge: name at least one bundle")
+    if top_k < 1:
+        raise ParameterError(f"invalid --top-k: {top_k} (must be >= 1)")
+    metas: list[dict[str, str]] = []
+    groups: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}
+    seen = excluded = 0
+    for name, data in sources:
+        table, meta = _read_table(data, name)
+        if metas and meta.get("tvm") != metas[0].get("tvm"):
+            raise NotSupportedError(f"not supported: merging bundles of TVM {metas[0].get('tvm')} and "
+                                    f"{meta.get('tvm')} ({name}): one bundle holds one TVM version's schedules")
+        metas.append({**meta, "sha256": hashlib.sha256(data).hexdigest()})
+        for row in table.to_pylist():
+            seen += 1
+            if any(fnmatch.fnmatchcase(row["workload_name"] or "", pat) for pat in exclude or []):
+                excluded += 1
+                continue
+            key = (row["class_name"], row["target"], row["cpu"] or "", row["workload_hash"])
+            mine = groups.setdefault(key, {})
+            have = mine.get(row["trace_sha256"])
+            if have is None or row["mean_run_s"] < have["mean_run_s"]:
+                mine[row["trace_sha256"]] = row
+    rows: list[dict[str, Any]] = []
+    classes: dict[tuple[str, ...], dict[str, Any]] = {}
+    for key in sorted(groups):
+        best = sorted(groups[key].values(), key=lambda r: (r["mean_run_s"], r["trace_sha256"]))[:top_k]
+        rows += [{**r, "rank": i} for i, r in enumerate(best)]
+        cls = classes.setdefault(key[:3], {"class": key[0], "cpu": json.loads(key[2]) if key[2] else {},
+                                           "target": json.loads(key[1]), "workloads": 0, "records": 0})
+        cls["workloads"] += 1
+        cls["records"] += len(best)
+    if not rows:
+        raise ParameterError(f"nothing to merge: all {seen} records were excluded by name" if seen
+                             else "nothing to merge: the bundles hold no record")
+    summary = {"classes": [{**c, "cpu": c["cpu"].get("model"), "cpu_id": c["cpu"].get("id")} for c in classes.values()],
+               "merged_from": [{"sha256": m["sha256"], "created_at": m.get("created_at", ""),
+                                "origin": m.get("origin", "")} for m in metas]}
+    meta = {"format": FORMAT, "version": str(FORMAT_VERSION),
+            "created_at": max(m.get("created_at", "") for m in metas), "tvm": metas[0].get("tvm", ""),
+            "origin": "tunefleet hub merge of " + "; ".join(m.get("origin", "?") for m in metas),
+            "summary": json.dumps(summary, sort_keys=True)}
+    table = pa.Table.from_pylist(rows, schema=_schema()).replace_schema_metadata(meta)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    out = sink.getvalue()
+    labels = [f"{c['class']} on {cpu_label(c['cpu'])}" for c in classes.values()]
+    return out, MergeResult("", [n for n, _ in sources], labels, len({k[3] for k in groups}), len(rows),
+                            excluded, seen - excluded - len(rows), len(out), hashlib.sha256(out).hexdigest())
+
+
+def write_merged(sources: list[str | Path], output: str | Path, *, store: ArtifactStore | None = None,
+                 token: str | None = None, exclude: list[str] | None = None,
+                 top_k: int = DEFAULT_TOP_K) -> MergeResult:
+    """:func:`merge_bundles` of bundles read from files, ``s3://`` or a registry, written to ``output``."""
+    data, result = merge_bundles([(str(s), read_source(s, store, token)) for s in sources], exclude=exclude,
+                                 top_k=top_k)
+    return dataclasses.replace(result, output=_write(store, output, data))
 
 
 # -- import ------------------------------------------------------------------------------------------
@@ -425,9 +534,13 @@ class HubReport:
 
 
 def describe_hub_class(name: str, caps: dict[str, Any]) -> str:
-    """A hub class in words: the class it was tuned as, the CPU it was tuned on, the bundle's date."""
+    """A hub class in words: the class it was tuned as, the CPU it was tuned on, the bundle's date.
+    The CPU's family and model follow its name: one bundle may hold two CPUs of one name
+    (``AMD EPYC`` is Zen 4 and Zen 5 alike)."""
+    from tunefleet.hardware import cpu_label
+
     info = caps.get("hub") or {}
-    cpu = (caps.get("cpu") or {}).get("model") or "an unrecorded CPU"
+    cpu = cpu_label(caps.get("cpu") or {})
     date = str(info.get("created_at") or "")[:10]
     return f"{info.get('class') or name} on {cpu}" + (f", {date}" if date else "")
 
@@ -454,5 +567,5 @@ def _parse_time(text: str | None) -> dt.datetime | None:
 
 
 __all__ = ["DEFAULT_BUNDLE", "DEFAULT_TOP_K", "FORMAT", "FORMAT_VERSION", "SHA256_HEADER", "ExportResult", "HubReport",
-           "ImportResult", "describe_hub_class", "ensure_hub", "export_bundle", "fetch_bundle", "hub_class_name",
-           "hub_report", "import_bundle", "read_source", "write_bundle"]
+           "ImportResult", "MergeResult", "describe_hub_class", "ensure_hub", "export_bundle", "fetch_bundle", "hub_class_name",
+           "hub_report", "import_bundle", "merge_bundles", "read_source", "write_bundle", "write_merged"]
