@@ -207,7 +207,8 @@ def merge_bundles(sources: list[tuple[str, bytes]], *, exclude: list[str] | None
     CPU: per workload, class, target and CPU, the ``top_k`` fastest distinct schedules, ranked again.
 
     ``exclude`` takes ``fnmatch`` patterns of workload names whose records are left out (records
-    known to be wrong). Every source is validated as an import validates it; bundles of different
+    known to be wrong). Every source is checked as an import checks a file (format mark, version,
+    columns); its records are carried as they are (the import checks each). Bundles of different
     TVM versions are refused. The same sources give the same bytes (the merge's ``created_at`` is
     the newest source's)."""
     import fnmatch
