@@ -220,9 +220,10 @@ class Tuner:
             return finished
         if deadline is not None and deadline.reason():
             return None
-        if shard_id is None and not db.shards(states=(PENDING, LEASED),
-                                               hardware_class_id=db.hardware_class(self.hardware).id):
-            return None  # nothing to lease or take over: no builder and runner started for nothing
+        if (shard_id is None and self._builder is None and self._runner is None
+                and not db.shards(states=(PENDING, LEASED), hardware_class_id=db.hardware_class(self.hardware).id)):
+            return None  # nothing to lease or take over: no builder and runner started for nothing (asked
+            # only before they start: once running, the lease below answers the same at no extra query)
         self.start()
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:

@@ -3,7 +3,7 @@
 ``tvm_ffi`` (under ``import tvm``) imports ``torch`` eagerly, only to avoid a symbol clash on
 Windows, and loads torch's optional DLPack extension if torch is there. A process that builds and
 times kernels never uses torch, yet paid for it: importing torch takes most of ``import tvm``'s
-time and memory (docs/performance.md, "Test suite"). Every process that tunes pays it at least
+time and memory (docs/performance.md, "Before the first trial"). Every process that tunes pays it at least
 twice (its own import and the builder's fork server), and a restarted worker pays it again.
 
 So the processes that only tune (the fork server of :mod:`tunefleet.tvm.builder`, the workers
