@@ -22,7 +22,8 @@ SQLite file, or ``--database-url``):
    its search space has no new candidate;
 4. at the end — the budget of ``--hours`` spent, everything converged, or Ctrl-C — it prints what
    the database holds for the class, appends this invocation to ``HOME/campaign-sessions.json``
-   and, with ``--export``, writes the hub bundle (``tunefleet.api.hub_export``).
+   and, with ``--export``, writes the hub bundle (``tunefleet.api.hub_export``); with
+   ``--export-all``, a bundle of every record too (the shipped cost model's training data).
 
 ``--hours`` is checked before each model and each shard: a shard in flight (at most 64
 candidates) finishes first. Ctrl-C (or SIGTERM) stops at once as ``tunefleet run`` does — the
@@ -64,6 +65,8 @@ plateau preemption ends the others earlier."""
 RUNG = 64
 """The first rung, and the shard size: one search batch (``trials_per_iter``)."""
 SESSIONS_FILE = "campaign-sessions.json"
+ALL_RECORDS = 1_000_000
+"""``--export-all``'s records per workload: more than any campaign measures of one."""
 
 
 def default_models() -> list[str]:
@@ -235,6 +238,7 @@ class Campaign:
     seed: int | None
     progress: Progress
     resume: str
+    export_all: Path | None = None
     started: float = field(default_factory=time.time)
     started_at: str = field(default_factory=_now)
     ctx: Any = None
@@ -444,7 +448,9 @@ class Campaign:
         for line in self.summary():
             self.progress.say(line)
         if self.export is not None:
-            return export_bundle(self.ctx, self.export, self.hardware, self.top_k)
+            export_bundle(self.ctx, self.export, self.hardware, self.top_k)
+        if self.export_all is not None:  # every record: what bench/pretrain.py trains the shipped cost model on
+            export_bundle(self.ctx, self.export_all, self.hardware, ALL_RECORDS)
         return 0
 
 
@@ -514,6 +520,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help="seed of the search (default random)")
     p.add_argument("--export", type=Path, help="write the hub bundle here at the end (and on Ctrl-C)")
     p.add_argument("--top-k", type=int, help="records per workload in the bundle (default: hub export's)")
+    p.add_argument("--export-all", type=Path, help="also write every record as a bundle here at the end, the "
+                   "cost model's training data (bench/data/campaign-<cpu>.parquet, read by bench/pretrain.py)")
     args = p.parse_args(argv)
     if args.trials_per_workload < 1:
         p.error("--trials-per-workload must be at least 1")
@@ -563,6 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(**overrides)
         campaign = Campaign(home=home, settings=settings, hardware=args.hardware,
                             target=args.trials_per_workload, hours=args.hours, export=args.export, top_k=args.top_k,
+                            export_all=args.export_all,
                             plateau=not args.no_plateau, seed=args.seed, progress=Progress(), resume=resume)
         print(f"campaign: home {home}, class {args.hardware}, CPU {campaign.cpu}, logs {log_path}", flush=True)
         with native_stderr_to(log_path):  # TVM's C++ warnings to the log, not across the live line

@@ -216,7 +216,8 @@ def retrain(hardware: list[str] = ["x86"], objective: str = "reg:squarederror", 
 
     With ``zero_shot_model_ids``, those models are then built for each class with the current
     model's zero-shot predictions for every workload never measured there (``verify``: measure
-    the top K proposals of each); the build reports are in each result's ``zero_shot_builds``.
+    that many proposals in all, the heaviest workloads' best-scored first; 0: pure prediction);
+    the build reports are in each result's ``zero_shot_builds``.
     """
     check_hardware(hardware)
     check_verify(verify)
@@ -247,7 +248,7 @@ def build(model_ids: list[int], hardware: list[str], output_dir: str | None = No
 
     With ``output_dir``, each tuned library is written there as ``<model>-<class>.so``. With
     ``zero_shot``, unmeasured workloads use the current cost model's predictions (``verify``:
-    measure the top K of each).
+    measure that many proposals in all, the heaviest workloads' first; 0: pure prediction).
     """
     import os
 

@@ -203,7 +203,8 @@ def build(model_id: int, hardware: str, output: str | None = None, zero_shot: bo
     """Compile a model with the best stored schedules; latency untuned / tuned / PyTorch eager.
 
     With ``zero_shot``, workloads never measured on the class get the current cost model's best
-    proposal (stored as predictions); ``verify`` measures the top K proposals of each here. The
+    proposal (stored as predictions); ``verify`` measures that many proposals in all here (the
+    heaviest workloads' best-scored first; 0: pure prediction). The
     delivered library goes to ``output`` (if given) and to the artifact store (``library_uri``):
     on a cluster the task's node is gone after it, its scratch space with it.
     """
@@ -218,7 +219,8 @@ def build(model_id: int, hardware: str, output: str | None = None, zero_shot: bo
     with tempfile.TemporaryDirectory(prefix="tunefleet-build-") as scratch:
         path = output or os.path.join(scratch, "model.so")
         report = build_model(ctx.db, ctx.store, model, hardware, output=path, zero_shot=zero_shot,
-                             top_k=max(5, verify), verify=verify, tuner=tuner)
+                             top_k=5, verify=verify, tuner=tuner,
+                             pretrained=ctx.settings.pretrained_cost_model)
         if os.path.exists(path):
             report.library_uri = store_library(ctx.store, path, model.name, hardware)
         if output is None:

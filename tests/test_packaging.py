@@ -146,14 +146,15 @@ def wheel_in_a_virtualenv(tmp_path: Path) -> Path:
     its ``bin`` folder, where its ``tunefleet`` console script is. Its dependencies come from this
     test's environment (a ``.pth`` line: nothing downloaded), whose editable tunefleet stays out (a
     ``.pth`` path's own ``.pth`` files are not read). Checks the package data ``tunefleet run``
-    needs (migrations, the flows' prefect.yaml, the hub bundle, py.typed, the LICENSE) is in it:
+    needs (migrations, the flows' prefect.yaml, the hub bundle, the shipped cost model, py.typed, the
+    LICENSE) is in it:
     the CLI walk-through (tests/cli/test_cli_run.py) then runs the main job from this install."""
     import venv
 
     wheel = _build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
-    assert {"tunefleet/py.typed", "tunefleet/data/hub/default.parquet",
+    assert {"tunefleet/py.typed", "tunefleet/data/hub/default.parquet", "tunefleet/data/costmodel/default.json",
             "tunefleet/db/migrations/versions/0011_api_tokens.py", "tunefleet/flows/prefect.yaml"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
+    from tunefleet.budget import Budget
     from tunefleet.config import Settings
     from tunefleet.db import Database
     from tunefleet.db.tables import Model
@@ -207,7 +208,8 @@ def tune_with_workers(ctx: Context, hardware: str, options: TuneOptions | None =
 
 
 def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str | Path | None = None,
-          zero_shot: bool = False, top_k: int = 5, verify: int = 0, transfer: bool = False) -> BuildReport:
+          zero_shot: bool = False, top_k: int = 5, verify: Budget | int | str | None = None,
+          transfer: bool = False) -> BuildReport:
     """Compile a model with the best stored schedules and time it against the untuned build.
 
     Parameters
@@ -221,11 +223,15 @@ def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str 
     output : str or Path, optional
         Write the compiled library here (default: not written).
     zero_shot : bool, optional
-        Workloads never measured on the class get the current cost model's best proposal.
+        Workloads never measured on the class get the current cost model's best proposal (the
+        class's promoted model, else the shipped one unless ``pretrained_cost_model`` is off).
     top_k : int, optional
         With ``zero_shot``: proposals stored per workload (default 5).
-    verify : int, optional
-        With ``zero_shot``: measure the top ``verify`` proposals of each such workload here.
+    verify : Budget, int or str, optional
+        With ``zero_shot``: measure proposals here within this budget in all, a candidate count or
+        a wall time (``"90s"``), the heaviest workloads' best-scored first; each workload measured
+        so is built with its best measured schedule. None: ``DEFAULT_VERIFY`` (a minute); 0: pure
+        prediction.
     transfer : bool, optional
         Workloads still without a schedule use the most compatible class's best one.
 
@@ -234,11 +240,17 @@ def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str 
     BuildReport
         The latencies (untuned, tuned, and the alternatives) and what each workload was built with.
     """
+    from tunefleet.budget import Budget
     from tunefleet.delivery.build import build_model
+    from tunefleet.delivery.zeroshot import DEFAULT_VERIFY
 
     db, store = ctx.db, ctx.store
+    if zero_shot and verify is None:
+        verify = DEFAULT_VERIFY
+    if isinstance(verify, str):
+        verify = 0 if verify.strip() == "0" else Budget.parse(verify, name="verify")
     return build_model(db, store, _model(db, model), hardware, output=output, zero_shot=zero_shot, top_k=top_k,
-                       verify=verify, transfer=transfer)
+                       verify=verify, transfer=transfer, pretrained=ctx.settings.pretrained_cost_model)
 
 
 def best(ctx: Context, workload: str, hardware: str, n: int = 1) -> list[BestSchedule]:

@@ -141,7 +141,12 @@ class TuneKnobs(BaseModel):
         description="Prometheus Pushgateway (host:port or URL) that tuning shards push their metrics to.")
     warm_start: bool = Field(
         default=True,
-        description="New tuning shards start with the class's current cost model (if one was promoted).")
+        description="New tuning shards start with the class's current cost model (its promoted one, else the "
+        "shipped one unless pretrained_cost_model is off).")
+    pretrained_cost_model: bool = Field(
+        default=True,
+        description="A class without a promoted cost model of its own warm-starts, filters and predicts with the one "
+        "shipped with tunefleet (version 0, trained on the tuning campaign's measurements).")
     warm_start_min_agreement: float = Field(
         default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
         description="Drop the warm start in a shard once the cost model orders fewer than this share of pairs of "

@@ -21,6 +21,7 @@ from tests.cli.test_cli_config import error_line, run_cli
     (["best", "0123abcd", "--top", "many"], "invalid --top: 'many' (not an integer)"),
     (["best", "0123abcd", "--zero-shot", "--verify", "-1"], "invalid --verify: -1 (must be >= 0)"),
     (["build", "mlp", "--zero-shot", "--verify", "-3"], "invalid --verify: -3 (must be >= 0)"),
+    (["build", "mlp", "--zero-shot", "--verify", "soon"], "invalid --verify: 'soon' (give a trial count"),
     (["run", "mlp", "--trials", "0"], "invalid --trials: 0 (must be >= 1)"),
     (["run", "mlp", "--shard-trials", "-1"], "invalid --shard-trials: -1 (must be >= 1)"),
     (["plan", "--trials", "-5"], "invalid --trials: -5 (must be >= 1)"),

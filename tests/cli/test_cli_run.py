@@ -78,6 +78,7 @@ def test_the_wheel_s_main_job_interrupted_resumed_by_the_readme_command_then_the
     assert set(_shard_states(home)) == {"done"}
     assert "5/5 build" in again.stdout and "tunefleet tuned (3/3 workloads tuned)" in again.stdout
     assert "hub: 3 of 3 workloads start from the hub (tuned as x86 on " in again.stdout  # the wheel's bundle
+    assert "cost model: the one shipped with tunefleet (v0; " in again.stdout  # no model of its own yet
     assert (out_dir / "mlp-x86.so").exists()
     lines = [line for line in again.stdout.splitlines() if line.strip()]
     assert len(lines) <= 33, again.stdout  # not a terminal: a line per finished workload and build step at most
@@ -111,6 +112,11 @@ def test_the_wheel_s_main_job_interrupted_resumed_by_the_readme_command_then_the
     assert energy[0]["joules"] > 0 and energy[0]["trials"] >= 24  # 3 workloads x 8 trials
     assert 0 <= energy[0]["wasted_pct"] < 100  # the first valid candidate of each workload is useful
 
+    # the shipped cost model loads from the wheel (no network): version 0 of a class without its own
+    models = json.loads(run_cli("costmodel", "list", "--json", env=env).stdout)
+    assert [(m["version"], m["promoted"], m.get("shipped")) for m in models] == [(0, False, True)], models
+    assert "shipped with tunefleet: " in models[0]["reason"] and models[0]["heldout"]["pairwise_accuracy"] > 0.5
+
     exported = run_cli("dataset", "export", "--hardware", "x86", env=env, timeout=300)
     assert exported.returncode == 0 and "dataset v1:" in exported.stdout, exported.stderr[-2000:]
     versions = json.loads(run_cli("dataset", "list", "--json", env=env).stdout)
@@ -124,9 +130,10 @@ def test_the_wheel_s_main_job_interrupted_resumed_by_the_readme_command_then_the
         promoted = run_cli("costmodel", "promote", "1", "--hardware", "x86", env=env)
         assert promoted.returncode == 0 and "v1 is now the current model" in promoted.stdout
     assert run_cli("ingest", "small-cnn", env=env).returncode == 0
-    built = run_cli("build", "small-cnn", "--zero-shot", "--json", env=env, timeout=600)
+    built = run_cli("build", "small-cnn", "--zero-shot", "--verify", "0", "--json", env=env, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     build = json.loads(built.stdout)
+    assert (build["verify_budget"], build["verified"]) == (None, 0)  # --verify 0: pure prediction
     # every workload of the NHWC recipe (7: its layout transposes at the boundary included) predicted
     assert (build["predicted_workloads"], build["tuned_workloads"], build["default_workloads"]) == (7, 0, 0)
     assert build["workloads"] == 7 and build["database_hits"] == 7
@@ -172,7 +179,7 @@ def test_unknown_hardware_and_model_are_one_line(tmp_path) -> None:  # type: ign
 
 
 def test_zero_shot_without_a_model_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    env = {"TUNEFLEET_HOME": str(tmp_path / "home")}
+    env = {"TUNEFLEET_HOME": str(tmp_path / "home"), "TUNEFLEET_PRETRAINED_COST_MODEL": "false"}
     assert run_cli("ingest", "mlp", env=env).returncode == 0
     out = run_cli("build", "mlp", "--zero-shot", env=env)
     assert out.returncode == 2

@@ -98,7 +98,10 @@ def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_comman
 
     from tunefleet.cli.run import _run_summary
 
+    from tunefleet.config import load_settings
+
     db, model = _seeded(tmp_path)
+    settings = load_settings(home=tmp_path)
     args = argparse.Namespace(model="mlp", hardware="x86", trials=4, json=False)
     result = {"models": [{"model_id": model.id, "created": False, "sha256": model.sha256}],
               "extracted": [{"workloads": 2, "new_workloads": 0}],
@@ -108,9 +111,10 @@ def test_a_run_where_no_shard_succeeded_is_one_error_line_with_the_resume_comman
                                         "hub": "0 of 2 workloads start from the hub"}]}
     console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
     with pytest.raises(TunefleetError) as as_json:  # --json: the same error, no JSON pretending success
-        _run_summary(console, db, argparse.Namespace(**{**vars(args), "json": True}), result, tmp_path / "run.log")
+        _run_summary(console, db, argparse.Namespace(**{**vars(args), "json": True}), result, tmp_path / "run.log",
+                     settings)
     with pytest.raises(TunefleetError) as info:
-        _run_summary(console, db, args, result, tmp_path / "run.log")
+        _run_summary(console, db, args, result, tmp_path / "run.log", settings)
     message = str(info.value)
     assert str(as_json.value) == message
     assert "\n" not in message
@@ -164,3 +168,21 @@ def test_a_temporary_prefect_server_records_no_task_runs_and_a_real_one_is_left_
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     prefect_environment(settings)
     assert key not in os.environ
+
+
+def test_the_run_says_which_cost_model_warm_started_it(tmp_path: Path) -> None:
+    from tunefleet.cli.run import _cost_model_line
+    from tunefleet.config import load_settings
+
+    db, _ = _seeded(tmp_path)
+    tuned = {"shards_done": 4, "warm_start_dropped": 1}
+    line = _cost_model_line(db, load_settings(home=tmp_path), "x86", tuned)
+    assert line.startswith("the one shipped with tunefleet (v0; ")
+    assert line.endswith("; dropped in 1 of 4 shard(s) whose measurements it misranked")
+    off = load_settings(home=tmp_path, pretrained_cost_model=False)
+    assert _cost_model_line(db, off, "x86", tuned).startswith("none (TUNEFLEET_PRETRAINED_COST_MODEL=false")
+    cold = load_settings(home=tmp_path, warm_start=False)
+    assert _cost_model_line(db, cold, "x86", tuned).startswith("none (TUNEFLEET_WARM_START=false")
+    row = db.add_cost_model(hardware_class_id=db.hardware_class("x86").id, artifact_uri="u", metrics={})
+    db.promote_cost_model(row.id)
+    assert _cost_model_line(db, off, "x86", {"shards_done": 2}) == f"x86's own v{row.version}"

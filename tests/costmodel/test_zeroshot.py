@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import on_backend
+from tunefleet.budget import Budget
 from tunefleet.learning import costmodel
 from tunefleet.learning import dataset
 from tunefleet.planning import shard_queue
@@ -59,7 +60,7 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
     hw = db.hardware_class("x86")
     cnn = ingest(db, store, "small-cnn").model
     with pytest.raises(NotSupportedError, match="without a current cost model.*costmodel retrain"):
-        build_model(db, store, cnn, "x86", zero_shot=True, compare_torch=False)
+        build_model(db, store, cnn, "x86", zero_shot=True, compare_torch=False, pretrained=False)
 
     trained = _train_current(db, store)
     measured_before = db.count_measurements(hardware_class_id=hw.id)
@@ -96,15 +97,23 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
     assert {w.status for w in again.workloads} == {"cached"}
     assert _prediction_count(db) == n_predictions
 
-    # --verify 1 on two workloads: exactly their top prediction is measured, outside any shard
+    # a budget of 3 candidates over two workloads: by rank, both top predictions, then the first
+    # workload's second; measured outside any shard
     chosen = [wl for wl, _ in db.workloads(cnn.id)][:2]
-    verified = predict_workloads(db, store, "x86", [wl.id for wl in chosen], verify=1)
-    assert [w.status for w in verified.workloads] == ["verified", "verified"]
-    for wl in chosen:
+    verified = predict_workloads(db, store, "x86", [wl.id for wl in chosen], verify=3)
+    assert [(w.status, w.verified) for w in verified.workloads] == [("verified", 2), ("verified", 1)]
+    assert (verified.verify_budget, verified.verify_candidates) == ("3", 3) and verified.verify_seconds > 0
+    for wl, n in zip(chosen, (2, 1)):
         rows = [m for m in db.measurements(hardware_class_id=hw.id) if m.workload_id == wl.id]
-        assert len(rows) == 1 and rows[0].shard_id is None
-        assert rows[0].trace_sha256 == db.best_predictions(wl.id, hw.id, 1)[0].trace_sha256
+        assert len(rows) == n and all(r.shard_id is None for r in rows)
+        assert {r.trace_sha256 for r in rows} == {p.trace_sha256 for p in db.best_predictions(wl.id, hw.id, n)}
     assert predict_workloads(db, store, "x86", [chosen[0].id]).workloads[0].status == "measured"
+
+    # a wall-time budget is checked before each candidate: 10 ms let the first one start, no second
+    others = [wl for wl, _ in db.workloads(cnn.id)][2:4]
+    timed = predict_workloads(db, store, "x86", [wl.id for wl in others], verify=Budget(seconds=0.01))
+    assert (timed.verify_budget, timed.verify_candidates) == ("0.01s", 1)
+    assert [w.verified for w in timed.workloads] == [1, 0]
 
 
 @on_backend("postgresql")

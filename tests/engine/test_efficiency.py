@@ -118,11 +118,11 @@ def test_filtered_candidates_are_recorded_and_never_measured(engine, caplog) -> 
     shard_queue.plan(db, "x86", target_trials=24, model=model.id)
     shard_of = {s.workload_id: s for s in shard_queue.list_shards(db, hardware="x86")}
 
-    # filtering on, but the class has no trained model: one warning, and every candidate is measured
-    # (the online model that guides the search is never used as the filter)
+    # filtering on, but the class has no trained model (and the shipped one is off): one warning, and
+    # every candidate is measured (the online model that guides the search is never used as the filter)
     one_round_id = _extra_shard(db, small.id, 6)  # one round of the smallest workload is enough to show it
-    tuner = Tuner(db, "x86", TuneOptions(filter_fraction=0.5, trials_per_iter=6, seed=0, warm_start_shapes=False),
-                  store=store)
+    tuner = Tuner(db, "x86", TuneOptions(filter_fraction=0.5, trials_per_iter=6, seed=0, warm_start_shapes=False,
+                                         pretrained_cost_model=False), store=store)
     try:
         with caplog.at_level(logging.WARNING, logger="tunefleet.engine"):
             plain = tuner.tune_next(db, "w", shard_id=one_round_id)

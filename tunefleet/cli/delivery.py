@@ -11,6 +11,7 @@ from tunefleet.cli.render import print_json, report_table, table
 from tunefleet.errors import NotFoundError, TunefleetError
 
 if TYPE_CHECKING:
+    from tunefleet.budget import Budget
     from tunefleet.cli.common import AddParser, Subparsers
     from tunefleet.config import Settings
     from tunefleet.context import Context
@@ -41,10 +42,12 @@ def cmd_best(args: argparse.Namespace, settings: Settings) -> int:
 def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
     """`best --zero-shot` for a workload never measured on the class: the cost model's proposals."""
     from tunefleet.delivery.zeroshot import predict_workloads
+    from tunefleet.learning.pretrained import SHIPPED_VERSION
 
     wl = ctx.db.workload(args.workload)
     top_k = max(args.top, args.verify, 1)
-    res = predict_workloads(ctx.db, ctx.store, args.hardware, [wl.id], top_k=top_k, verify=args.verify)
+    res = predict_workloads(ctx.db, ctx.store, args.hardware, [wl.id], top_k=top_k, verify=args.verify,
+                            pretrained=ctx.settings.pretrained_cost_model)
     if args.verify:  # measured now: answer with measurements, like any measured workload
         found = api.best(ctx, wl.structural_hash, args.hardware, n=args.top)
         if args.json:
@@ -62,8 +65,9 @@ def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
                      "cost_model_version": res.cost_model_version, "rank": i + 1, "score": p.score,
                      "trace_json": p.trace_json, "search_seconds": item.seconds} for i, p in enumerate(preds)])
     else:
-        table(f"zero-shot schedules of {wl.structural_hash} on {args.hardware}: PREDICTED by cost model "
-              f"v{res.cost_model_version}, not measured",
+        by = ("the cost model shipped with tunefleet (v0)" if res.cost_model_version == SHIPPED_VERSION
+              else f"cost model v{res.cost_model_version}")
+        table(f"zero-shot schedules of {wl.structural_hash} on {args.hardware}: PREDICTED by {by}, not measured",
               ["rank", "predicted score", "prediction id"], [(i + 1, f"{p.score:.4f}", p.id) for i, p in enumerate(preds)])
         if item.status == "predicted":
             print(f"searched {item.candidates_scored} candidates in {item.seconds:.1f}s; measure them with --verify K")
@@ -95,7 +99,7 @@ def _best_transferred(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     ctx = api.connect(settings)
-    if args.verify and not args.zero_shot:
+    if args.verify is not None and not args.zero_shot:
         raise TunefleetError("--verify needs --zero-shot")
     from rich.console import Console
 
@@ -103,7 +107,7 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     # A spinner on a terminal (stderr, so --json stays clean): extraction, compiling and timing take minutes.
     with Console(stderr=True).status(f"building {model.name} for {args.hardware} with the best stored schedules"):
         report = api.build(ctx, model, args.hardware, output=args.output, zero_shot=args.zero_shot,
-                           top_k=max(args.top_k, args.verify), verify=args.verify, transfer=args.transfer)
+                           top_k=args.top_k, verify=args.verify, transfer=args.transfer)
     if args.json:
         print_json(report.as_dict())
     else:
@@ -121,6 +125,16 @@ def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
           f"JSONDatabase files{hub}); they need recipe {done.recipe}, named in {args.directory}/tunefleet.json: "
           "build with tunefleet.build_exported(mod, DIRECTORY, params=...)")
     return 0
+
+
+def verify_budget(text: str) -> Budget | int:
+    """``build --verify``: 0 (pure prediction), a candidate count or a wall time."""
+    from tunefleet.budget import Budget
+
+    value = text.strip()
+    if value.lstrip("-").isdigit():
+        return at_least(0, "--verify")(value)
+    return Budget.parse(value, name="--verify")
 
 
 # -- parsers --------------------------------------------------------------------------------
@@ -148,8 +162,10 @@ def _add_build(sub: Subparsers) -> None:
     bu.add_argument("--zero-shot", action="store_true",
                     help="workloads never measured on this class get the current cost model's best proposal")
     bu.add_argument("--top-k", type=at_least(1, "--top-k"), default=5, help="with --zero-shot: proposals stored per workload (default 5)")
-    bu.add_argument("--verify", type=at_least(0, "--verify"), default=0, metavar="K",
-                    help="with --zero-shot: measure the top K proposals of each such workload here")
+    bu.add_argument("--verify", type=verify_budget, default=None, metavar="BUDGET",
+                    help="with --zero-shot: measure proposals here within this budget in all, a candidate count "
+                    "(40) or a wall time (90s, 2m), heaviest workloads' best-scored first; each workload measured "
+                    "so is built with its best measured schedule; 0: pure prediction (default 1m)")
     bu.add_argument("--transfer", action="store_true",
                     help="workloads never measured on this class use the most compatible class's best schedule")
     bu.set_defaults(handler=cmd_build)

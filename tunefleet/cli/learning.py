@@ -82,14 +82,36 @@ def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
     data = [{"hardware": hw, "version": cm.version, "promoted": cm.promoted, "created_at": cm.created_at,
              "objective": cm.metrics.get("objective"), "heldout": cm.metrics.get("heldout"),
              "reason": cm.metrics.get("reason"), "uri": cm.artifact_uri} for cm, hw in ctx.db.cost_models()]
+    if settings.pretrained_cost_model:
+        data.append(_shipped_row())
     if args.json:
         print_json(data)
         return 0
     table("cost models", ["hardware", "version", "current", "objective", "pairwise acc", "peak@1", "created", "reason"],
-          [(d["hardware"], d["version"], "yes" if d["promoted"] else "", d["objective"],
+          [(d["hardware"], d["version"], "yes" if d["promoted"] else "fallback" if d.get("shipped") else "", d["objective"],
             _metric(d["heldout"], "pairwise_accuracy"), _metric(d["heldout"], "peak@1"), d["created_at"], d["reason"])
            for d in data])
     return 0
+
+
+def _shipped_row() -> dict[str, Any]:
+    """The shipped cost model as a row of `costmodel list`: version 0 of every class without its own."""
+    from tunefleet.errors import TunefleetError
+    from tunefleet.learning.pretrained import SHIPPED_MODEL, SHIPPED_VERSION, shipped_model
+
+    try:
+        model = shipped_model()
+    except TunefleetError as exc:
+        return {"hardware": "(any without its own)", "version": SHIPPED_VERSION, "promoted": False, "shipped": True,
+                "created_at": None,
+                "objective": None, "heldout": None, "reason": str(exc), "uri": SHIPPED_MODEL.as_uri()}
+    on = model.meta.get("trained_on") or {}
+    return {"hardware": "(any without its own)", "version": SHIPPED_VERSION, "promoted": False, "shipped": True,
+            "created_at": model.meta.get("created_at"), "objective": model.objective,
+            "heldout": model.meta.get("heldout"),
+            "reason": f"shipped with tunefleet: {on.get('rows', '?')} measurements of {on.get('workloads', '?')} "
+                      f"workloads on {', '.join(on.get('cpus') or ['?'])}",
+            "uri": SHIPPED_MODEL.as_uri()}
 
 
 def cmd_costmodel_promote(args: argparse.Namespace, settings: Settings) -> int:

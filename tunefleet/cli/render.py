@@ -73,10 +73,12 @@ def report_table(report: Any) -> None:
     if report.default_workloads:
         print(f"{report.default_workloads} of {report.workloads} workloads had no record and kept the default schedule")
     if report.predicted_workloads:
-        print(f"{report.predicted_workloads} of {report.workloads} workloads used a zero-shot prediction (not measured)"
-              + (f"; search {report.zero_shot_s_per_task:.1f}s per task" if report.zero_shot_s_per_task else ""))
-    if report.verified:
-        print(f"{report.verified} zero-shot proposals were measured (--verify)")
+        print(f"{report.predicted_workloads} of {report.workloads} workloads used a zero-shot prediction, PREDICTED "
+              "(not measured)" + (f"; search {report.zero_shot_s_per_task:.1f}s per task"
+                                  if report.zero_shot_s_per_task else ""))
+    if report.verify_budget:
+        print(f"zero-shot verification (--verify {report.verify_budget}): {report.verified} proposal(s) measured in "
+              f"{report.verify_s:.0f}s; each workload measured so is built with its best measured schedule")
     if report.transferred_workloads:
         print(f"{report.transferred_workloads} of {report.workloads} workloads used a schedule TRANSFERRED from a "
               "compatible class (its latency was measured there, not here)")

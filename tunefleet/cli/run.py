@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                           budget=None if budget is None else str(budget), started_at=spend.started_at,
                           shard_trials=args.shard_trials, batch_size=args.batch_size, image_size=args.image_size,
                           seq_len=args.seq_len, seed=args.seed, output_dir=args.output_dir)
-    return _run_summary(console, db, args, result, log_path)
+    return _run_summary(console, db, args, result, log_path, settings)
 
 
 def _model_name(source: str) -> str:
@@ -80,7 +80,8 @@ def _resume_command(args: argparse.Namespace) -> str:
     return f"tunefleet run --model {args.model} --hardware {args.hardware}" + (f" {spend}" if spend else "")
 
 
-def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: dict[str, Any], log: Path) -> int:
+def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: dict[str, Any], log: Path,
+                 settings: Settings) -> int:
     """The steps' results; a run where no shard succeeded is one error line, never a tuned table."""
     model = result["models"][0]
     tuned = result["tuned"][args.hardware]
@@ -92,11 +93,29 @@ def _run_summary(console: Any, db: Database, args: argparse.Namespace, result: d
         return 0 if not tuned["shards_failed"] else 1
     print_run_steps(console, result, args.hardware)
     console.print(f"hub: {result['hub']}", highlight=False, soft_wrap=True)
+    console.print(f"cost model: {_cost_model_line(db, settings, args.hardware, tuned)}", highlight=False,
+                  soft_wrap=True)
     if not result["builds"][0]["tuned_workloads"]:
         raise TunefleetError(_no_success(db, args, model["model_id"], log))
     print_run_build(console, result)
     print_run_end(console, result, args.hardware, _untuned_workloads(db, model["model_id"], args.hardware))
     return 0 if not tuned["shards_failed"] else 1
+
+
+def _cost_model_line(db: Database, settings: Settings, hardware: str, tuned: dict[str, Any]) -> str:
+    """Which cost model warm-started the run's shards, and in how many it was dropped."""
+    own = db.current_cost_model(db.hardware_class(hardware).id)
+    if not settings.warm_start:
+        return "none (TUNEFLEET_WARM_START=false: stock MetaSchedule start)"
+    if own is not None:
+        which = f"{hardware}'s own v{own.version}"
+    elif settings.pretrained_cost_model:
+        which = "the one shipped with tunefleet (v0; TUNEFLEET_PRETRAINED_COST_MODEL=false turns it off)"
+    else:
+        return "none (TUNEFLEET_PRETRAINED_COST_MODEL=false and no model of the class: stock MetaSchedule start)"
+    dropped = int(tuned.get("warm_start_dropped") or 0)
+    return which + (f"; dropped in {dropped} of {tuned.get('shards_done', 0)} shard(s) whose measurements it misranked"
+                    if dropped else "")
 
 
 def _untuned_workloads(db: Database, model_id: int, hardware: str) -> list[str]:

@@ -228,6 +228,9 @@ def _add_tune(sub: Subparsers) -> None:
                     help="do not seed a workload this class never measured with schedules of its other shapes")
     tu.add_argument("--cold", action="store_true",
                     help="do not warm-start from the current cost model (TUNEFLEET_WARM_START=false does the same)")
+    tu.add_argument("--no-pretrained", dest="pretrained_cost_model", action="store_false", default=None,
+                    help="a class without a promoted cost model tunes without one, not with the shipped one "
+                    "(TUNEFLEET_PRETRAINED_COST_MODEL=false does the same)")
     tu.add_argument("--json", action="store_true",
                     help="print the summary as JSON on stdout (the log path and the live line go to stderr)")
     tu.add_argument("--efficient", action="store_true",

@@ -27,6 +27,7 @@ from tunefleet.errors import CorrectnessError, NotFoundError
 from tunefleet.vocab import STAGE_LOG_KEY, UNTUNED_TIMING_S
 
 if TYPE_CHECKING:
+    from tunefleet.budget import Budget
     from tunefleet.db import Database
     from tunefleet.db.tables import HardwareClass, Model
     from tunefleet.delivery.zeroshot import ZeroShotResult
@@ -74,6 +75,12 @@ class BuildReport:
     (:meth:`tunefleet.learning.hub.HubReport.line`: ``run`` prints it)."""
     zero_shot_s_per_task: float | None = None
     verified: int = 0
+    """Zero-shot proposals measured here by the verification (the build takes each workload's best
+    measured schedule)."""
+    verify_budget: str | None = None
+    """The zero-shot verification budget (``40`` candidates, ``1m``); None: pure prediction."""
+    verify_s: float = 0.0
+    """Wall time the verification took."""
     recipe: str = ""
     """The extraction recipe of the class's build (e.g. ``nhwc+prepack+fastmath+fold``)."""
     delivered: str = ""
@@ -226,8 +233,9 @@ def resolve(
     *,
     zero_shot: bool = False,
     top_k: int = 5,
-    verify: int = 0,
+    verify: Budget | int | None = None,
     tuner: Any = None,
+    pretrained: bool = True,
 ) -> Resolved:
     """Load a stored model, find its workloads under the class's recipe and count what the
     database holds for them; start the build's report.
@@ -247,10 +255,13 @@ def resolve(
         (:func:`tunefleet.delivery.zeroshot.predict_workloads`).
     top_k : int
         Predictions stored per workload (``zero_shot``).
-    verify : int
-        Predictions measured per workload on this node (``zero_shot``).
+    verify : Budget, int or None
+        Predictions measured on this node, in all: candidates or wall time, heaviest workloads'
+        best-scored first (``zero_shot``; an int is a candidate count, None or 0 none).
     tuner : object, optional
         Passed to ``predict_workloads`` (``zero_shot``).
+    pretrained : bool
+        Without a promoted cost model of the class, predict with the shipped one (``zero_shot``).
 
     Returns
     -------
@@ -273,18 +284,21 @@ def resolve(
     if zero_shot:
         from tunefleet.delivery.zeroshot import predict_workloads, require_model
 
-        cost_model = require_model(db, store, hardware)  # before any work: one line if there is none
+        cost_model = require_model(db, store, hardware, pretrained=pretrained)  # before any work: one line if none
     loaded = load_model(db, store, model)
     found = extract_workloads(loaded.mod, target, params=loaded.params, recipe=recipe)
     zs = None
     if zero_shot:
         weights: dict[int, int] = {}
+        flops: dict[int, float] = {}
         for w in found:  # a model never extracted for this class gets its workloads stored first
             row, _ = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
                                      flops=float(w.flops), tir_json=w.tir_json)
             weights[row.id] = weights.get(row.id, 0) + int(w.weight)
+            flops[row.id] = float(w.flops)
         db.set_model_workloads(model.id, hw.id, recipe.name, weights)
-        zs = predict_workloads(db, store, hardware, list(weights), top_k=top_k, verify=verify, tuner=tuner,
+        heaviest = sorted(weights, key=lambda i: -flops[i] * weights[i])  # verification's budget goes there first
+        zs = predict_workloads(db, store, hardware, heaviest, top_k=top_k, verify=verify, tuner=tuner,
                                model=cost_model)
     tuned, bests, ids = 0, set(), []
     for w in found:
@@ -304,6 +318,7 @@ def resolve(
     if zs is not None:
         report.zero_shot_s_per_task = zs.seconds_per_task
         report.verified = sum(w.verified for w in zs.workloads)
+        report.verify_budget, report.verify_s = zs.verify_budget, zs.verify_seconds
     _hub_provenance(db, report, bests, ids, hw.id)
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
 
@@ -636,9 +651,10 @@ def build_model(
     compare_torch: bool = True,
     zero_shot: bool = False,
     top_k: int = 5,
-    verify: int = 0,
+    verify: Budget | int | None = None,
     tuner: Any = None,
     transfer: bool = False,
+    pretrained: bool = True,
 ) -> BuildReport:
     """Compile a model with the best stored schedules, under the class's recipe and the others
     (:func:`other_recipes`); check them against the untuned build; time them and, with
@@ -648,8 +664,9 @@ def build_model(
 
     Workloads without a measurement keep the default schedule; the report says how many. With
     ``zero_shot``, they get the current cost model's best prediction instead
-    (:func:`tunefleet.delivery.zeroshot.predict_workloads`, which stores ``top_k`` and measures the top
-    ``verify`` of each on this node). With ``transfer``, the remaining ones get the best schedule
+    (:func:`tunefleet.delivery.zeroshot.predict_workloads`, which stores ``top_k`` each and measures
+    them on this node within the ``verify`` budget, heaviest workloads first: a workload measured
+    so is built with its best measured schedule). With ``transfer``, the remaining ones get the best schedule
     of the most compatible class that builds for this one (:mod:`tunefleet.planning.transfer`).
 
     The steps: :func:`resolve`, :func:`compile_tuned`, :func:`compile_others`, :func:`check`,
@@ -672,7 +689,7 @@ def build_model(
         Rounds of the alternating timing (see :func:`time_builds`).
     compare_torch : bool
         Also time PyTorch eager and onnxruntime.
-    zero_shot, top_k, verify, tuner :
+    zero_shot, top_k, verify, tuner, pretrained :
         Zero-shot predictions (see :func:`resolve`).
     transfer : bool
         Borrow schedules from compatible classes (see :func:`compile_tuned`).
@@ -686,7 +703,8 @@ def build_model(
     tunefleet.errors.CorrectnessError
         The tuned build's outputs disagree with the untuned build's.
     """
-    resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner)
+    resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner,
+                       pretrained=pretrained)
     report = resolved.report
     if not _host_can_run(resolved.target, resolved.hardware):
         compile_tuned(db, resolved, output=output, transfer=transfer)

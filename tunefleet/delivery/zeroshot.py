@@ -4,9 +4,10 @@ For every workload of a hardware class with no measurement there, :func:`predict
 runs the evolutionary search guided by the class's current cost model alone
 (:func:`propose`) and stores its ``top_k`` proposals in the
 ``predictions`` table — never among the measurements, so ``best``, the MetaSchedule
-``Database`` and the datasets never see them as measured. With ``verify=K`` the top K proposals
-of each such workload are then built and measured on this node and committed as ordinary
-measurements (no shard), after which the workload is measured like any other.
+``Database`` and the datasets never see them as measured. With a ``verify`` budget (candidates
+or wall time, in all) the proposals are then built and measured on this node by rank — every
+workload's best-scored first, then every second — and committed as ordinary measurements (no
+shard), after which the workload is measured like any other: a build takes its best measured one.
 
 Re-running is idempotent: a workload the current model already predicted is not searched again.
 """
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tunefleet.errors import NotSupportedError, TunefleetError
 
 if TYPE_CHECKING:
+    from tunefleet.budget import Budget
     from tunefleet.db import Database
     from tunefleet.db.tables import HardwareClass, Workload
     from tunefleet.engine.worker import Tuner
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 5
+DEFAULT_VERIFY = "1m"
+"""What ``build --zero-shot`` measures of its proposals unless told (``--verify``): a minute of wall
+time in all, heaviest workloads' best-scored proposals first."""
 
 
 @dataclass
@@ -55,6 +60,11 @@ class ZeroShotResult:
     hardware: str
     cost_model_version: int | None
     workloads: list[WorkloadPrediction] = field(default_factory=list)
+    verify_budget: str | None = None
+    """The verification budget as given (``40``, ``1m``); None: pure prediction."""
+    verify_candidates: int = 0
+    """Proposals verification went through (measured, or measured here before)."""
+    verify_seconds: float = 0.0
 
     @property
     def searched(self) -> list[WorkloadPrediction]:
@@ -71,18 +81,22 @@ class ZeroShotResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "cost_model_version": self.cost_model_version,
-                "seconds_per_task": self.seconds_per_task, "workloads": [asdict(w) for w in self.workloads]}
+                "seconds_per_task": self.seconds_per_task, "verify_budget": self.verify_budget,
+                "verify_candidates": self.verify_candidates, "verify_seconds": self.verify_seconds,
+                "workloads": [asdict(w) for w in self.workloads]}
 
 
-def require_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel:
-    """The current cost model of a class, or a one-line error saying how to get one."""
-    from tunefleet.learning.costmodel import load_cost_model
+def require_model(db: Database, store: ArtifactStore, hardware: str, *, pretrained: bool = True) -> TrainedModel:
+    """The current cost model of a class, else (``pretrained``) the one shipped with tunefleet, or a
+    one-line error saying how to get one."""
+    from tunefleet.learning.pretrained import current_or_shipped
 
-    model = load_cost_model(db, store, hardware)
+    model = current_or_shipped(db, store, hardware, pretrained=pretrained)
     if model is None:
         raise NotSupportedError(
-            f"not supported: zero-shot on {hardware} without a current cost model; run "
-            f"`tunefleet dataset export` and `tunefleet costmodel retrain --hardware {hardware}` first"
+            f"not supported: zero-shot on {hardware} without a current cost model (the shipped one is off: "
+            f"TUNEFLEET_PRETRAINED_COST_MODEL=false); run `tunefleet dataset export` and "
+            f"`tunefleet costmodel retrain --hardware {hardware}` first"
         )
     return model
 
@@ -94,61 +108,104 @@ def predict_workloads(
     workload_ids: Iterable[int],
     *,
     top_k: int = DEFAULT_TOP_K,
-    verify: int = 0,
+    verify: Budget | int | None = None,
     tuner: Tuner | None = None,
     model: TrainedModel | None = None,
     seed: int = 0,
     on_workload: Callable[[WorkloadPrediction], None] | None = None,
+    pretrained: bool = True,
 ) -> ZeroShotResult:
-    """Store the current model's ``top_k`` proposals for every unmeasured workload; verify the top ``verify``.
+    """Store the current model's ``top_k`` proposals for every unmeasured workload, then verify
+    them by measurement within the ``verify`` budget.
 
-    ``tuner`` (its builder and runner) measures the verified proposals; one is created for the
-    class when ``verify`` is set and none is given (which refuses a class this node cannot run).
+    ``verify`` is a total: a :class:`~tunefleet.budget.Budget` of candidates or of wall time (an
+    int is a candidate count; None or 0 measures nothing: pure prediction). It is spent by rank:
+    every workload's best-scored proposal first, in the order of ``workload_ids`` (a build gives
+    the heaviest first), then every workload's second, and so on up to ``top_k`` each; a wall
+    time is checked before each candidate. ``tuner`` (its builder and runner) measures them; one
+    is created for the class when there is a budget and none is given (which refuses a class this
+    node cannot run). A class without a promoted model of its own predicts with the shipped one
+    (version 0) unless ``pretrained`` is off (:func:`require_model`).
     """
-    from tunefleet.engine.learned import measure_traces
+    from tunefleet.budget import Budget
 
     if top_k < 1:
         raise TunefleetError(f"top_k must be >= 1, got {top_k}")
-    if not 0 <= verify <= top_k:
-        raise TunefleetError(f"verify must be between 0 and top_k ({top_k}), got {verify}")
+    if isinstance(verify, int) and not isinstance(verify, bool):
+        if verify < 0:
+            raise TunefleetError(f"verify must be >= 0 candidates, got {verify}")
+        verify = Budget(trials=verify) if verify else None
     hw = db.hardware_class(hardware)
-    model = model or require_model(db, store, hardware)
-    own_tuner = None
-    if verify and tuner is None:
-        from tunefleet.engine.worker import Tuner
-
-        tuner = own_tuner = Tuner(db, hardware)
-    result = ZeroShotResult(hw.name, model.version)
-    try:
-        for wl_id in workload_ids:
-            wl = db.workload(wl_id)
-            item = WorkloadPrediction(wl.structural_hash, wl.name, "measured")
-            if not db.best_measurements(wl.id, hw.id, 1):
-                if db.has_predictions(wl.id, hw.id, model.cost_model_id):
-                    item.status = "cached"
-                else:
-                    found = propose(wl, hw, model, top_k=top_k, seed=seed)
-                    db.add_predictions(wl.id, hw.id, [(p.trace_json, p.score, p.args_info) for p in found.proposals],
-                                       cost_model_id=model.cost_model_id)
-                    item.status, item.seconds = "predicted", found.seconds
-                    item.candidates_scored = found.candidates_scored
-                    log.info("zero-shot %s (%s) on %s: %d proposals from %d candidates in %.1fs",
-                             wl.name, wl.structural_hash[:12], hw.name, len(found.proposals),
-                             found.candidates_scored, found.seconds)
-                preds = db.best_predictions(wl.id, hw.id, top_k)
-                item.proposals = len(preds)
-                item.best_score = preds[0].score if preds else None
-                if verify and tuner is not None and preds:
-                    item.verified = measure_traces(db, wl, hw, [(p.trace_json, p.args_info) for p in preds[:verify]],
-                                                   builder=tuner.builder, runner=tuner.runner)
-                    item.status = "verified"
-            result.workloads.append(item)
+    model = model or require_model(db, store, hardware, pretrained=pretrained)
+    result = ZeroShotResult(hw.name, model.version, verify_budget=None if verify is None else str(verify))
+    to_verify: list[tuple[Workload, WorkloadPrediction, list[Any]]] = []
+    for wl_id in workload_ids:
+        wl = db.workload(wl_id)
+        item = WorkloadPrediction(wl.structural_hash, wl.name, "measured")
+        if not db.best_measurements(wl.id, hw.id, 1):
+            if db.has_predictions(wl.id, hw.id, model.cost_model_id):
+                item.status = "cached"
+            else:
+                found = propose(wl, hw, model, top_k=top_k, seed=seed)
+                db.add_predictions(wl.id, hw.id, [(p.trace_json, p.score, p.args_info) for p in found.proposals],
+                                   cost_model_id=model.cost_model_id)
+                item.status, item.seconds = "predicted", found.seconds
+                item.candidates_scored = found.candidates_scored
+                log.info("zero-shot %s (%s) on %s: %d proposals from %d candidates in %.1fs",
+                         wl.name, wl.structural_hash[:12], hw.name, len(found.proposals),
+                         found.candidates_scored, found.seconds)
+            preds = db.best_predictions(wl.id, hw.id, top_k)
+            item.proposals = len(preds)
+            item.best_score = preds[0].score if preds else None
+            if preds:
+                to_verify.append((wl, item, preds))
+        result.workloads.append(item)
+        if on_workload is not None and verify is None:
+            on_workload(item)
+    if verify is not None and to_verify:
+        _verify(db, hw, to_verify, verify, tuner, result)
+        for _, item, _ in to_verify:
             if on_workload is not None:
                 on_workload(item)
+    return result
+
+
+def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, WorkloadPrediction, list[Any]]],
+            budget: Budget, tuner: Tuner | None, result: ZeroShotResult) -> None:
+    """Measure proposals by rank (every workload's first, then every second, ...) within ``budget``."""
+    from tunefleet.engine.learned import measure_traces
+
+    own_tuner = None
+    if tuner is None:
+        from tunefleet.engine.worker import Tuner
+
+        tuner = own_tuner = Tuner(db, hw.name)
+    t0 = time.monotonic()
+
+    def spent() -> bool:
+        if budget.trials is not None:
+            return result.verify_candidates >= budget.trials
+        return time.monotonic() - t0 >= float(budget.seconds or 0.0)
+
+    try:
+        for rank in range(max(len(preds) for _, _, preds in items)):
+            for wl, item, preds in items:
+                if rank >= len(preds):
+                    continue
+                if spent():
+                    return
+                p = preds[rank]
+                item.verified += measure_traces(db, wl, hw, [(p.trace_json, p.args_info)],
+                                                builder=tuner.builder, runner=tuner.runner)
+                item.status = "verified"
+                result.verify_candidates += 1
     finally:
+        result.verify_seconds = time.monotonic() - t0
+        log.info("zero-shot on %s: %d proposal(s) of %d workload(s) verified in %.0fs (budget %s)", hw.name,
+                 result.verify_candidates, sum(item.verified > 0 for _, item, _ in items), result.verify_seconds,
+                 budget)
         if own_tuner is not None:
             own_tuner.close()
-    return result
 
 
 def model_workload_ids(db: Database, model_id: int) -> list[int]:
@@ -156,8 +213,8 @@ def model_workload_ids(db: Database, model_id: int) -> list[int]:
     return [wl.id for wl, _ in db.workloads(model_id=model_id)]
 
 
-__all__ = ["DEFAULT_TOP_K", "WorkloadPrediction", "ZeroShotResult", "model_workload_ids", "predict_workloads",
-           "require_model"]
+__all__ = ["DEFAULT_TOP_K", "DEFAULT_VERIFY", "WorkloadPrediction", "ZeroShotResult", "model_workload_ids",
+           "predict_workloads", "require_model"]
 
 
 @dataclass

@@ -99,6 +99,7 @@ class Tuner:
         self._model: TrainedModel | None = None
         self._unreadable: int | None = None
         self._warned_no_filter = False
+        self._shipped_broken = False
         self._deadline: Deadline | None = None
         self._probed = False
         self._in_hand: dict[str, int] = {}
@@ -122,17 +123,22 @@ class Tuner:
         return self._online
 
     def cost_model(self, db: Database, options: TuneOptions | None = None) -> TrainedModel | None:
-        """The class's current trained cost model (cached until another is promoted), or None.
+        """The class's current trained cost model (cached until another is promoted), else the
+        shipped one (``pretrained_cost_model``), or None.
 
         A model that cannot be used (its file gone, or not a cost model) is skipped until another
         is promoted; one that cannot be *read* now (a transient store error) is read again at the
-        next shard: a blip is not a verdict.
+        next shard: a blip is not a verdict. Without an artifact store only the shipped model can
+        be read.
         """
-        if self.store is None or not (options or self.options).wants_trained_model:
+        options = options or self.options
+        if not options.wants_trained_model:
             return None
-        row = db.current_cost_model(self.hardware_class_id)
-        if row is None or row.id == self._unreadable:
-            self._model = None if row is None else self._model
+        row = db.current_cost_model(self.hardware_class_id) if self.store is not None else None
+        if row is None:
+            self._model = None
+            return self._shipped() if options.pretrained_cost_model else None
+        if row.id == self._unreadable:
             return None
         if self._model is None or self._model.cost_model_id != row.id:
             from tunefleet.learning.costmodel import load_cost_model
@@ -148,6 +154,19 @@ class Tuner:
                             row.version, self.hardware, str(exc).splitlines()[0])
                 self._model, self._unreadable = None, row.id  # said once, not again for every shard
         return self._model
+
+    def _shipped(self) -> TrainedModel | None:
+        """The model shipped with tunefleet; a broken installation's is said once and not used."""
+        if self._shipped_broken:
+            return None
+        from tunefleet.learning.pretrained import shipped_model
+
+        try:
+            return shipped_model()
+        except TunefleetError as exc:
+            log.warning("tuning %s without a cost model: %s", self.hardware, str(exc).splitlines()[0])
+            self._shipped_broken = True
+            return None
 
     @property
     def builder(self) -> Any:

@@ -222,6 +222,26 @@ def split_by_workload(table: pa.Table, holdout_fraction: float = 0.2, seed: int 
     return table.filter(pc.invert(mask)), table.filter(mask)
 
 
+def tensor_dims(args_info: str | None) -> set[int]:
+    """Every dimension of a workload's tensors, from a row's ``args_info`` (MetaSchedule's JSON:
+    ``[["TENSOR", dtype, shape], ...]``); empty when there is none."""
+    dims: set[int] = set()
+    for arg in json.loads(args_info or "[]"):
+        if isinstance(arg, list) and len(arg) == 3 and arg[0] == "TENSOR":
+            dims.update(int(d) for d in arg[2])
+    return dims
+
+
+def shape_holdout(table: pa.Table, dims: set[int]) -> set[str]:
+    """Hashes of the workloads with a tensor dimension in ``dims``: whole shape families (a channel
+    count, a width, a sequence length) that the training side of the split never sees."""
+    held: set[str] = set()
+    for wl, info in zip(table["workload_hash"].to_pylist(), table["args_info"].to_pylist()):
+        if wl not in held and tensor_dims(info) & dims:
+            held.add(wl)
+    return held
+
+
 def model_holdout(db: Database, models: list[str]) -> set[str]:
     """Hashes of the workloads only these models have (a workload shared with another model stays in training)."""
     held: set[str] = set()
@@ -635,7 +655,8 @@ def promote_version(db: Database, hardware: str, version: int) -> Any:
 
 
 def load_cost_model(db: Database, store: ArtifactStore, hardware: str) -> TrainedModel | None:
-    """The current promoted cost model of a hardware class, or None when there is none.
+    """The current promoted cost model of a hardware class, or None when there is none (the
+    shipped one stands in: :func:`tunefleet.learning.pretrained.current_or_shipped`).
 
     Raises
     ------
@@ -669,6 +690,8 @@ __all__ = [
     "evaluate_scores",
     "load_cost_model",
     "model_holdout",
+    "shape_holdout",
+    "tensor_dims",
     "model_key",
     "promote_version",
     "random_scores",

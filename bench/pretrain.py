@@ -1,0 +1,177 @@
+"""Train the cost model shipped with tunefleet on the campaign's measurements, and say what it scores.
+
+Usage::
+
+    python bench/pretrain.py bench/data/campaign-*.parquet                      # evaluate and write the model
+    python bench/pretrain.py bench/data/campaign-*.parquet --output /tmp/m.json --holdout-dims 384,576
+
+The sources are hub bundles that hold every measurement of a campaign (``tunefleet hub export
+--top-k 100000``: bench/data/ holds one per CPU the campaign ran on). Each run:
+
+1. imports them into a fresh tunefleet home (``--work-dir``, default a temporary folder) and
+   exports a dataset: MetaSchedule's ``PerStoreFeature`` features of every measurement, labelled
+   per workload and class (best time / this time), as ``tunefleet dataset export`` does;
+2. holds out whole shape families: every workload with a tensor dimension in ``--holdout-dims``
+   (a channel count, a width, a sequence length) is in the test side, so the training side never
+   saw that dimension (``tunefleet.learning.costmodel.shape_holdout``);
+3. trains each configuration of :data:`CONFIGS` on the rest, prints its held-out pairwise accuracy,
+   peak@1 and peak@5 next to a random and an untrained ranking, and picks the best as ``costmodel
+   retrain`` promotes (peak@1, then pairwise accuracy); one that does not beat both baselines is
+   not written;
+4. trains the chosen configuration on every row and writes it (``--output``, default the
+   package's ``tunefleet/data/costmodel/default.json``) with what it was trained on and its
+   held-out metrics in its metadata (``tunefleet costmodel list`` shows them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUTPUT = REPO / "tunefleet" / "data" / "costmodel" / "default.json"
+DEFAULT_HOLDOUT_DIMS = (384, 256)
+"""Held-out shape families: sequence length 384 (the corpus's dense, batch_matmul, softmax, layer
+norm and GELU variants) and 256 (channels of convolutions and pools, the transformer width 256):
+about a third of the campaign's workloads, the rest train."""
+CONFIGS: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("reg:squarederror", 60, {}),
+    ("reg:squarederror", 300, {"eta": 0.1}),
+    ("rank:pairwise", 60, {}),
+    ("rank:pairwise", 300, {"eta": 0.1}),
+)
+"""(objective, boosting rounds, parameters over the defaults) compared on the held-out split."""
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_table(sources: list[Path], work: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """Import the bundles into a fresh home under ``work``, export a dataset, return (rows, sources)."""
+    from tunefleet import api
+    from tunefleet.config import Settings
+    from tunefleet.hardware import cpu_label
+    from tunefleet.learning import dataset
+
+    ctx = api.connect(Settings(home=work, hub="off"))
+    info = []
+    for src in sources:
+        t0 = time.perf_counter()
+        res = api.hub_import(ctx, src)
+        print(f"imported {src.name}: {res.counts.get('records_new', 0)} records of {res.counts.get('workloads', 0)} "
+              f"workloads ({time.perf_counter() - t0:.1f} s)", flush=True)
+        info.append({"file": src.name, "sha256": sha256(src), "created_at": str(res.created_at),
+                     "records": res.counts.get("records", 0), "classes": res.classes})
+    cpus = {hw.name: cpu_label(dict(hw.capabilities or {}).get("cpu") or {}) for hw in ctx.db.hub_classes()}
+    for item in info:
+        item["cpus"] = sorted({cpus[c] for c in item["classes"] if c in cpus})
+    t0 = time.perf_counter()
+    dataset.export(ctx.db, ctx.store)
+    table = dataset.renormalise(dataset.load(ctx.db, ctx.store))
+    print(f"featurised {table.num_rows} measurements ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return table, info
+
+
+def row(name: str, m: dict[str, Any]) -> str:
+    def f(key: str) -> str:
+        return "n/a" if m.get(key) is None else f"{m[key]:.3f}"
+
+    return f"{name:34s} {f('pairwise_accuracy'):>8s} {f('peak@1'):>7s} {f('peak@5'):>7s}"
+
+
+def evaluate(table: Any, dims: set[int]) -> tuple[tuple[str, int, dict[str, Any]], dict[str, Any]]:
+    """Train every configuration on the split, print the table; (the best configuration, its report)."""
+    from tunefleet.learning import costmodel as cm
+
+    heldout = cm.shape_holdout(table, dims)
+    train_t, test_t = cm.split_by_workload(table, heldout=heldout)
+    n_train, n_test = (len(set(t["workload_hash"].to_pylist())) for t in (train_t, test_t))
+    print(f"held out: {n_test} workloads ({test_t.num_rows} rows) with a dimension in {sorted(dims)}; "
+          f"trained on {n_train} workloads ({train_t.num_rows} rows)")
+    base = cm.baselines(test_t)
+    print(f"{'ranking':34s} {'pairwise':>8s} {'peak@1':>7s} {'peak@5':>7s}")
+    for name, m in base.items():
+        print(row(f"{name} ranking", m))
+    results = []
+    for objective, rounds, params in CONFIGS:
+        t0 = time.perf_counter()
+        model = cm.train(train_t, objective=objective, num_boost_round=rounds, params=params)
+        metrics = cm.evaluate(model, test_t)
+        results.append(((objective, rounds, params), metrics))
+        label = f"{objective} {rounds} rounds" + "".join(f" {k}={v}" for k, v in params.items())
+        print(row(label, metrics) + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
+    best, metrics = max(results, key=lambda r: cm._rank_key(r[1]))
+    floor = max((b.get("pairwise_accuracy") or 0.0) for b in base.values())
+    report = {"dims": sorted(dims), "workloads": n_test, "rows": test_t.num_rows, "train_workloads": n_train,
+              "train_rows": train_t.num_rows, "floor": floor,
+              "metrics": {k: metrics.get(k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "n_pairs")},
+              "baselines": {name: {k: m.get(k) for k in ("pairwise_accuracy", "peak@1", "peak@5")}
+                            for name, m in base.items()}}
+    return best, report
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("sources", nargs="+", type=Path, help="hub bundles holding a campaign's measurements")
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the model "
+                   "(default the package's tunefleet/data/costmodel/default.json)")
+    p.add_argument("--holdout-dims", default=",".join(map(str, DEFAULT_HOLDOUT_DIMS)),
+                   help="hold out every workload with one of these tensor dimensions (comma-separated)")
+    p.add_argument("--work-dir", type=Path, help="the scratch tunefleet home (default a temporary folder)")
+    p.add_argument("--evaluate-only", action="store_true", help="print the table, write nothing")
+    p.add_argument("--json", type=Path, help="also write the report as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import tvm
+
+    from tunefleet.learning import costmodel as cm
+
+    missing = [str(s) for s in args.sources if not s.is_file()]
+    if missing:
+        print(f"pretrain: no such bundle: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    dims = {int(d) for d in args.holdout_dims.split(",") if d.strip()}
+    with tempfile.TemporaryDirectory(prefix="tunefleet-pretrain-") as tmp:
+        table, sources = load_table(args.sources, args.work_dir or Path(tmp))
+    (objective, rounds, params), report = evaluate(table, dims)
+    label = f"{objective}, {rounds} rounds" + "".join(f", {k}={v}" for k, v in params.items())
+    if (report["metrics"]["pairwise_accuracy"] or 0.0) <= report["floor"]:
+        print(f"pretrain: the best configuration ({label}) ranks the held-out workloads no better than the "
+              f"baselines; nothing written", file=sys.stderr)
+        return 1
+    print(f"chosen: {label}")
+    if args.json:
+        args.json.write_text(json.dumps({"chosen": label, "heldout": report, "sources": sources}, indent=1) + "\n")
+    if args.evaluate_only:
+        return 0
+    model = cm.train(table, objective=objective, num_boost_round=rounds, params=params)
+    newest = max(s["created_at"] for s in sources)
+    model.meta.update({
+        "created_at": newest,  # the newest source's: the same sources give the same metadata
+        "tvm_version": str(tvm.__version__),
+        "trained_on": {"rows": table.num_rows, "workloads": len(set(table["workload_hash"].to_pylist())),
+                       "cpus": sorted({c for s in sources for c in s["cpus"]}), "sources": sources},
+        "heldout": {**report["metrics"], "dims": report["dims"], "workloads": report["workloads"],
+                    "rows": report["rows"], "baselines": report["baselines"]},
+    })
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_bytes(model.to_bytes())
+    print(f"wrote {args.output}: {objective}, {table.num_rows} rows of {model.meta['trained_on']['workloads']} "
+          f"workloads ({args.output.stat().st_size / 1e6:.2f} MB), written {dt.datetime.now():%Y-%m-%d %H:%M}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""What the shipped cost model buys on a model outside the campaign's corpus, side by side in one run.
+
+Usage::
+
+    python bench/pretrained_bench.py resnet50 --budget 15m               # every arm, 15 minutes of tuning each
+    python bench/pretrained_bench.py my-cnn.onnx --budget 5m --arms scratch,pretrained --json out.json
+
+Arms, each in a fresh tunefleet home under ``--work-dir``, the same seed:
+
+* ``scratch``: tune the model for ``--budget`` with no cost model (``pretrained_cost_model`` off,
+  the hub off): stock MetaSchedule's start, random first rounds;
+* ``pretrained``: the same with the shipped cost model warm-starting every shard (the hub off,
+  so the model's effect is alone);
+* ``zeroshot``: no tuning; a home that holds only the shipped hub bundle, ``build --zero-shot``
+  with ``--verify`` (default ``1m``): proposals by the shipped model, the best verified by
+  measurement.
+
+For the tuning arms it prints, per arm, the candidates measured and the model's estimated latency
+(the sum over its workloads of calls x best measured time, what the tuned build's kernels take)
+after every round, the trials each arm needed to reach 0.9 of the ``scratch`` arm's final speed,
+and then every arm's built model timed as ``tunefleet build`` times it (alternating rounds with
+onnxruntime and PyTorch eager, on the same threads; one build after another, in this process).
+Name the CPU next to the figures: ``lscpu``. Prints what it measured; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HW = "x86"
+ARMS = ("scratch", "pretrained", "zeroshot")
+REACH = 0.9
+"""The speed, as a share of the scratch arm's final one, whose trials the table reports."""
+
+
+def connect(home: Path, hub: str) -> Any:
+    from tunefleet import api
+    from tunefleet.config import load_settings
+
+    return api.connect(load_settings(home=home, hub=hub))
+
+
+def ingest(ctx: Any, source: str) -> Any:
+    from tunefleet import api
+
+    model = api.ingest(ctx, source).model
+    api.extract(ctx, model, HW)
+    return model
+
+
+def curve(db: Any, model: Any) -> list[tuple[int, float]]:
+    """(candidates measured, estimated model latency in ms) after each measurement, from the first
+    at which every workload has a successful one: the sum of calls x best time so far."""
+    hw = db.hardware_class(HW)
+    weights = {wl.id: w for wl, w in db.workloads(model_id=model.id, hardware_class_id=hw.id)}
+    best: dict[int, float] = {}
+    out = []
+    for n, m in enumerate((m for m in db.measurements(hardware_class_id=hw.id) if m.workload_id in weights), 1):
+        if m.mean_run_s is not None and m.error_kind is None and m.mean_run_s < best.get(m.workload_id, float("inf")):
+            best[m.workload_id] = m.mean_run_s
+        if len(best) == len(weights):
+            out.append((n, sum(weights[w] * best[w] for w in weights) * 1e3))
+    return out
+
+
+def trials_to(points: list[tuple[int, float]], latency_ms: float) -> int | None:
+    """Candidates measured when the estimate first reached ``latency_ms`` (None: never)."""
+    return next((n for n, ms in points if ms <= latency_ms), None)
+
+
+def tune_arm(name: str, source: str, work: Path, budget: str, seed: int) -> dict[str, Any]:
+    from tunefleet import api
+
+    ctx = connect(work / name, "off")
+    model = ingest(ctx, source)
+    options = ctx.options().replace(seed=seed, pretrained_cost_model=(name == "pretrained"))
+    t0 = time.perf_counter()
+    summary = api.tune(ctx, HW, options, budget=budget, models=[model])
+    wall = time.perf_counter() - t0
+    points = curve(ctx.db, model)
+    print(f"{name}: {summary.measured} candidates in {wall:.0f} s; estimated latency "
+          + ", ".join(f"{ms:.2f} ms at {n}" for n, ms in points[:: max(1, len(points) // 12)]), flush=True)
+    return {"arm": name, "ctx": ctx, "model": model, "candidates": summary.measured, "wall_s": wall,
+            "points": points, "estimate_ms": points[-1][1] if points else None}
+
+
+def zeroshot_arm(source: str, work: Path, verify: str) -> dict[str, Any]:
+    from tunefleet import api
+
+    ctx = connect(work / "zeroshot", "default")  # only the shipped bundle in the database
+    model = ingest(ctx, source)
+    t0 = time.perf_counter()
+    report = api.build(ctx, model, HW, zero_shot=True, verify=verify)
+    wall = time.perf_counter() - t0
+    propose_s = (report.zero_shot_s_per_task or 0.0) * (report.predicted_workloads + report.verified)
+    print(f"zeroshot: {report.workloads} workloads, {report.predicted_workloads} predicted, {report.verified} "
+          f"proposals verified in {report.verify_s:.0f} s (budget {report.verify_budget}); the whole build "
+          f"{wall:.0f} s", flush=True)
+    return {"arm": "zeroshot", "report": report, "wall_s": wall, "verify_s": report.verify_s,
+            "search_s_per_task": report.zero_shot_s_per_task, "propose_s_estimate": propose_s}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a zoo name outside the campaign's corpus (resnet50, vit-base) or an ONNX file")
+    p.add_argument("--budget", default="15m", help="tuning budget of each tuning arm (default 15m)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--verify", default="1m", help="the zero-shot arm's verification budget (default 1m)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", type=Path, help="where the arms' homes go (default a temporary folder)")
+    p.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from tunefleet import api
+
+    args = parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        print(f"pretrained_bench: unknown arm(s) {', '.join(unknown)} (known: {', '.join(ARMS)})", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tunefleet-pretrained-") as tmp:
+        work = args.work_dir or Path(tmp)
+        results = [tune_arm(a, args.model, work, args.budget, args.seed) for a in arms if a != "zeroshot"]
+        zs = zeroshot_arm(args.model, work, args.verify) if "zeroshot" in arms else None
+        scratch = next((r for r in results if r["arm"] == "scratch"), None)
+        goal = scratch["estimate_ms"] / REACH if scratch and scratch["estimate_ms"] else None
+        print(f"\n{'arm':<12}{'candidates':>11}{'wall s':>8}{'estimate ms':>13}"
+              f"{f'trials to {REACH:.0%} of scratch':>26}{'tuned ms':>10}{'onnxruntime ms':>16}{'eager ms':>10}"
+              f"{'vs onnxruntime':>16}")
+        rows = []
+        for r in results:
+            report = api.build(r["ctx"], r["model"], HW)
+            reach = trials_to(r["points"], goal) if goal else None
+            rows.append({"arm": r["arm"], "candidates": r["candidates"], "wall_s": r["wall_s"],
+                         "estimate_ms": r["estimate_ms"], "trials_to_goal": reach, "tuned_ms": report.tuned_ms,
+                         "onnxruntime_ms": report.onnxruntime_ms, "torch_ms": report.torch_ms})
+        if zs is not None:
+            rep = zs["report"]
+            rows.append({"arm": "zeroshot", "candidates": rep.verified, "wall_s": zs["wall_s"], "estimate_ms": None,
+                         "trials_to_goal": None, "tuned_ms": rep.tuned_ms, "onnxruntime_ms": rep.onnxruntime_ms,
+                         "torch_ms": rep.torch_ms, "verify_s": zs["verify_s"],
+                         "search_s_per_task": zs["search_s_per_task"]})
+        for row in rows:
+            ratio = (row["tuned_ms"] / row["onnxruntime_ms"]) if row["tuned_ms"] and row["onnxruntime_ms"] else None
+            row["vs_onnxruntime"] = ratio
+
+            def f(v: Any, d: int = 3) -> str:
+                return "-" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))
+
+            print(f"{row['arm']:<12}{f(row['candidates']):>11}{f(row['wall_s'], 0):>8}{f(row['estimate_ms']):>13}"
+                  f"{f(row['trials_to_goal']):>26}{f(row['tuned_ms']):>10}{f(row['onnxruntime_ms']):>16}"
+                  f"{f(row['torch_ms']):>10}{f(ratio, 2) + 'x' if ratio else '-':>16}")
+        pre = next((r for r in rows if r["arm"] == "pretrained"), None)
+        base = next((r for r in rows if r["arm"] == "scratch"), None)
+        if base is not None and pre is not None and pre["trials_to_goal"] and base["trials_to_goal"]:
+            print(f"trials to {REACH:.0%} of the scratch arm's final speed, pretrained / scratch: "
+                  f"{pre['trials_to_goal'] / base['trials_to_goal']:.2f}")
+        if args.json:
+            args.json.write_text(json.dumps({"model": args.model, "budget": args.budget, "rows": rows,
+                                             "curves": {r["arm"]: r["points"] for r in results}}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The cost model shipped with tunefleet: version 0 of every class without one of its own.
+
+It loads from the package with no network, says what it was trained on and what it scored on
+held-out shape families; the warm start and zero-shot fall back on it unless it is turned off,
+and a broken installation's model is one line, not a crash. (A class's own promoted model wins:
+tests/costmodel/test_zeroshot.py::test_warm_start_uses_current_model.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.conftest import on_backend
+from tunefleet.delivery.zeroshot import require_model
+from tunefleet.engine.options import TuneOptions
+from tunefleet.engine.worker import Tuner
+from tunefleet.errors import NotSupportedError
+from tunefleet.learning import costmodel, pretrained
+from tunefleet.learning.costmodel import CostModelError
+from tunefleet.learning.hub import DEFAULT_BUNDLE
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_model_loads_and_says_what_it_was_trained_on() -> None:
+    model = pretrained.shipped_model()
+    assert model.version == pretrained.SHIPPED_VERSION == 0 and model.cost_model_id is None
+    assert model.objective in costmodel.OBJECTIVES
+    on, held = model.meta["trained_on"], model.meta["heldout"]
+    assert on["rows"] > 1000 and on["workloads"] > 50 and on["cpus"] and on["sources"]
+    assert held["dims"] and held["workloads"] > 0
+    # the guard held when it was written: it ranks the held-out families better than both baselines
+    assert held["pairwise_accuracy"] > max(b["pairwise_accuracy"] for b in held["baselines"].values())
+    scores = model.predict_features(costmodel.store_features([np.ones((3, 164), dtype=np.float32),
+                                                              np.zeros((1, 164), dtype=np.float32)]))
+    assert scores.shape == (2,) and np.isfinite(scores).all()
+    assert pretrained.shipped_summary()["trained_on"] == on
+
+
+def test_a_broken_shipped_model_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "default.json"
+    bad.write_bytes(b"{not json")
+    with pytest.raises(CostModelError, match=r"shipped with tunefleet is unusable .*reinstall tunefleet"):
+        pretrained.shipped_model(bad)
+    with pytest.raises(CostModelError, match=r"cannot be read \(No such file or directory"):
+        pretrained.shipped_model(tmp_path / "gone.json")
+
+
+@on_backend("sqlite")
+def test_a_class_without_its_own_model_uses_the_shipped_one(engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    _, db, store = engine
+    assert db.current_cost_model(db.hardware_class("x86").id) is None
+    shipped = pretrained.shipped_model()
+    for st in (store, None):  # without an artifact store too: the shipped model needs none
+        assert Tuner(db, "x86", store=st).cost_model(db) is shipped
+    assert Tuner(db, "x86", TuneOptions(pretrained_cost_model=False), store=store).cost_model(db) is None
+    assert Tuner(db, "x86", TuneOptions(warm_start=False), store=store).cost_model(db) is None
+    assert require_model(db, store, "x86") is shipped
+    with pytest.raises(NotSupportedError, match="without a current cost model .*PRETRAINED_COST_MODEL=false"):
+        require_model(db, store, "x86", pretrained=False)
+
+    # a broken installation: said once, then the shards tune without a model
+    monkeypatch.setattr(pretrained, "SHIPPED_MODEL", tmp_path / "gone.json")
+    tuner = Tuner(db, "x86", store=store)
+    with caplog.at_level(logging.WARNING, logger="tunefleet.engine"):
+        assert tuner.cost_model(db) is None
+        assert tuner.cost_model(db) is None
+    assert caplog.text.count("tuning x86 without a cost model: the cost model shipped with tunefleet cannot be "
+                             "read") == 1
+
+
+def test_shape_families_are_held_out_whole() -> None:
+    info = [[["TENSOR", "float32", [1, 384, 768]], ["TENSOR", "float32", [768, 768]]],
+            [["TENSOR", "float32", [1, 128, 768]]], [["TENSOR", "float32", [1, 64, 56, 56]]]]
+    table = pa.table({"workload_hash": ["a", "a", "b", "c"],
+                      "args_info": [json.dumps(info[0]), json.dumps(info[0]), json.dumps(info[1]), json.dumps(info[2])]})
+    assert costmodel.tensor_dims(json.dumps(info[0])) == {1, 384, 768}
+    assert costmodel.tensor_dims(None) == set()
+    assert costmodel.shape_holdout(table, {384}) == {"a"}
+    assert costmodel.shape_holdout(table, {768}) == {"a", "b"}
+    assert costmodel.shape_holdout(table, {7}) == set()
+
+
+@pytest.mark.slow
+def test_pretrain_trains_on_a_bundle_and_holds_out_a_shape_family(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/pretrain.py on the default hub bundle: bert-base's width held out, the model written
+    with its metadata, and the same bundle gives the same metadata."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import pretrain
+
+    out, report = tmp_path / "m.json", tmp_path / "r.json"
+    assert pretrain.main([str(DEFAULT_BUNDLE), "--output", str(out), "--holdout-dims", "768", "--json", str(report),
+                          "--work-dir", str(tmp_path / "home")]) == 0
+    printed = capsys.readouterr().out
+    assert "held out: " in printed and "with a dimension in [768]" in printed and "random ranking" in printed
+    model = costmodel.TrainedModel.from_bytes(out.read_bytes())
+    held = json.loads(report.read_text())["heldout"]
+    assert model.meta["heldout"]["dims"] == [768] and held["workloads"] == model.meta["heldout"]["workloads"] > 0
+    assert model.meta["trained_on"]["rows"] == held["rows"] + held["train_rows"]
+    assert model.meta["trained_on"]["sources"][0]["file"] == DEFAULT_BUNDLE.name
