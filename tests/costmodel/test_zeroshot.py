@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import on_backend
 from tunefleet.budget import Budget
+from tunefleet.vocab import DEFAULT_TRACE_SHA256
 from tunefleet.learning import costmodel
 from tunefleet.learning import dataset
 from tunefleet.planning import shard_queue
@@ -97,19 +98,21 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
     assert {w.status for w in again.workloads} == {"cached"}
     assert _prediction_count(db) == n_predictions
 
-    # a budget of 3 candidates over two workloads: by rank, both top predictions, then the first
-    # workload's second; measured outside any shard
+    # a budget of 5 candidates over two workloads: both default schedules, then by rank both top
+    # predictions, then the first workload's second; measured outside any shard
     chosen = [wl for wl, _ in db.workloads(cnn.id)][:2]
-    verified = predict_workloads(db, store, "x86", [wl.id for wl in chosen], verify=3)
-    assert [(w.status, w.verified) for w in verified.workloads] == [("verified", 2), ("verified", 1)]
-    assert (verified.verify_budget, verified.verify_candidates) == ("3", 3) and verified.verify_seconds > 0
+    verified = predict_workloads(db, store, "x86", [wl.id for wl in chosen], verify=5)
+    assert [(w.status, w.verified) for w in verified.workloads] == [("verified", 3), ("verified", 2)]
+    assert (verified.verify_budget, verified.verify_candidates) == ("5", 5) and verified.verify_seconds > 0
     for wl, n in zip(chosen, (2, 1)):
         rows = [m for m in db.measurements(hardware_class_id=hw.id) if m.workload_id == wl.id]
-        assert len(rows) == n and all(r.shard_id is None for r in rows)
-        assert {r.trace_sha256 for r in rows} == {p.trace_sha256 for p in db.best_predictions(wl.id, hw.id, n)}
+        assert len(rows) == n + 1 and all(r.shard_id is None for r in rows)
+        assert {r.trace_sha256 for r in rows} == {DEFAULT_TRACE_SHA256} | {
+            p.trace_sha256 for p in db.best_predictions(wl.id, hw.id, n)}
     assert predict_workloads(db, store, "x86", [chosen[0].id]).workloads[0].status == "measured"
 
-    # a wall-time budget is checked before each candidate: 10 ms let the first one start, no second
+    # a wall-time budget is checked before each candidate: 10 ms let the first (a default schedule)
+    # start, no second
     others = [wl for wl, _ in db.workloads(cnn.id)][2:4]
     timed = predict_workloads(db, store, "x86", [wl.id for wl in others], verify=Budget(seconds=0.01))
     assert (timed.verify_budget, timed.verify_candidates) == ("0.01s", 1)

@@ -77,8 +77,9 @@ def report_table(report: Any) -> None:
               "(not measured)" + (f"; search {report.zero_shot_s_per_task:.1f}s per task"
                                   if report.zero_shot_s_per_task else ""))
     if report.verify_budget:
-        print(f"zero-shot verification (--verify {report.verify_budget}): {report.verified} proposal(s) measured in "
-              f"{report.verify_s:.0f}s; each workload measured so is built with its best measured schedule")
+        print(f"zero-shot verification (--verify {report.verify_budget}): {report.verified} candidate(s) measured in "
+              f"{report.verify_s:.0f}s (default schedules first, then proposals); each workload measured so is "
+              "built with its best measured schedule")
     if report.transferred_workloads:
         print(f"{report.transferred_workloads} of {report.workloads} workloads used a schedule TRANSFERRED from a "
               "compatible class (its latency was measured there, not here)")

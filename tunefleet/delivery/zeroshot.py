@@ -7,7 +7,8 @@ runs the evolutionary search guided by the class's current cost model alone
 ``Database`` and the datasets never see them as measured. With a ``verify`` budget (candidates
 or wall time, in all) the proposals are then built and measured on this node by rank — every
 workload's best-scored first, then every second — and committed as ordinary measurements (no
-shard), after which the workload is measured like any other: a build takes its best measured one.
+shard), each workload's default schedule first, after which the workload is measured like any
+other: a build takes its best measured schedule.
 
 Re-running is idempotent: a workload the current model already predicted is not searched again.
 """
@@ -119,9 +120,10 @@ def predict_workloads(
     them by measurement within the ``verify`` budget.
 
     ``verify`` is a total: a :class:`~tunefleet.budget.Budget` of candidates or of wall time (an
-    int is a candidate count; None or 0 measures nothing: pure prediction). It is spent by rank:
-    every workload's best-scored proposal first, in the order of ``workload_ids`` (a build gives
-    the heaviest first), then every workload's second, and so on up to ``top_k`` each; a wall
+    int is a candidate count; None or 0 measures nothing: pure prediction). It is spent in the
+    order of ``workload_ids`` (a build gives the heaviest first): every workload's default
+    (unscheduled) program, as a tuning round measures it, then every workload's best-scored
+    proposal, then every second, and so on up to ``top_k`` each; a wall
     time is checked before each candidate. ``tuner`` (its builder and runner) measures them; one
     is created for the class when there is a budget and none is given (which refuses a class this
     node cannot run). A class without a promoted model of its own predicts with the shipped one
@@ -172,7 +174,8 @@ def predict_workloads(
 
 def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, WorkloadPrediction, list[Any]]],
             budget: Budget, tuner: Tuner | None, result: ZeroShotResult) -> None:
-    """Measure proposals by rank (every workload's first, then every second, ...) within ``budget``."""
+    """Measure every workload's default schedule, then its proposals by rank (every workload's
+    first, then every second, ...) within ``budget``."""
     from tunefleet.engine.learned import measure_traces
 
     own_tuner = None
@@ -188,6 +191,13 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
         return time.monotonic() - t0 >= float(budget.seconds or 0.0)
 
     try:
+        # Each workload's default schedule first, as a tuning round measures it: a workload whose
+        # proposals are all slower than its default is then built with the default.
+        for wl, item, _ in items:
+            if spent():
+                return
+            item.verified += measure_traces(db, wl, hw, [(None, None)], builder=tuner.builder, runner=tuner.runner)
+            result.verify_candidates += 1
         for rank in range(max(len(preds) for _, _, preds in items)):
             for wl, item, preds in items:
                 if rank >= len(preds):
