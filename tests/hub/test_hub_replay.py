@@ -52,8 +52,10 @@ def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, 
 
     workloads = [wl for wl, _ in db.workloads(model.id, avx2.id)]
     after = hub_report(db, [wl.id for wl in workloads], avx2.id)
-    # Each shard (8 trials) measured up to 4 hub schedules first (half its trials), not the default one.
-    assert 3 <= after.measured <= 12 and after.failed + after.slower <= after.measured
+    # Each shard (8 trials) measured up to 4 hub schedules first (half its trials), not the default
+    # one; its search may find more of the bundle's schedules again (both databases' searches start
+    # from the same shipped cost model), never one the bundle does not hold.
+    assert 3 <= after.measured <= exported.records and after.failed + after.slower <= after.measured
     origins = db.hub_origins([wl.id for wl in workloads])
     from_hub = 0
     for wl in workloads:
