@@ -107,6 +107,11 @@ def zeroshot_arm(source: str, work: Path, verify: str) -> dict[str, Any]:
             "search_s_per_task": report.zero_shot_s_per_task}
 
 
+def f(v: Any, digits: int = 3) -> str:
+    """A table cell: ``-`` for nothing, floats to ``digits`` places."""
+    return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a zoo name outside the campaign's corpus (resnet50, vit-base) or an ONNX file")
@@ -153,10 +158,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in rows:
             ratio = (row["tuned_ms"] / row["onnxruntime_ms"]) if row["tuned_ms"] and row["onnxruntime_ms"] else None
             row["vs_onnxruntime"] = ratio
-
-            def f(v: Any, d: int = 3) -> str:
-                return "-" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))
-
             print(f"{row['arm']:<12}{f(row['candidates']):>11}{f(row['wall_s'], 0):>8}{f(row['estimate_ms']):>13}"
                   f"{f(row['trials_to_goal']):>26}{f(row['tuned_ms']):>10}{f(row['onnxruntime_ms']):>16}"
                   f"{f(row['torch_ms']):>10}{f(ratio, 2) + 'x' if ratio else '-':>16}")

@@ -240,15 +240,14 @@ def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str 
     BuildReport
         The latencies (untuned, tuned, and the alternatives) and what each workload was built with.
     """
-    from tunefleet.budget import Budget
     from tunefleet.delivery.build import build_model
-    from tunefleet.delivery.zeroshot import DEFAULT_VERIFY
+    from tunefleet.delivery.zeroshot import DEFAULT_VERIFY, parse_verify
 
     db, store = ctx.db, ctx.store
-    if zero_shot and verify is None:
+    if verify is None and zero_shot:
         verify = DEFAULT_VERIFY
-    if isinstance(verify, str):
-        verify = 0 if verify.strip() == "0" else Budget.parse(verify, name="verify")
+    if verify is not None:
+        verify = parse_verify(verify)
     return build_model(db, store, _model(db, model), hardware, output=output, zero_shot=zero_shot, top_k=top_k,
                        verify=verify, transfer=transfer, pretrained=ctx.settings.pretrained_cost_model)
 

@@ -128,13 +128,10 @@ def cmd_export_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def verify_budget(text: str) -> Budget | int:
-    """``build --verify``: 0 (pure prediction), a candidate count or a wall time."""
-    from tunefleet.budget import Budget
+    """``build --verify``: 0 (pure prediction), a candidate count or a wall time, checked before any work."""
+    from tunefleet.delivery.zeroshot import parse_verify
 
-    value = text.strip()
-    if value.lstrip("-").isdigit():
-        return at_least(0, "--verify")(value)
-    return Budget.parse(value, name="--verify")
+    return parse_verify(text, name="--verify")
 
 
 # -- parsers --------------------------------------------------------------------------------

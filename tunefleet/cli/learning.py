@@ -97,21 +97,19 @@ def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
 def _shipped_row() -> dict[str, Any]:
     """The shipped cost model as a row of `costmodel list`: version 0 of every class without its own."""
     from tunefleet.errors import TunefleetError
-    from tunefleet.learning.pretrained import SHIPPED_MODEL, SHIPPED_VERSION, shipped_model
+    from tunefleet.learning.pretrained import SHIPPED_MODEL, SHIPPED_VERSION, shipped_model, shipped_summary
 
+    row: dict[str, Any] = {"hardware": "(any without its own)", "version": SHIPPED_VERSION, "promoted": False,
+                           "shipped": True, "uri": SHIPPED_MODEL.as_uri()}
     try:
-        model = shipped_model()
+        model, summary = shipped_model(), shipped_summary()
     except TunefleetError as exc:
-        return {"hardware": "(any without its own)", "version": SHIPPED_VERSION, "promoted": False, "shipped": True,
-                "created_at": None,
-                "objective": None, "heldout": None, "reason": str(exc), "uri": SHIPPED_MODEL.as_uri()}
-    on = model.meta.get("trained_on") or {}
-    return {"hardware": "(any without its own)", "version": SHIPPED_VERSION, "promoted": False, "shipped": True,
-            "created_at": model.meta.get("created_at"), "objective": model.objective,
-            "heldout": model.meta.get("heldout"),
+        return {**row, "created_at": None, "objective": None, "heldout": None, "reason": str(exc)}
+    on: Any = summary.get("trained_on") or {}
+    return {**row, "created_at": model.meta.get("created_at"), "objective": model.objective,
+            "heldout": summary.get("heldout"),
             "reason": f"shipped with tunefleet: {on.get('rows', '?')} measurements of {on.get('workloads', '?')} "
-                      f"workloads on {', '.join(on.get('cpus') or ['?'])}",
-            "uri": SHIPPED_MODEL.as_uri()}
+                      f"workloads on {', '.join(on.get('cpus') or ['?'])}"}
 
 
 def cmd_costmodel_promote(args: argparse.Namespace, settings: Settings) -> int:

@@ -40,6 +40,23 @@ DEFAULT_VERIFY = "1m"
 time in all, heaviest workloads' best-scored proposals first."""
 
 
+def parse_verify(value: str | int | Budget, *, name: str = "verify") -> Budget | int:
+    """A verification budget from user text: ``0`` (pure prediction), a candidate count or a wall
+    time (``90s``, ``2m``); anything else is one :class:`~tunefleet.errors.ParameterError` line
+    naming ``name``."""
+    from tunefleet.budget import Budget
+    from tunefleet.errors import ParameterError
+
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        if int(text) < 0:
+            raise ParameterError(f"invalid {name}: {int(text)} (must be >= 0)")
+        return int(text)
+    return Budget.parse(text, name=name)
+
+
 @dataclass
 class WorkloadPrediction:
     """What zero-shot did for one workload."""
@@ -224,7 +241,7 @@ def model_workload_ids(db: Database, model_id: int) -> list[int]:
 
 
 __all__ = ["DEFAULT_TOP_K", "DEFAULT_VERIFY", "WorkloadPrediction", "ZeroShotResult", "model_workload_ids",
-           "predict_workloads", "require_model"]
+           "parse_verify", "predict_workloads", "require_model"]
 
 
 @dataclass

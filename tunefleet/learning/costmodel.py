@@ -235,11 +235,8 @@ def tensor_dims(args_info: str | None) -> set[int]:
 def shape_holdout(table: pa.Table, dims: set[int]) -> set[str]:
     """Hashes of the workloads with a tensor dimension in ``dims``: whole shape families (a channel
     count, a width, a sequence length) that the training side of the split never sees."""
-    held: set[str] = set()
-    for wl, info in zip(table["workload_hash"].to_pylist(), table["args_info"].to_pylist()):
-        if wl not in held and tensor_dims(info) & dims:
-            held.add(wl)
-    return held
+    shapes = dict(zip(table["workload_hash"].to_pylist(), table["args_info"].to_pylist()))  # one per workload
+    return {wl for wl, info in shapes.items() if tensor_dims(info) & dims}
 
 
 def model_holdout(db: Database, models: list[str]) -> set[str]:
@@ -295,6 +292,12 @@ def evaluate_scores(scores: np.ndarray, table: pa.Table, *, seed: int = 0) -> di
         "n_workloads": len(np.unique(groups)),
         "n_rows": int(ok.sum()),
     }
+
+
+def baseline_floor(base: dict[str, dict[str, Any]]) -> float:
+    """The pairwise accuracy a model must beat to be promoted: the best of the baselines'
+    (:func:`baselines`), the guard against transfer that makes things worse."""
+    return max((b.get("pairwise_accuracy") or 0.0) for b in base.values())
 
 
 def random_scores(table: pa.Table, seed: int = 0) -> np.ndarray:
@@ -515,7 +518,7 @@ def retrain(
     # Guard against transfer that makes things worse (tenset#23): a model that does not rank the
     # held-out workloads better than a random ranking is never made current, even as the first one.
     base = baselines(test_t, seed)
-    floor = max((b.get("pairwise_accuracy") or 0.0) for b in base.values())
+    floor = baseline_floor(base)
     test_hashes = sorted(set(test_t["workload_hash"].to_pylist()))
     split = {"seed": seed, "holdout_fraction": None if heldout else holdout_fraction,
              "holdout_models": holdout_models or None,
@@ -682,6 +685,7 @@ __all__ = [
     "CurrentModelUnavailableError",
     "RetrainResult",
     "TrainedModel",
+    "baseline_floor",
     "baselines",
     "beats",
     "candidate_features",

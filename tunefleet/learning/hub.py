@@ -106,9 +106,6 @@ def export_bundle(db: Database, *, hardware: list[str] | None = None, workload_i
     """A bundle of the ``top_k`` best records of every measured workload on each of ``hardware``
     (default: every class of this database but the hub classes), or of ``workload_ids[class]``;
     (its bytes, its summary)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if top_k < 1:
         raise ParameterError(f"invalid --top-k: {top_k} (must be >= 1)")
     classes = [hw for hw in db.hardware_classes() if hw.node_pool != HUB_POOL
@@ -140,12 +137,21 @@ def export_bundle(db: Database, *, hardware: list[str] | None = None, workload_i
                                    "workloads": len({r["workload_hash"] for r in records}), "records": len(records)})
     versions = sorted({r["tvm_version"] for r in rows}) or [tvm_version()]
     created = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
-    meta = {"format": FORMAT, "version": str(FORMAT_VERSION), "created_at": created, "tvm": versions[-1],
-            "origin": f"tunefleet on {socket.gethostname()}", "summary": json.dumps(summary, sort_keys=True)}
-    table = pa.Table.from_pylist(rows, schema=_schema()).replace_schema_metadata(meta)
+    return _pack(rows, created_at=created, tvm=versions[-1], origin=f"tunefleet on {socket.gethostname()}",
+                 summary=summary), summary
+
+
+def _pack(rows: list[dict[str, Any]], *, created_at: str, tvm: str, origin: str, summary: dict[str, Any]) -> bytes:
+    """A bundle's bytes: its records as zstd Parquet, with the format mark and summary in the metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = {"format": FORMAT, "version": str(FORMAT_VERSION), "created_at": created_at, "tvm": tvm,
+            "origin": origin, "summary": json.dumps(summary, sort_keys=True)}
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue(), summary
+    pq.write_table(pa.Table.from_pylist(rows, schema=_schema()).replace_schema_metadata(meta), sink,
+                   compression="zstd")
+    return sink.getvalue()
 
 
 def _write(store: ArtifactStore | None, output: str | Path, data: bytes) -> str:
@@ -213,9 +219,6 @@ def merge_bundles(sources: list[tuple[str, bytes]], *, exclude: list[str] | None
     the newest source's)."""
     import fnmatch
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from tunefleet.hardware import cpu_label
 
     if not sources:
@@ -256,14 +259,8 @@ def merge_bundles(sources: list[tuple[str, bytes]], *, exclude: list[str] | None
     summary = {"classes": [{**c, "cpu": c["cpu"].get("model"), "cpu_id": c["cpu"].get("id")} for c in classes.values()],
                "merged_from": [{"sha256": m["sha256"], "created_at": m.get("created_at", ""),
                                 "origin": m.get("origin", "")} for m in metas]}
-    meta = {"format": FORMAT, "version": str(FORMAT_VERSION),
-            "created_at": max(m.get("created_at", "") for m in metas), "tvm": metas[0].get("tvm", ""),
-            "origin": "tunefleet hub merge of " + "; ".join(m.get("origin", "?") for m in metas),
-            "summary": json.dumps(summary, sort_keys=True)}
-    table = pa.Table.from_pylist(rows, schema=_schema()).replace_schema_metadata(meta)
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    out = sink.getvalue()
+    out = _pack(rows, created_at=max(m.get("created_at", "") for m in metas), tvm=metas[0].get("tvm", ""),
+                origin="tunefleet hub merge of " + "; ".join(m.get("origin", "?") for m in metas), summary=summary)
     labels = [f"{c['class']} on {cpu_label(c['cpu'])}" for c in classes.values()]
     return out, MergeResult("", [n for n, _ in sources], labels, len({k[3] for k in groups}), len(rows),
                             excluded, seen - excluded - len(rows), len(out), hashlib.sha256(out).hexdigest())
