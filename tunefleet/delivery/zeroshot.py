@@ -213,8 +213,9 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
         for wl, item, _ in items:
             if spent():
                 return
-            item.verified += measure_traces(db, wl, hw, [(None, None)], builder=tuner.builder, runner=tuner.runner)
-            result.verify_candidates += 1
+            n = measure_traces(db, wl, hw, [(None, None)], builder=tuner.builder, runner=tuner.runner)
+            item.verified += n
+            result.verify_candidates += n
         for rank in range(max(len(preds) for _, _, preds in items)):
             for wl, item, preds in items:
                 if rank >= len(preds):
@@ -222,10 +223,13 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
                 if spent():
                     return
                 p = preds[rank]
-                item.verified += measure_traces(db, wl, hw, [(p.trace_json, p.args_info)],
-                                                builder=tuner.builder, runner=tuner.runner)
+                # A schedule measured already (a proposal that is the default schedule, say) costs
+                # nothing and counts nothing against the budget.
+                n = measure_traces(db, wl, hw, [(p.trace_json, p.args_info)], builder=tuner.builder,
+                                   runner=tuner.runner)
+                item.verified += n
                 item.status = "verified"
-                result.verify_candidates += 1
+                result.verify_candidates += n
     finally:
         result.verify_seconds = time.monotonic() - t0
         log.info("zero-shot on %s: %d proposal(s) of %d workload(s) verified in %.0fs (budget %s)", hw.name,
