@@ -12,8 +12,10 @@ Arms, each in a fresh tunefleet home under ``--work-dir``, the same seed:
 * ``pretrained``: the same with the shipped cost model warm-starting every shard (the hub off,
   so the model's effect is alone);
 * ``zeroshot``: no tuning; a home that holds only the shipped hub bundle, ``build --zero-shot``
-  with ``--verify`` (default ``1m``): proposals by the shipped model, the best verified by
-  measurement.
+  with ``--verify`` (default ``1m``): every workload's default schedule, the schedules it borrows
+  (the hub's, other shapes') and the shipped model's proposals, verified by measurement;
+* ``zeroshot-noborrow``: the same without the borrowed schedules (what borrowing adds; not in the
+  default ``--arms``).
 
 For the tuning arms it prints, per arm, the candidates measured and the model's estimated latency
 (the sum over its workloads of calls x best measured time, what the tuned build's kernels take)
@@ -35,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 HW = "x86"
-ARMS = ("scratch", "pretrained", "zeroshot")
+ARMS = ("scratch", "pretrained", "zeroshot", "zeroshot-noborrow")
+TUNING = ("scratch", "pretrained")
 REACH = 0.9
 """The speed, as a share of the scratch arm's final one, whose trials the table reports."""
 
@@ -91,20 +94,25 @@ def tune_arm(name: str, source: str, work: Path, budget: str, seed: int) -> dict
             "points": points, "estimate_ms": points[-1][1] if points else None}
 
 
-def zeroshot_arm(source: str, work: Path, verify: str) -> dict[str, Any]:
+def zeroshot_arm(name: str, source: str, work: Path, verify: str) -> dict[str, Any]:
     from tunefleet import api
+    from tunefleet.delivery import zeroshot
 
-    ctx = connect(work / "zeroshot", "default")  # only the shipped bundle in the database
+    ctx = connect(work / name, "default")  # only the shipped bundle in the database
     model = ingest(ctx, source)
+    borrowed, zeroshot.BORROWED = zeroshot.BORROWED, (0 if name == "zeroshot-noborrow" else zeroshot.BORROWED)
     t0 = time.perf_counter()
-    report = api.build(ctx, model, HW, zero_shot=True, verify=verify)
+    try:
+        report = api.build(ctx, model, HW, zero_shot=True, verify=verify)
+    finally:
+        zeroshot.BORROWED = borrowed
     wall = time.perf_counter() - t0
-    print(f"zeroshot: {report.workloads} workloads, {report.predicted_workloads} predicted, {report.verified} "
-          f"candidates verified (default schedules, then proposals) in {report.verify_s:.0f} s (budget "
-          f"{report.verify_budget}); search {report.zero_shot_s_per_task or 0:.2f} s per workload; the whole "
-          f"build {wall:.0f} s", flush=True)
-    return {"arm": "zeroshot", "report": report, "wall_s": wall, "verify_s": report.verify_s,
-            "search_s_per_task": report.zero_shot_s_per_task}
+    print(f"{name}: {report.workloads} workloads, {report.predicted_workloads} predicted, {report.verified} "
+          f"candidates verified (default schedules, then {report.verified_borrowed} borrowed from other shapes or "
+          f"classes, and proposals) in {report.verify_s:.0f} s (budget {report.verify_budget}); search "
+          f"{report.zero_shot_s_per_task or 0:.2f} s per workload; the whole build {wall:.0f} s", flush=True)
+    return {"arm": name, "report": report, "wall_s": wall, "verify_s": report.verify_s,
+            "borrowed": report.verified_borrowed, "search_s_per_task": report.zero_shot_s_per_task}
 
 
 def f(v: Any, digits: int = 3) -> str:
@@ -116,7 +124,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a zoo name outside the campaign's corpus (resnet50, vit-base) or an ONNX file")
     p.add_argument("--budget", default="15m", help="tuning budget of each tuning arm (default 15m)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--arms", default="scratch,pretrained,zeroshot", help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--verify", default="1m", help="the zero-shot arm's verification budget (default 1m)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, help="where the arms' homes go (default a temporary folder)")
@@ -135,11 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="tunefleet-pretrained-") as tmp:
         work = args.work_dir or Path(tmp)
-        results = [tune_arm(a, args.model, work, args.budget, args.seed) for a in arms if a != "zeroshot"]
-        zs = zeroshot_arm(args.model, work, args.verify) if "zeroshot" in arms else None
+        results = [tune_arm(a, args.model, work, args.budget, args.seed) for a in arms if a in TUNING]
+        zero_shot = [zeroshot_arm(a, args.model, work, args.verify) for a in arms if a not in TUNING]
         scratch = next((r for r in results if r["arm"] == "scratch"), None)
         goal = scratch["estimate_ms"] / REACH if scratch and scratch["estimate_ms"] else None
-        print(f"\n{'arm':<12}{'candidates':>11}{'wall s':>8}{'estimate ms':>13}"
+        print(f"\n{'arm':<19}{'candidates':>11}{'wall s':>8}{'estimate ms':>13}"
               f"{f'trials to {REACH:.0%} of scratch':>26}{'tuned ms':>10}{'onnxruntime ms':>16}{'eager ms':>10}"
               f"{'vs onnxruntime':>16}")
         rows = []
@@ -149,16 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append({"arm": r["arm"], "candidates": r["candidates"], "wall_s": r["wall_s"],
                          "estimate_ms": r["estimate_ms"], "trials_to_goal": reach, "tuned_ms": report.tuned_ms,
                          "onnxruntime_ms": report.onnxruntime_ms, "torch_ms": report.torch_ms})
-        if zs is not None:
+        for zs in zero_shot:
             rep = zs["report"]
-            rows.append({"arm": "zeroshot", "candidates": rep.verified, "wall_s": zs["wall_s"], "estimate_ms": None,
+            rows.append({"arm": zs["arm"], "candidates": rep.verified, "wall_s": zs["wall_s"], "estimate_ms": None,
                          "trials_to_goal": None, "tuned_ms": rep.tuned_ms, "onnxruntime_ms": rep.onnxruntime_ms,
-                         "torch_ms": rep.torch_ms, "verify_s": zs["verify_s"],
+                         "torch_ms": rep.torch_ms, "verify_s": zs["verify_s"], "borrowed": zs["borrowed"],
                          "search_s_per_task": zs["search_s_per_task"]})
         for row in rows:
             ratio = (row["tuned_ms"] / row["onnxruntime_ms"]) if row["tuned_ms"] and row["onnxruntime_ms"] else None
             row["vs_onnxruntime"] = ratio
-            print(f"{row['arm']:<12}{f(row['candidates']):>11}{f(row['wall_s'], 0):>8}{f(row['estimate_ms']):>13}"
+            print(f"{row['arm']:<19}{f(row['candidates']):>11}{f(row['wall_s'], 0):>8}{f(row['estimate_ms']):>13}"
                   f"{f(row['trials_to_goal']):>26}{f(row['tuned_ms']):>10}{f(row['onnxruntime_ms']):>16}"
                   f"{f(row['torch_ms']):>10}{f(ratio, 2) + 'x' if ratio else '-':>16}")
         pre = next((r for r in rows if r["arm"] == "pretrained"), None)

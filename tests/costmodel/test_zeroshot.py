@@ -25,7 +25,7 @@ from tunefleet.engine.learned import _normalised
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import Tuner, drain
 from tunefleet.models.workloads import extract
-from tunefleet.delivery.zeroshot import predict_workloads
+from tunefleet.delivery.zeroshot import borrowed_schedules, predict_workloads
 
 pytestmark = pytest.mark.slow
 
@@ -101,16 +101,22 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
     # a budget of 5 candidates over two workloads: both default schedules, then by rank both top
     # predictions, then the first workload's second; measured outside any shard. A proposal that
     # is the default schedule (a small space can propose it) is measured already: skipped, uncounted.
+    # A workload of an operator mlp has at another shape borrows mlp's schedules before the proposals.
+    from tunefleet.tvm.traces import candidate, trace_sha256_of
+
     chosen = [wl for wl, _ in db.workloads(cnn.id)][:2]
+    lent = {wl.id: [trace_sha256_of(candidate(tvm.ir.load_json(wl.tir_json), t).sch)
+                    for t in borrowed_schedules(db, wl, hw)] for wl in chosen}
     verified = predict_workloads(db, store, "x86", [wl.id for wl in chosen], verify=5)
     assert [(w.status, w.verified) for w in verified.workloads] == [("verified", 3), ("verified", 2)]
     assert (verified.verify_budget, verified.verify_candidates) == ("5", 5) and verified.verify_seconds > 0
-    for wl, n in zip(chosen, (2, 1)):
+    for wl, n, item in zip(chosen, (2, 1), verified.workloads):
         rows = [m for m in db.measurements(hardware_class_id=hw.id) if m.workload_id == wl.id]
         assert len(rows) == n + 1 and all(r.shard_id is None for r in rows)
         proposed = [p.trace_sha256 for p in db.best_predictions(wl.id, hw.id, 5)
                     if p.trace_sha256 != DEFAULT_TRACE_SHA256]
-        assert {r.trace_sha256 for r in rows} == {DEFAULT_TRACE_SHA256, *proposed[:n]}
+        assert {r.trace_sha256 for r in rows} == {DEFAULT_TRACE_SHA256, *(lent[wl.id] + proposed)[:n]}
+        assert item.borrowed == len(lent[wl.id][:n])
     assert predict_workloads(db, store, "x86", [chosen[0].id]).workloads[0].status == "measured"
 
     # a wall-time budget is checked before each candidate: 10 ms let the first (a default schedule)
@@ -155,3 +161,40 @@ def test_scores_are_non_negative_and_scaled() -> None:
     out = _normalised(np.array([-3.0, 1.0, 5.0, np.nan]))
     assert out.min() == 0.0 and out.max() == 1.0 and np.isfinite(out).all()
     assert (_normalised(np.array([2.0, 2.0])) == 0.5).all()  # no information: all equal
+
+
+@on_backend("postgresql")
+def test_zero_shot_verification_borrows_other_shapes_of_a_compatible_class(engine) -> None:  # type: ignore[no-untyped-def]
+    """mlp's two matmul_add_relu layers are one operator at two shapes: the first tuned a little on
+    x86-avx2 only; zero-shot on x86 verifies the second with the avx2 schedules, fitted to its
+    shape, after its default schedule and before any proposal (the shipped cost model proposes)."""
+    import tvm
+
+    from tunefleet.engine.shard import run_shard
+    from tunefleet.planning.warm_shapes import shape_seeds
+    from tunefleet.tvm.traces import candidate, trace_sha256_of
+
+    _, db, store = engine
+    model = ingest(db, store, "mlp").model
+    for cls in ("x86", "x86-avx2"):
+        extract(db, store, model, cls)
+    x86, avx2 = db.hardware_class("x86"), db.hardware_class("x86-avx2")
+    other, first, second = sorted((wl for wl, _ in db.workloads(model.id)), key=lambda wl: wl.flops)
+    (created,) = db.add_shards(avx2.id, [(first.id, 4, 1.0)])
+    shard = shard_queue.lease(db, "x86-avx2", "w", shard_id=created.id)
+    assert run_shard(db, shard, "w", TuneOptions(seed=0, trials_per_iter=4)).state == "done"
+
+    assert shape_seeds(db, second, x86).traces == []  # nothing of its kind measured on x86 itself
+    lent = borrowed_schedules(db, second, x86)
+    assert 1 <= len(lent) <= 3 and lent == shape_seeds(db, second, x86, source=avx2, limit=3).traces
+    assert borrowed_schedules(db, other, x86) == []  # matmul_add: other fused ops, measured nowhere
+    assert borrowed_schedules(db, first, avx2) == []  # measured there: nothing to borrow
+
+    result = predict_workloads(db, store, "x86", [second.id], verify=1 + len(lent))
+    (item,) = result.workloads
+    assert (item.status, item.verified, item.borrowed) == ("verified", 1 + len(lent), len(lent))
+    mod = tvm.ir.load_json(second.tir_json)
+    rows = [m for m in db.measurements(hardware_class_id=x86.id) if m.workload_id == second.id]
+    assert {r.trace_sha256 for r in rows} == {DEFAULT_TRACE_SHA256} | {trace_sha256_of(candidate(mod, t).sch)
+                                                                      for t in lent}
+    assert all(r.error_kind is None for r in rows), "the fitted schedules build and run here"

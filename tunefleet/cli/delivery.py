@@ -53,7 +53,8 @@ def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
         if args.json:
             print_json([{**b.as_dict(), "source": "measured (zero-shot verified)"} for b in found])
         else:
-            table(f"best of {args.verify} zero-shot proposals of {wl.structural_hash} on {args.hardware}, measured",
+            table(f"best of {args.verify} schedules verified for {wl.structural_hash} on {args.hardware} (its "
+                  "default, borrowed ones, zero-shot proposals), measured",
                   ["rank", "mean run (ms)", "untuned (ms)", "measurement"],
                   [(i + 1, f"{b.mean_run_s * 1e3:.4f}", f"{b.untuned_s * 1e3:.4f}" if b.untuned_s else "-",
                     b.measurement_id) for i, b in enumerate(found)])

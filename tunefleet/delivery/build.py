@@ -75,8 +75,11 @@ class BuildReport:
     (:meth:`tunefleet.learning.hub.HubReport.line`: ``run`` prints it)."""
     zero_shot_s_per_task: float | None = None
     verified: int = 0
-    """Zero-shot proposals measured here by the verification (the build takes each workload's best
-    measured schedule)."""
+    """Schedules measured here by the zero-shot verification: default schedules, borrowed ones and
+    proposals (the build takes each workload's best measured schedule)."""
+    verified_borrowed: int = 0
+    """Of ``verified``, schedules borrowed from other shapes or classes
+    (:func:`tunefleet.delivery.zeroshot.borrowed_schedules`)."""
     verify_budget: str | None = None
     """The zero-shot verification budget (``40`` candidates, ``1m``); None: pure prediction."""
     verify_s: float = 0.0
@@ -318,6 +321,7 @@ def resolve(
     if zs is not None:
         report.zero_shot_s_per_task = zs.seconds_per_task
         report.verified = sum(w.verified for w in zs.workloads)
+        report.verified_borrowed = sum(w.borrowed for w in zs.workloads)
         report.verify_budget, report.verify_s = zs.verify_budget, zs.verify_seconds
     _hub_provenance(db, report, bests, ids, hw.id)
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)

@@ -7,8 +7,10 @@ runs the evolutionary search guided by the class's current cost model alone
 ``Database`` and the datasets never see them as measured. With a ``verify`` budget (candidates
 or wall time, in all) the proposals are then built and measured on this node by rank — every
 workload's best-scored first, then every second — and committed as ordinary measurements (no
-shard), each workload's default schedule first, after which the workload is measured like any
-other: a build takes its best measured schedule.
+shard), each workload's default schedule first, then the schedules it can borrow
+(:func:`borrowed_schedules`: its own records on compatible classes, a hub bundle's among them, and
+the same operator's best at the closest other shapes, fitted to its shape), then the proposals;
+after that the workload is measured like any other: a build takes its best measured schedule.
 
 Re-running is idempotent: a workload the current model already predicted is not searched again.
 """
@@ -36,6 +38,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 5
 DEFAULT_VERIFY = "1m"
+BORROWED = 3
+"""Borrowed schedules (:func:`borrowed_schedules`) verification measures per workload, after its
+default schedule and before the model's proposals."""
 """What ``build --zero-shot`` measures of its proposals unless told (``--verify``): a minute of wall
 time in all, heaviest workloads' best-scored proposals first."""
 
@@ -70,6 +75,8 @@ class WorkloadPrediction:
     candidates_scored: int = 0
     seconds: float = 0.0
     verified: int = 0
+    borrowed: int = 0
+    """Of ``verified``, the schedules borrowed from other shapes or classes (:func:`borrowed_schedules`)."""
     best_score: float | None = None
 
 
@@ -81,7 +88,7 @@ class ZeroShotResult:
     verify_budget: str | None = None
     """The verification budget as given (``40``, ``1m``); None: pure prediction."""
     verify_candidates: int = 0
-    """Proposals verification went through (measured, or measured here before)."""
+    """Schedules verification measured (defaults, borrowed schedules and proposals)."""
     verify_seconds: float = 0.0
 
     @property
@@ -139,8 +146,9 @@ def predict_workloads(
     ``verify`` is a total: a :class:`~tunefleet.budget.Budget` of candidates or of wall time (an
     int is a candidate count; None or 0 measures nothing: pure prediction). It is spent in the
     order of ``workload_ids`` (a build gives the heaviest first): every workload's default
-    (unscheduled) program, as a tuning round measures it, then every workload's best-scored
-    proposal, then every second, and so on up to ``top_k`` each; a wall
+    (unscheduled) program, as a tuning round measures it, then the schedules each can borrow
+    (:func:`borrowed_schedules`, up to :data:`BORROWED`) and its proposals, by rank: every
+    workload's first, then every second, and so on up to ``top_k`` proposals each; a wall
     time is checked before each candidate. ``tuner`` (its builder and runner) measures them; one
     is created for the class when there is a budget and none is given (which refuses a class this
     node cannot run). A class without a promoted model of its own predicts with the shipped one
@@ -189,10 +197,30 @@ def predict_workloads(
     return result
 
 
+def borrowed_schedules(db: Database, wl: Workload, hw: HardwareClass, limit: int = BORROWED) -> list[str]:
+    """Up to ``limit`` schedules (trace JSON) a workload the class never measured can borrow, best
+    bets first: its own best records on the most compatible classes (a hub bundle's, replayed on it:
+    :func:`~tunefleet.planning.transfer.transfer_seeds`), then the same operator's best at the
+    closest other shapes measured on this class, then on the compatible classes, fitted to its
+    shape (:func:`~tunefleet.planning.warm_shapes.shape_seeds`)."""
+    from tunefleet.planning.transfer import compatibility, transfer_seeds
+    from tunefleet.planning.warm_shapes import shape_seeds
+
+    traces = transfer_seeds(db, wl, hw, limit).traces
+    ranked = sorted(((score, c) for c in db.hardware_classes() if c.id != hw.id
+                     and (score := compatibility(hw, c)) is not None), key=lambda pair: (-pair[0], pair[1].name))
+    for source in [hw, *(c for _, c in ranked)]:
+        if len(traces) >= limit:
+            break
+        traces += [t for t in shape_seeds(db, wl, hw, source=source, limit=limit - len(traces)).traces
+                   if t not in traces]
+    return traces[:limit]
+
+
 def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, WorkloadPrediction, list[Any]]],
             budget: Budget, tuner: Tuner | None, result: ZeroShotResult) -> None:
-    """Measure every workload's default schedule, then its proposals by rank (every workload's
-    first, then every second, ...) within ``budget``."""
+    """Measure every workload's default schedule, then the schedules it borrows and its proposals
+    by rank (every workload's first, then every second, ...) within ``budget``."""
     from tunefleet.engine.learned import measure_traces
 
     own_tuner = None
@@ -207,34 +235,42 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
             return result.verify_candidates >= budget.trials
         return time.monotonic() - t0 >= float(budget.seconds or 0.0)
 
+    def measure(wl: Workload, item: WorkloadPrediction, trace_json: str | None, args_info: Any) -> int:
+        # A schedule measured already (a proposal that is the default schedule, say) is skipped by
+        # measure_traces: it costs nothing and counts nothing against the budget.
+        n = measure_traces(db, wl, hw, [(trace_json, args_info)], builder=tuner.builder, runner=tuner.runner)
+        item.verified += n
+        result.verify_candidates += n
+        return n
+
     try:
         # Each workload's default schedule first, as a tuning round measures it: a workload whose
-        # proposals are all slower than its default is then built with the default.
-        for wl, item, _ in items:
+        # other schedules are all slower than its default is then built with the default. What it
+        # can borrow is looked up before: only a workload never measured here borrows.
+        queues: list[tuple[Workload, WorkloadPrediction, list[tuple[str, Any, bool]]]] = []
+        for wl, item, preds in items:
             if spent():
                 return
-            n = measure_traces(db, wl, hw, [(None, None)], builder=tuner.builder, runner=tuner.runner)
-            item.verified += n
-            result.verify_candidates += n
-        for rank in range(max(len(preds) for _, _, preds in items)):
-            for wl, item, preds in items:
-                if rank >= len(preds):
+            borrowed = borrowed_schedules(db, wl, hw, BORROWED) if BORROWED else []
+            queues.append((wl, item, [(t, None, True) for t in borrowed]
+                           + [(p.trace_json, p.args_info, False) for p in preds]))
+            measure(wl, item, None, None)
+        for rank in range(max(len(queue) for _, _, queue in queues)):
+            for wl, item, queue in queues:
+                if rank >= len(queue):
                     continue
                 if spent():
                     return
-                p = preds[rank]
-                # A schedule measured already (a proposal that is the default schedule, say) costs
-                # nothing and counts nothing against the budget.
-                n = measure_traces(db, wl, hw, [(p.trace_json, p.args_info)], builder=tuner.builder,
-                                   runner=tuner.runner)
-                item.verified += n
+                trace_json, args_info, is_borrowed = queue[rank]
+                n = measure(wl, item, trace_json, args_info)
+                item.borrowed += n if is_borrowed else 0
                 item.status = "verified"
-                result.verify_candidates += n
     finally:
         result.verify_seconds = time.monotonic() - t0
-        log.info("zero-shot on %s: %d proposal(s) of %d workload(s) verified in %.0fs (budget %s)", hw.name,
-                 result.verify_candidates, sum(item.verified > 0 for _, item, _ in items), result.verify_seconds,
-                 budget)
+        log.info("zero-shot on %s: %d schedule(s) of %d workload(s) verified in %.0fs (budget %s), %d of them "
+                 "borrowed from other shapes or classes", hw.name, result.verify_candidates,
+                 sum(item.verified > 0 for _, item, _ in items), result.verify_seconds, budget,
+                 sum(item.borrowed for _, item, _ in items))
         if own_tuner is not None:
             own_tuner.close()
 
@@ -244,8 +280,8 @@ def model_workload_ids(db: Database, model_id: int) -> list[int]:
     return [wl.id for wl, _ in db.workloads(model_id=model_id)]
 
 
-__all__ = ["DEFAULT_TOP_K", "DEFAULT_VERIFY", "WorkloadPrediction", "ZeroShotResult", "model_workload_ids",
-           "parse_verify", "predict_workloads", "require_model"]
+__all__ = ["BORROWED", "DEFAULT_TOP_K", "DEFAULT_VERIFY", "WorkloadPrediction", "ZeroShotResult", "borrowed_schedules",
+           "model_workload_ids", "parse_verify", "predict_workloads", "require_model"]
 
 
 @dataclass

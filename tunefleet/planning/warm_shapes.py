@@ -56,16 +56,20 @@ class ShapeSeeds:
 
 
 def shape_seeds(db: Database, wl: Workload, hw: HardwareClass, *, limit: int = MAX_SEEDS,
-                per_donor: int = PER_DONOR, donors: int = DONORS, target: Any = None, seed: int = 1) -> ShapeSeeds:
+                per_donor: int = PER_DONOR, donors: int = DONORS, target: Any = None, seed: int = 1,
+                source: HardwareClass | None = None) -> ShapeSeeds:
     """Schedules of the same operator at the closest other shapes, fitted to ``wl`` (module docstring).
 
     Only for a workload the class has no successful measurement of; ``target`` defaults to the
-    class's. Deterministic for given measurements.
+    class's. The donors are the ones measured on ``source`` (default the class itself: zero-shot
+    also borrows from compatible classes, a hub bundle's among them). Deterministic for given
+    measurements.
     """
     out = ShapeSeeds()
     if limit <= 0 or db.best_measurements(wl.id, hw.id, 1):
         return out
-    similar = db.similar_measured_workloads(hw.id, wl.op_kind, task_name_key(wl.name), exclude_id=wl.id,
+    source = source or hw
+    similar = db.similar_measured_workloads(source.id, wl.op_kind, task_name_key(wl.name), exclude_id=wl.id,
                                             flops=float(wl.flops or 0.0), limit=donors)
     if not similar:
         return out
@@ -78,7 +82,7 @@ def shape_seeds(db: Database, wl: Workload, hw: HardwareClass, *, limit: int = M
     target = target if target is not None else make_target(hw.target)
     for donor in similar:
         donor_mod = tvm.ir.load_json(db.workload(donor.id).tir_json)
-        rows = [r for r in db.best_measurements(donor.id, hw.id, per_donor + 1)
+        rows = [r for r in db.best_measurements(donor.id, source.id, per_donor + 1)
                 if r.trace_sha256 != DEFAULT_TRACE_SHA256][:per_donor]
         used = False
         for row in rows:
