@@ -38,11 +38,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 5
 DEFAULT_VERIFY = "1m"
+"""What ``build --zero-shot`` measures unless told (``--verify``): a minute of wall time in all,
+heaviest workloads first."""
 BORROWED = 3
 """Borrowed schedules (:func:`borrowed_schedules`) verification measures per workload, after its
 default schedule and before the model's proposals."""
-"""What ``build --zero-shot`` measures of its proposals unless told (``--verify``): a minute of wall
-time in all, heaviest workloads' best-scored proposals first."""
 
 
 def parse_verify(value: str | int | Budget, *, name: str = "verify") -> Budget | int:
