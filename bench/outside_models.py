@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunefleet.models.zoo import torch_wrappers
+
 SEED = 0
 
 
@@ -56,17 +58,8 @@ def _convnext(torch: Any, transformers: Any, small: bool) -> tuple[Any, Any]:
     else:
         cfg = transformers.ConvNextConfig(num_labels=1000)
         size = 224
-    model = transformers.ConvNextForImageClassification(cfg)
-
-    class Classifier(torch.nn.Module):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values: Any) -> Any:
-            return self.model(pixel_values=pixel_values, return_dict=True).logits
-
-    return Classifier().eval(), np.zeros((1, 3, size, size), np.float32)
+    image_cls, _ = torch_wrappers(torch)
+    return image_cls(transformers.ConvNextForImageClassification(cfg)).eval(), np.zeros((1, 3, size, size), np.float32)
 
 
 def _electra(torch: Any, transformers: Any, small: bool) -> tuple[Any, Any]:
@@ -79,17 +72,8 @@ def _electra(torch: Any, transformers: Any, small: bool) -> tuple[Any, Any]:
     else:
         cfg = transformers.ElectraConfig()
         seq = 128
-    model = transformers.ElectraModel(cfg)
-
-    class Encoder(torch.nn.Module):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.model(input_ids=input_ids, return_dict=True).last_hidden_state
-
-    return Encoder().eval(), np.zeros((1, seq), np.int64)
+    _, text_cls = torch_wrappers(torch)
+    return text_cls(transformers.ElectraModel(cfg)).eval(), np.zeros((1, seq), np.int64)
 
 
 MODELS = (

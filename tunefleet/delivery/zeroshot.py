@@ -251,7 +251,7 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
         for wl, item, preds in items:
             if spent():
                 return
-            borrowed = borrowed_schedules(db, wl, hw, BORROWED) if BORROWED else []
+            borrowed = borrowed_schedules(db, wl, hw, BORROWED)  # read now: the bench sets BORROWED = 0
             queues.append((wl, item, [(t, None, True) for t in borrowed]
                            + [(p.trace_json, p.args_info, False) for p in preds]))
             measure(wl, item, None, None)

@@ -54,6 +54,7 @@ __all__ = [
     "build_zoo_model",
     "get_zoo_entry",
     "list_zoo",
+    "torch_wrappers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -400,8 +401,9 @@ def _require_torch_stack(entry: ZooEntry) -> tuple[Any, Any]:
     return torch, transformers
 
 
-def _torch_wrappers(torch: Any) -> tuple[type, type]:
-    """nn.Module wrappers returning one tensor (so the Relax ``main`` returns one tensor)."""
+def torch_wrappers(torch: Any) -> tuple[type, type]:
+    """nn.Module wrappers of a transformers model returning one tensor (so the Relax ``main``
+    returns one tensor): (image classifier: its logits, text encoder: its last hidden state)."""
 
     class ImageClassifier(torch.nn.Module):  # type: ignore[misc,name-defined]
         """Return the logits of a transformers image classifier."""
@@ -433,7 +435,7 @@ def _make_torch_module(
     name: str, opts: dict[str, int], torch: Any, transformers: Any
 ) -> tuple[Any, tuple[Any, ...]]:
     """(module in eval mode, example inputs) for a torch zoo entry; weights drawn from RNG."""
-    image_cls, text_cls = _torch_wrappers(torch)
+    image_cls, text_cls = torch_wrappers(torch)
     batch = opts["batch_size"]
     if name in ("resnet18", "resnet50"):
         if name == "resnet18":
