@@ -131,11 +131,13 @@ class TuneKnobs(BaseModel):
         "between 64 and 512 (MetaSchedule's 512 costs more search time than a small round measures).")
     seed: int | None = Field(default=None, description="Seed of the search (None: random).")
     transfer: bool = Field(default=True, description="A workload this class never measured first measures the "
-                           "best schedule of the most compatible class that builds here.")
+                           "best schedule of the most compatible class that builds here (and warm_start_shapes "
+                           "borrows from those classes too).")
     warm_start_shapes: bool = Field(
         default=True,
         description="A workload this class never measured first measures the best schedules of the same operator at "
-        "the closest other shapes measured here, fitted to its shape (at most 4).")
+        "the closest other shapes measured here, then (with transfer) on the compatible classes, fitted to its "
+        "shape (at most 4).")
     metrics_pushgateway: str | None = Field(
         default=None,
         description="Prometheus Pushgateway (host:port or URL) that tuning shards push their metrics to.")

@@ -137,6 +137,10 @@ def test_the_wheel_s_main_job_interrupted_resumed_by_the_readme_command_then_the
     # every workload of the NHWC recipe (7: its layout transposes at the boundary included) predicted
     assert (build["predicted_workloads"], build["tuned_workloads"], build["default_workloads"]) == (7, 0, 0)
     assert build["workloads"] == 7 and build["database_hits"] == 7
+    # the search's logs (and TVM's C++ warnings, fd 2) go to the build's log file, not the terminal
+    logs = [line[len("logs: "):].strip() for line in built.stderr.splitlines() if line.startswith("logs: ")]
+    assert len(logs) == 1 and "proposals from" in Path(logs[0]).read_text(), built.stderr[-2000:]
+    assert "proposals from" not in built.stderr
     cnn = json.loads(run_cli("workloads", "list", "--json", "--model", "small-cnn", env=env).stdout)
     predicted = run_cli("best", cnn[0]["hash"], "--zero-shot", "--top", "2", "--json", env=env, timeout=300)
     assert [p["source"] for p in json.loads(predicted.stdout)] == ["predicted", "predicted"]

@@ -170,19 +170,12 @@ def test_zero_shot_verification_borrows_other_shapes_of_a_compatible_class(engin
     shape, after its default schedule and before any proposal (the shipped cost model proposes)."""
     import tvm
 
-    from tunefleet.engine.shard import run_shard
+    from tests.engine.test_warm_shapes import fc1_tuned_on_avx2_only
     from tunefleet.planning.warm_shapes import shape_seeds
     from tunefleet.tvm.traces import candidate, trace_sha256_of
 
     _, db, store = engine
-    model = ingest(db, store, "mlp").model
-    for cls in ("x86", "x86-avx2"):
-        extract(db, store, model, cls)
-    x86, avx2 = db.hardware_class("x86"), db.hardware_class("x86-avx2")
-    other, first, second = sorted((wl for wl, _ in db.workloads(model.id)), key=lambda wl: wl.flops)
-    (created,) = db.add_shards(avx2.id, [(first.id, 4, 1.0)])
-    shard = shard_queue.lease(db, "x86-avx2", "w", shard_id=created.id)
-    assert run_shard(db, shard, "w", TuneOptions(seed=0, trials_per_iter=4)).state == "done"
+    x86, avx2, (other, first, second) = fc1_tuned_on_avx2_only(db, store)
 
     assert shape_seeds(db, second, x86).traces == []  # nothing of its kind measured on x86 itself
     lent = borrowed_schedules(db, second, x86)
@@ -198,3 +191,38 @@ def test_zero_shot_verification_borrows_other_shapes_of_a_compatible_class(engin
     assert {r.trace_sha256 for r in rows} == {DEFAULT_TRACE_SHA256} | {trace_sha256_of(candidate(mod, t).sch)
                                                                       for t in lent}
     assert all(r.error_kind is None for r in rows), "the fitted schedules build and run here"
+
+
+@on_backend("sqlite")
+def test_zero_shot_verification_refines_with_the_budget_left(engine) -> None:  # type: ignore[no-untyped-def]
+    """Once every default, borrowed and proposed schedule is measured, what is left of the budget
+    refines: a search from the best measured schedules, whose new schedules are measured, the
+    workload that costs the model most (best measured time x calls) first (the shipped model)."""
+    from tunefleet.delivery import zeroshot
+
+    _, db, store = engine
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    hw = db.hardware_class("x86")
+    _, first, second = sorted((wl for wl, _ in db.workloads(model.id)), key=lambda wl: wl.flops)
+    # nothing of mlp is measured anywhere: nothing to borrow; each queue is its default + 1 proposal
+    assert borrowed_schedules(db, first, hw) == [] == borrowed_schedules(db, second, hw)
+    calls = {first.id: 1_000_000, second.id: 1}  # the lighter workload, called a million times, costs more
+    result = predict_workloads(db, store, "x86", [second.id, first.id], top_k=1,
+                               verify=4 + zeroshot.REFINED + 1, weights=calls)
+    heavy, light = result.workloads
+    assert (heavy.workload, light.workload) == (second.structural_hash, first.structural_hash)
+    # a queue: the default, and the proposal unless it is the default schedule itself
+    queued = {wl.id: 1 + sum(p.trace_sha256 != DEFAULT_TRACE_SHA256 for p in db.best_predictions(wl.id, hw.id, 1))
+              for wl in (first, second)}
+    assert result.verify_candidates == 4 + zeroshot.REFINED + 1
+    assert (light.verified, light.refined) == (queued[first.id] + zeroshot.REFINED, zeroshot.REFINED)  # refined first
+    left = 4 + zeroshot.REFINED + 1 - sum(queued.values()) - zeroshot.REFINED  # the rest: the other one
+    assert (heavy.verified, heavy.refined) == (queued[second.id] + left, left) and left >= 1
+    assert light.borrowed == heavy.borrowed == 0
+    for wl, item in ((first, light), (second, heavy)):
+        rows = [m for m in db.measurements(hardware_class_id=hw.id) if m.workload_id == wl.id]
+        hashes = [r.trace_sha256 for r in rows]
+        assert len(hashes) == len(set(hashes)) == item.verified  # every schedule measured once
+        proposed = {p.trace_sha256 for p in db.best_predictions(wl.id, hw.id, 5)}
+        assert len(set(hashes) - proposed - {DEFAULT_TRACE_SHA256}) == item.refined  # new: not the proposals

@@ -25,6 +25,20 @@ def _shard(db, workload_id: int, trials: int):  # type: ignore[no-untyped-def]
     return shard_queue.lease(db, "x86", "w", shard_id=created.id)
 
 
+def fc1_tuned_on_avx2_only(db, store):  # type: ignore[no-untyped-def]
+    """mlp extracted for x86 and x86-avx2, its fc1 tuned a little (4 trials) on x86-avx2 only: the
+    classes, and mlp's workloads by FLOPs (fc3: matmul_add; fc1 and fc2: matmul_add_relu)."""
+    model = ingest(db, store, "mlp").model
+    for cls in ("x86", "x86-avx2"):
+        extract(db, store, model, cls)
+    x86, avx2 = db.hardware_class("x86"), db.hardware_class("x86-avx2")
+    other, first, second = sorted((wl for wl, _ in db.workloads(model.id)), key=lambda wl: wl.flops)
+    (created,) = db.add_shards(avx2.id, [(first.id, 4, 1.0)])
+    shard = shard_queue.lease(db, "x86-avx2", "w", shard_id=created.id)
+    assert run_shard(db, shard, "w", TuneOptions(seed=0, trials_per_iter=4)).state == "done"
+    return x86, avx2, (other, first, second)
+
+
 @on_backend("postgresql")
 def test_a_new_workload_first_measures_the_schedules_of_its_other_shapes(engine) -> None:  # type: ignore[no-untyped-def]
     import tvm
@@ -64,3 +78,27 @@ def test_a_new_workload_first_measures_the_schedules_of_its_other_shapes(engine)
     assert ShapeWarmStart().seeds(ShardRun(db, _shard(db, second.id, 2), "w", options)) == []
     off = ShardRun(db, _shard(db, other.id, 2), "w", options.replace(warm_start_shapes=False))
     assert not any(isinstance(p, ShapeWarmStart) for p in off.policies())
+
+
+@on_backend("sqlite")
+def test_a_new_workload_borrows_other_shapes_of_a_compatible_class(engine) -> None:  # type: ignore[no-untyped-def]
+    """fc1 tuned on x86-avx2 only: a shard of fc2 on x86 is seeded with fc1's avx2 schedules, fitted
+    to its shape (a hub bundle's classes lend the same way), unless transfer is off."""
+    from tunefleet.planning.warm_shapes import shape_seeds_near
+
+    _, db, store = engine
+    x86, avx2, (other, first, second) = fc1_tuned_on_avx2_only(db, store)
+    options = TuneOptions(seed=0, trials_per_iter=4)
+
+    assert shape_seeds(db, second, x86).traces == []  # nothing of its kind measured on x86 itself
+    near = shape_seeds_near(db, second, x86)
+    assert near.traces and near.traces == shape_seeds(db, second, x86, source=avx2).traces
+    assert near.donors == [f"{first.name} {first.structural_hash[:8]} on x86-avx2"]
+    assert shape_seeds_near(db, second, x86, other_classes=False).traces == []
+    assert shape_seeds_near(db, other, x86).tried == 0  # matmul_add: other fused ops, measured nowhere
+
+    run = ShardRun(db, _shard(db, second.id, 8), "w", options)
+    assert ShapeWarmStart().seeds(run) == near.traces  # at most 4 (half of the shard's 8 trials)
+    assert ShapeWarmStart(other_classes=False).seeds(run) == []
+    no_transfer = ShardRun(db, _shard(db, other.id, 2), "w", options.replace(transfer=False)).policies()
+    assert [p.other_classes for p in no_transfer if isinstance(p, ShapeWarmStart)] == [False]

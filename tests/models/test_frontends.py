@@ -24,7 +24,7 @@ from tunefleet.models.frontends import (
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import onnx  # noqa: E402  (installed by the test extras; missing means a failure, not a skip)
+import onnx  # noqa: E402, F401  (installed by the test extras; missing means a failure, not a skip)
 import torch  # noqa: E402
 
 

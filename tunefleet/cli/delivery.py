@@ -54,7 +54,7 @@ def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
             print_json([{**b.as_dict(), "source": "measured (zero-shot verified)"} for b in found])
         else:
             table(f"best of {args.verify} schedules verified for {wl.structural_hash} on {args.hardware} (its "
-                  "default, borrowed ones, zero-shot proposals), measured",
+                  "default, borrowed ones, zero-shot proposals, refining searches'), measured",
                   ["rank", "mean run (ms)", "untuned (ms)", "measurement"],
                   [(i + 1, f"{b.mean_run_s * 1e3:.4f}", f"{b.untuned_s * 1e3:.4f}" if b.untuned_s else "-",
                     b.measurement_id) for i, b in enumerate(found)])
@@ -104,9 +104,17 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
         raise TunefleetError("--verify needs --zero-shot")
     from rich.console import Console
 
+    from tunefleet.cli.environment import log_to_file
+    from tunefleet.tvm.native_log import native_stderr_to
+
     model = ctx.db.model(args.model)
-    # A spinner on a terminal (stderr, so --json stays clean): extraction, compiling and timing take minutes.
-    with Console(stderr=True).status(f"building {model.name} for {args.hardware} with the best stored schedules"):
+    log_path = log_to_file(settings, "build", verbose=args.verbose)
+    console = Console(stderr=True)  # stderr, so --json stays clean
+    console.print(f"logs: {log_path}", highlight=False, soft_wrap=True)
+    # A spinner: extraction, zero-shot search and verification, compiling and timing take minutes.
+    # TVM's C++ warnings (the zero-shot search's among them) go to the log file, as in `run`.
+    with native_stderr_to(log_path), \
+            console.status(f"building {model.name} for {args.hardware} with the best stored schedules"):
         report = api.build(ctx, model, args.hardware, output=args.output, zero_shot=args.zero_shot,
                            top_k=args.top_k, verify=args.verify, transfer=args.transfer)
     if args.json:

@@ -79,8 +79,8 @@ def report_table(report: Any) -> None:
     if report.verify_budget:
         print(f"zero-shot verification (--verify {report.verify_budget}): {report.verified} candidate(s) measured in "
               f"{report.verify_s:.0f}s (default schedules first, then {report.verified_borrowed} borrowed from other "
-              "shapes or classes, and proposals); each workload measured so is "
-              "built with its best measured schedule")
+              f"shapes or classes, proposals, and {report.verified_refined} from searches refining the best "
+              "measured); each workload measured so is built with its best measured schedule")
     if report.transferred_workloads:
         print(f"{report.transferred_workloads} of {report.workloads} workloads used a schedule TRANSFERRED from a "
               "compatible class (its latency was measured there, not here)")

@@ -75,11 +75,14 @@ class BuildReport:
     (:meth:`tunefleet.learning.hub.HubReport.line`: ``run`` prints it)."""
     zero_shot_s_per_task: float | None = None
     verified: int = 0
-    """Schedules measured here by the zero-shot verification: default schedules, borrowed ones and
-    proposals (the build takes each workload's best measured schedule)."""
+    """Schedules measured here by the zero-shot verification: default schedules, borrowed ones,
+    proposals and refining searches' schedules (the build takes each workload's best measured one)."""
     verified_borrowed: int = 0
     """Of ``verified``, schedules borrowed from other shapes or classes
     (:func:`tunefleet.delivery.zeroshot.borrowed_schedules`)."""
+    verified_refined: int = 0
+    """Of ``verified``, schedules of the searches that refine the measured best with the budget left
+    after the proposals."""
     verify_budget: str | None = None
     """The zero-shot verification budget (``40`` candidates, ``1m``); None: pure prediction."""
     verify_s: float = 0.0
@@ -302,7 +305,7 @@ def resolve(
         db.set_model_workloads(model.id, hw.id, recipe.name, weights)
         heaviest = sorted(weights, key=lambda i: -flops[i] * weights[i])  # verification's budget goes there first
         zs = predict_workloads(db, store, hardware, heaviest, top_k=top_k, verify=verify, tuner=tuner,
-                               model=cost_model)
+                               model=cost_model, weights=weights)
     tuned, bests, ids = 0, set(), []
     for w in found:
         try:
@@ -322,6 +325,7 @@ def resolve(
         report.zero_shot_s_per_task = zs.seconds_per_task
         report.verified = sum(w.verified for w in zs.workloads)
         report.verified_borrowed = sum(w.borrowed for w in zs.workloads)
+        report.verified_refined = sum(w.refined for w in zs.workloads)
         report.verify_budget, report.verify_s = zs.verify_budget, zs.verify_seconds
     _hub_provenance(db, report, bests, ids, hw.id)
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)

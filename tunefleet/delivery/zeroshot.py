@@ -9,8 +9,11 @@ or wall time, in all) the proposals are then built and measured on this node by 
 workload's best-scored first, then every second — and committed as ordinary measurements (no
 shard), each workload's default schedule first, then the schedules it can borrow
 (:func:`borrowed_schedules`: its own records on compatible classes, a hub bundle's among them, and
-the same operator's best at the closest other shapes, fitted to its shape), then the proposals;
-after that the workload is measured like any other: a build takes its best measured schedule.
+the same operator's best at the closest other shapes, fitted to its shape), then the proposals.
+A budget left once all of those are measured goes to *refining*: the model searches again from
+each workload's best measured schedules and its new proposals are measured, the workloads that
+cost the model most first. After that the workload is measured like any other: a build takes its
+best measured schedule.
 
 Re-running is idempotent: a workload the current model already predicted is not searched again.
 """
@@ -43,6 +46,9 @@ heaviest workloads first."""
 BORROWED = 3
 """Borrowed schedules (:func:`borrowed_schedules`) verification measures per workload, after its
 default schedule and before the model's proposals."""
+REFINED = 4
+"""New schedules one refining step measures for a workload (a search seeded with its best
+measured schedules), once its default, borrowed and proposed schedules are measured."""
 
 
 def parse_verify(value: str | int | Budget, *, name: str = "verify") -> Budget | int:
@@ -77,6 +83,8 @@ class WorkloadPrediction:
     verified: int = 0
     borrowed: int = 0
     """Of ``verified``, the schedules borrowed from other shapes or classes (:func:`borrowed_schedules`)."""
+    refined: int = 0
+    """Of ``verified``, the schedules of the refining searches (the budget left after the proposals)."""
     best_score: float | None = None
 
 
@@ -139,6 +147,7 @@ def predict_workloads(
     seed: int = 0,
     on_workload: Callable[[WorkloadPrediction], None] | None = None,
     pretrained: bool = True,
+    weights: dict[int, int] | None = None,
 ) -> ZeroShotResult:
     """Store the current model's ``top_k`` proposals for every unmeasured workload, then verify
     them by measurement within the ``verify`` budget.
@@ -148,7 +157,11 @@ def predict_workloads(
     order of ``workload_ids`` (a build gives the heaviest first): every workload's default
     (unscheduled) program, as a tuning round measures it, then the schedules each can borrow
     (:func:`borrowed_schedules`, up to :data:`BORROWED`) and its proposals, by rank: every
-    workload's first, then every second, and so on up to ``top_k`` proposals each; a wall
+    workload's first, then every second, and so on up to ``top_k`` proposals each. A budget left
+    after all of them refines: the model searches each workload again from its best measured
+    schedules and :data:`REFINED` new ones are measured, the workloads whose best measured time
+    times their ``weights`` (calls in the model, default 1) is largest first, round after round
+    until the budget is spent or no search finds a schedule not measured yet. A wall
     time is checked before each candidate. ``tuner`` (its builder and runner) measures them; one
     is created for the class when there is a budget and none is given (which refuses a class this
     node cannot run). A class without a promoted model of its own predicts with the shipped one
@@ -190,7 +203,7 @@ def predict_workloads(
         if on_workload is not None and verify is None:
             on_workload(item)
     if verify is not None and to_verify:
-        _verify(db, hw, to_verify, verify, tuner, result)
+        _verify(db, hw, to_verify, verify, tuner, result, model=model, seed=seed, weights=weights or {})
         for _, item, _ in to_verify:
             if on_workload is not None:
                 on_workload(item)
@@ -202,25 +215,22 @@ def borrowed_schedules(db: Database, wl: Workload, hw: HardwareClass, limit: int
     bets first: its own best records on the most compatible classes (a hub bundle's, replayed on it:
     :func:`~tunefleet.planning.transfer.transfer_seeds`), then the same operator's best at the
     closest other shapes measured on this class, then on the compatible classes, fitted to its
-    shape (:func:`~tunefleet.planning.warm_shapes.shape_seeds`)."""
-    from tunefleet.planning.transfer import compatibility, transfer_seeds
-    from tunefleet.planning.warm_shapes import shape_seeds
+    shape (:func:`~tunefleet.planning.warm_shapes.shape_seeds_near`)."""
+    from tunefleet.planning.transfer import transfer_seeds
+    from tunefleet.planning.warm_shapes import shape_seeds_near
 
     traces = transfer_seeds(db, wl, hw, limit).traces
-    ranked = sorted(((score, c) for c in db.hardware_classes() if c.id != hw.id
-                     and (score := compatibility(hw, c)) is not None), key=lambda pair: (-pair[0], pair[1].name))
-    for source in [hw, *(c for _, c in ranked)]:
-        if len(traces) >= limit:
-            break
-        traces += [t for t in shape_seeds(db, wl, hw, source=source, limit=limit - len(traces)).traces
-                   if t not in traces]
+    if len(traces) < limit:
+        traces += [t for t in shape_seeds_near(db, wl, hw, limit=limit - len(traces)).traces if t not in traces]
     return traces[:limit]
 
 
 def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, WorkloadPrediction, list[Any]]],
-            budget: Budget, tuner: Tuner | None, result: ZeroShotResult) -> None:
+            budget: Budget, tuner: Tuner | None, result: ZeroShotResult, *, model: TrainedModel, seed: int,
+            weights: dict[int, int]) -> None:
     """Measure every workload's default schedule, then the schedules it borrows and its proposals
-    by rank (every workload's first, then every second, ...) within ``budget``."""
+    by rank (every workload's first, then every second, ...) within ``budget``, then refine with
+    what is left (:func:`_refine`)."""
     from tunefleet.engine.learned import measure_traces
 
     own_tuner = None
@@ -265,14 +275,52 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
                 n = measure(wl, item, trace_json, args_info)
                 item.borrowed += n if is_borrowed else 0
                 item.status = "verified"
+        _refine(db, hw, [(wl, item) for wl, item, _ in queues], model, seed=seed, weights=weights,
+                measure=measure, spent=spent)
     finally:
         result.verify_seconds = time.monotonic() - t0
         log.info("zero-shot on %s: %d schedule(s) of %d workload(s) verified in %.0fs (budget %s), %d of them "
-                 "borrowed from other shapes or classes", hw.name, result.verify_candidates,
-                 sum(item.verified > 0 for _, item, _ in items), result.verify_seconds, budget,
-                 sum(item.borrowed for _, item, _ in items))
+                 "borrowed from other shapes or classes, %d from refining searches", hw.name,
+                 result.verify_candidates, sum(item.verified > 0 for _, item, _ in items), result.verify_seconds,
+                 budget, sum(item.borrowed for _, item, _ in items), sum(item.refined for _, item, _ in items))
         if own_tuner is not None:
             own_tuner.close()
+
+
+def _refine(db: Database, hw: HardwareClass, items: list[tuple[Workload, WorkloadPrediction]], model: TrainedModel,
+            *, seed: int, weights: dict[int, int], measure: Callable[..., int], spent: Callable[[], bool]) -> None:
+    """Spend what the budget has left on searches that start from each workload's best measured
+    schedules (the model still their only fitness: nothing retrains here) and measure
+    :data:`REFINED` new schedules of each, round after round; each round takes the workloads in
+    the order of what they cost the model now (best measured time x calls), and drops a workload
+    whose search found nothing new."""
+    from tunefleet.tvm.bridge import FleetDatabase
+
+    database = FleetDatabase(db, hw.name)  # the search's first population takes the measured best
+
+    def cost(wl: Workload) -> float:
+        top = db.best_measurements(wl.id, hw.id, 1)
+        return (top[0].mean_run_s if top else 0.0) * weights.get(wl.id, 1)
+
+    active = [(wl, item) for wl, item in items if item.verified]
+    step = 0
+    while active and not spent():
+        step += 1
+        for wl, item in sorted(active, key=lambda pair: -cost(pair[0])):
+            if spent():
+                return
+            known = db.measured_trace_hashes(wl.id, hw.id)
+            found = propose(wl, hw, model, top_k=REFINED + len(known), seed=seed + step, database=database)
+            fresh = [p for p in found.proposals if p.trace_sha256 not in known][:REFINED]
+            measured = 0
+            for p in fresh:
+                if spent():
+                    return
+                n = measure(wl, item, p.trace_json, p.args_info)
+                item.refined += n
+                measured += n
+            if not measured:
+                active.remove((wl, item))
 
 
 def model_workload_ids(db: Database, model_id: int) -> list[int]:
@@ -280,7 +328,7 @@ def model_workload_ids(db: Database, model_id: int) -> list[int]:
     return [wl.id for wl, _ in db.workloads(model_id=model_id)]
 
 
-__all__ = ["BORROWED", "DEFAULT_TOP_K", "DEFAULT_VERIFY", "WorkloadPrediction", "ZeroShotResult", "borrowed_schedules",
+__all__ = ["BORROWED", "DEFAULT_TOP_K", "DEFAULT_VERIFY", "REFINED", "WorkloadPrediction", "ZeroShotResult", "borrowed_schedules",
            "model_workload_ids", "parse_verify", "predict_workloads", "require_model"]
 
 
@@ -330,13 +378,17 @@ def propose(
     generations: int = 2,
     seed: int = 0,
     num_threads: int | None = None,
+    database: Any = None,
 ) -> ProposeResult:
     """Search one workload guided by ``model`` alone and return its ``top_k`` best-scored schedules.
 
     One round of MetaSchedule's evolutionary search (``population`` random schedules evolved for
     ``generations`` generations of mutation with the model as fitness) yields ``candidates``
     schedules; they and the default (unscheduled) program are scored again and the ``top_k``
-    distinct ones returned, best first. Nothing is built or measured.
+    distinct ones returned, best first. Nothing is built or measured. ``database`` (a MetaSchedule
+    database, e.g. :class:`~tunefleet.tvm.bridge.FleetDatabase`) seeds part of the first population
+    with the workload's best measured schedules, as a tuning round's search does; None starts from
+    random schedules only.
 
     The cost is dominated by MetaSchedule's ``PerStoreFeature`` extraction, paid for every
     schedule of every generation; the defaults are sized for seconds per task, smaller than a
@@ -353,7 +405,7 @@ def propose(
     cost = FleetCostModel(model)
     spaces = ctx.generate_design_space()
     ctx.pre_tuning(max_trials=candidates, num_trials_per_iter=candidates, design_spaces=spaces,
-                   database=ms.database.MemoryDatabase(), cost_model=cost)
+                   database=database if database is not None else ms.database.MemoryDatabase(), cost_model=cost)
     try:
         found = list(ctx.generate_measure_candidates() or [])
     finally:

@@ -122,18 +122,21 @@ class Transfer(ShardPolicy):
 
 class ShapeWarmStart(ShardPolicy):
     """A workload this class never measured first measures the best schedules of the same
-    operator at the closest other shapes measured here, fitted to its shape
-    (:func:`tunefleet.planning.warm_shapes.shape_seeds`); at most half of the shard's trials."""
+    operator at the closest other shapes measured here, then on the compatible classes (a hub
+    bundle's), fitted to its shape (:func:`tunefleet.planning.warm_shapes.shape_seeds_near`); at
+    most half of the shard's trials. ``other_classes`` off (``transfer`` off): this class's donors only."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, other_classes: bool = True) -> None:
         self.seeded = 0
+        self.other_classes = other_classes
 
     def seeds(self, run: ShardRunView) -> list[str]:
         if run.known:
             return []
-        from tunefleet.planning.warm_shapes import MAX_SEEDS, shape_seeds
+        from tunefleet.planning.warm_shapes import MAX_SEEDS, shape_seeds_near
 
-        found = shape_seeds(run.db, run.wl, run.hw, limit=min(MAX_SEEDS, run.remaining // 2))
+        found = shape_seeds_near(run.db, run.wl, run.hw, limit=min(MAX_SEEDS, run.remaining // 2),
+                                 other_classes=self.other_classes)
         if found.tried:
             log.info("shard %d is seeded with %s", run.shard.id, found.summary())
         self.seeded = len(found.traces)

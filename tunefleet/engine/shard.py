@@ -213,7 +213,7 @@ class ShardRun:
         if o.transfer:
             out.append(Transfer())
         if o.warm_start_shapes:
-            out.append(ShapeWarmStart())
+            out.append(ShapeWarmStart(other_classes=o.transfer))
         if trained is not None and o.warm_start:
             out.append(WarmStart(trained, o.warm_start_min_agreement))
         if trained is not None and o.filtering:

@@ -9,7 +9,8 @@ the best schedules of the closest such workloads (by FLOPs ratio,
 :meth:`~tunefleet.db.Database.similar_measured_workloads`), fits each to the new shape
 (:func:`tunefleet.tvm.similar.adapt_trace`: tile sizes re-fitted, postprocessors run again) and
 returns those that apply, for the first round to measure besides the search's own. A schedule
-that cannot be made valid is skipped and counted.
+that cannot be made valid is skipped and counted. :func:`shape_seeds_near` looks at the compatible
+classes' donors too (a hub bundle's), after the class's own.
 """
 
 from __future__ import annotations
@@ -107,4 +108,30 @@ def shape_seeds(db: Database, wl: Workload, hw: HardwareClass, *, limit: int = M
     return out
 
 
-__all__ = ["MAX_SEEDS", "ShapeSeeds", "shape_seeds"]
+def shape_seeds_near(db: Database, wl: Workload, hw: HardwareClass, *, limit: int = MAX_SEEDS,
+                     other_classes: bool = True) -> ShapeSeeds:
+    """:func:`shape_seeds` from the class's own donors first, then (``other_classes``) from the
+    compatible classes' (most compatible first, by :func:`~tunefleet.planning.transfer.compatibility`:
+    a hub bundle's classes among them), merged up to ``limit``; a donor of another class is named
+    with it."""
+    from tunefleet.planning.transfer import compatibility
+
+    out = ShapeSeeds()
+    ranked = sorted(((score, c) for c in db.hardware_classes() if other_classes and c.id != hw.id
+                     and (score := compatibility(hw, c)) is not None), key=lambda pair: (-pair[0], pair[1].name))
+    for source in [hw, *(c for _, c in ranked)]:
+        if len(out.traces) >= limit:
+            break
+        got = shape_seeds(db, wl, hw, source=source, limit=limit - len(out.traces))
+        fresh = [t for t in got.traces if t not in out.traces]
+        out.traces += fresh
+        out.donors += got.donors if source.id == hw.id else [f"{d} on {source.name}" for d in got.donors]
+        out.tried += got.tried
+        out.as_is += got.as_is
+        out.adapted += got.adapted
+        out.skipped += got.skipped + len(got.traces) - len(fresh)
+        out.reasons += got.reasons
+    return out
+
+
+__all__ = ["MAX_SEEDS", "ShapeSeeds", "shape_seeds", "shape_seeds_near"]
