@@ -24,7 +24,9 @@ For the tuning arms it prints, per arm, the candidates measured and the model's 
 (the sum over its workloads of calls x best measured time, what the tuned build's kernels take)
 after every round, the trials each arm needed to reach 0.9 of the ``scratch`` arm's final speed,
 and then every arm's built model timed as ``tunefleet build`` times it (alternating rounds with
-onnxruntime and PyTorch eager, on the same threads; one build after another, in this process).
+onnxruntime and PyTorch eager, on the same threads; one build after another, in this process),
+and last every arm's library and onnxruntime side by side in the same 7 alternating rounds (the
+figures to compare arms by: a VM's speed moves between the builds' own timings).
 Name the CPU next to the figures: ``lscpu``. Prints what it measured; asserts nothing.
 """
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -108,7 +111,7 @@ def zeroshot_arm(name: str, source: str, work: Path, verify: str) -> dict[str, A
     zeroshot.REFINED = 0 if name == "zeroshot-norefine" else zeroshot.REFINED
     t0 = time.perf_counter()
     try:
-        report = api.build(ctx, model, HW, zero_shot=True, verify=verify)
+        report = api.build(ctx, model, HW, zero_shot=True, verify=verify, output=work / f"{name}.so")
     finally:
         zeroshot.BORROWED, zeroshot.REFINED = kept
     wall = time.perf_counter() - t0
@@ -117,7 +120,7 @@ def zeroshot_arm(name: str, source: str, work: Path, verify: str) -> dict[str, A
           f"classes, proposals, and {report.verified_refined} from refining searches) in {report.verify_s:.0f} s "
           f"(budget {report.verify_budget}); search {report.zero_shot_s_per_task or 0:.2f} s per workload; the "
           f"whole build {wall:.0f} s", flush=True)
-    return {"arm": name, "report": report, "wall_s": wall, "verify_s": report.verify_s,
+    return {"arm": name, "report": report, "wall_s": wall, "verify_s": report.verify_s, "ctx": ctx, "model": model,
             "borrowed": report.verified_borrowed, "refined": report.verified_refined,
             "search_s_per_task": report.zero_shot_s_per_task}
 
@@ -159,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{'vs onnxruntime':>16}")
         rows = []
         for r in results:
-            report = api.build(r["ctx"], r["model"], HW)
+            report = api.build(r["ctx"], r["model"], HW, output=work / f"{r['arm']}.so")
             reach = trials_to(r["points"], goal) if goal else None
             rows.append({"arm": r["arm"], "candidates": r["candidates"], "wall_s": r["wall_s"],
                          "estimate_ms": r["estimate_ms"], "trials_to_goal": reach, "tuned_ms": report.tuned_ms,
@@ -181,10 +184,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base is not None and pre is not None and pre["trials_to_goal"] and base["trials_to_goal"]:
             print(f"trials to {REACH:.0%} of the scratch arm's final speed, pretrained / scratch: "
                   f"{pre['trials_to_goal'] / base['trials_to_goal']:.2f}")
+        together = side_by_side(work, [*results, *zero_shot])
         if args.json:
             args.json.write_text(json.dumps({"model": args.model, "budget": args.budget, "rows": rows,
+                                             "side_by_side_ms": together,
                                              "curves": {r["arm"]: r["points"] for r in results}}, indent=1) + "\n")
     return 0
+
+
+def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7) -> dict[str, float]:
+    """Every arm's library and onnxruntime timed in the same alternating rounds, in this process
+    (each build above timed itself apart, minutes from the others: the VM's speed moves between
+    them); prints the table, returns name -> ms."""
+    import tvm
+    from tvm import relax
+
+    from tunefleet.delivery import alternatives
+    from tunefleet.delivery.timing import time_alternating
+    from tunefleet.models.ingest import load_model
+
+    if not arms:
+        return {}
+    first = arms[0]
+    db, store, model = first["ctx"].db, first["ctx"].store, first["model"]
+    loaded = load_model(db, store, model)
+    inputs_np = loaded.random_inputs(seed=0)
+    dev = tvm.cpu()
+    inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
+    calls: dict[str, Any] = {}
+    for arm in arms:
+        main = relax.VirtualMachine(tvm.runtime.load_module(str(work / f"{arm['arm']}.so")), dev)["main"]
+        calls[arm["arm"]] = (lambda fn: lambda: fn(*inputs))(main)
+    onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
+    threads = int(db.hardware_class(HW).target.get("num-cores") or len(os.sched_getaffinity(0)))
+    alt, notes = alternatives.calls(inputs_np, threads, torch_module=loaded.torch_module, onnx_bytes=onnx_bytes)
+    calls.update({k: v for k, v in alt.items() if k == "onnxruntime"})
+    for note in notes if "onnxruntime" not in alt else []:
+        print(note)
+    timed = time_alternating(calls, rounds)
+    ort = timed.get("onnxruntime", {}).get("ms")
+    print(f"\nside by side, {rounds} alternating rounds in one process:")
+    for name, r in timed.items():
+        vs = f"{r['ms'] / ort:.2f}x onnxruntime" if ort else ""
+        print(f"{name:<19}{r['ms']:10.3f} ms  rounds {min(r['rounds_ms']):.3f}-{max(r['rounds_ms']):.3f}  {vs}")
+    return {name: r["ms"] for name, r in timed.items()}
 
 
 if __name__ == "__main__":
