@@ -54,7 +54,7 @@ def _best_predicted(ctx: Context, args: argparse.Namespace) -> int:
             print_json([{**b.as_dict(), "source": "measured (zero-shot verified)"} for b in found])
         else:
             table(f"best of {args.verify} schedules verified for {wl.structural_hash} on {args.hardware} (its "
-                  "default, borrowed ones, zero-shot proposals, refining searches'), measured",
+                  "default, borrowed ones, zero-shot proposals, then refining searches' schedules), measured",
                   ["rank", "mean run (ms)", "untuned (ms)", "measurement"],
                   [(i + 1, f"{b.mean_run_s * 1e3:.4f}", f"{b.untuned_s * 1e3:.4f}" if b.untuned_s else "-",
                     b.measurement_id) for i, b in enumerate(found)])

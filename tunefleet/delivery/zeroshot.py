@@ -328,8 +328,8 @@ def model_workload_ids(db: Database, model_id: int) -> list[int]:
     return [wl.id for wl, _ in db.workloads(model_id=model_id)]
 
 
-__all__ = ["BORROWED", "DEFAULT_TOP_K", "DEFAULT_VERIFY", "REFINED", "WorkloadPrediction", "ZeroShotResult", "borrowed_schedules",
-           "model_workload_ids", "parse_verify", "predict_workloads", "require_model"]
+__all__ = ["BORROWED", "DEFAULT_TOP_K", "DEFAULT_VERIFY", "REFINED", "WorkloadPrediction", "ZeroShotResult",
+           "borrowed_schedules", "model_workload_ids", "parse_verify", "predict_workloads", "require_model"]
 
 
 @dataclass
