@@ -150,7 +150,8 @@ def test_a_deadline_keeps_time_for_the_build_and_a_batch(db: tuple[Database, int
 def test_a_budget_too_short_for_a_round_measures_the_hub_s_schedules_only(db: tuple[Database, int]) -> None:
     """The build's reserve leaves no time for a first round: the workloads another compatible class
     (a hub class) measured replay its schedules (and their default) in one small round with a
-    deadline of its own, heaviest first; the others keep their default; no round of search."""
+    deadline of its own, heaviest first; the others measure their default and as many candidates
+    of a search in the same round (a default schedule left in the model costs more); no other round."""
     database, model = db
     clock = Clock()
     source = database.upsert_hardware_class("hub-x86", {"kind": "llvm", "num-cores": 2}, "tunefleet-hub")
@@ -159,34 +160,42 @@ def test_a_budget_too_short_for_a_round_measures_the_hub_s_schedules_only(db: tu
             database.commit_measurements([NewMeasurement(wl.id, source.id, f"{wl.name}-hub", [1e-4])])
     rounds = Rounds("x86", [model], Budget(seconds=20), started_at=clock(), reserve_builds=1, min_trials=8, batch=8,
                     clock=clock)
-    assert rounds.refill(database) == 2
+    assert rounds.refill(database) == 3
     assert rounds.reserve_s > 20  # the build's reserve alone is longer than the budget
     assert rounds.stopped == ("deadline: reached before the first round: 2 workload(s) measure the hub's "
-                              "schedules only")
+                              "schedules only, 1 with none the first 2 candidates of a search")
     assert rounds.deadline is not None and rounds.deadline.at == clock() + round_planning.first_round_s(
-        [1 + round_planning.REPLAY_SEEDS] * 2)
+        [1 + round_planning.REPLAY_SEEDS] * 3)
     planned = sorted(shard_queue.list_shards(database), key=lambda s: -s.priority)
-    assert [(database.workload(s.workload_id).name, s.trials) for s in planned] == [("big", 3), ("small", 3)]
+    by_weight_flops = sorted((wl for wl, _ in database.workloads(model)),
+                             key=lambda wl: -dict((w.id, n) for w, n in database.workloads(model))[wl.id] * wl.flops)
+    assert [(database.workload(s.workload_id).name, s.trials) for s in planned] == [
+        (wl.name, 3) for wl in by_weight_flops]
+    assert {database.workload(s.workload_id).name for s in planned} == {"big", "small", "flat"}
     assert all(s.history[0]["replay"] is True and s.history[0]["round"] == 1 for s in planned)
     summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(clock), refill=rounds)  # type: ignore[arg-type]
-    assert summary.measured == 6 and summary.budget is not None and summary.budget["stopped"] == rounds.stopped
+    assert summary.measured == 9 and summary.budget is not None and summary.budget["stopped"] == rounds.stopped
     assert {s.state for s in shard_queue.list_shards(database)} == {DONE}
-    assert rounds.refill(database) == 0 and len(shard_queue.list_shards(database)) == 2  # once
+    assert rounds.refill(database) == 0 and len(shard_queue.list_shards(database)) == 3  # once
 
 
 def test_a_budget_spent_before_tuning_starts_still_replays_the_hub(db: tuple[Database, int]) -> None:
     """Ingest and extraction took the whole budget: the loop still asks the rounds once, and they
-    replay the hub's schedules."""
+    replay the hub's schedules (big's and small's) and search flat's a little."""
     database, model = db
     clock = Clock()
     source = database.upsert_hardware_class("hub-x86", {"kind": "llvm", "num-cores": 2}, "tunefleet-hub")
-    (big, _), *_ = [(wl, w) for wl, w in database.workloads(model) if wl.name == "big"]
-    database.commit_measurements([NewMeasurement(big.id, source.id, "big-hub", [1e-4])])
+    for wl, _ in database.workloads(model):
+        if wl.name != "flat":  # two of three: the replay round
+            database.commit_measurements([NewMeasurement(wl.id, source.id, f"{wl.name}-hub", [1e-4])])
     rounds = Rounds("x86", [model], Budget(seconds=20), started_at=clock() - 60, reserve_builds=1, clock=clock)
     assert rounds.deadline is not None and rounds.deadline.reason() == "deadline: reached"
     summary = drain(database, "x86", TuneOptions(), tuner=FakeTuner(clock), refill=rounds)  # type: ignore[arg-type]
-    assert summary.measured == 3 and [database.workload(s.workload_id).name
-                                      for s in shard_queue.list_shards(database)] == ["big"]
+    assert summary.measured == 9 and sorted(database.workload(s.workload_id).name
+                                            for s in shard_queue.list_shards(database)) == ["big", "flat", "small"]
+    assert summary.budget is not None and summary.budget["stopped"] == (
+        "deadline: reached before the first round: 2 workload(s) measure the hub's schedules only, 1 with none "
+        "the first 2 candidates of a search")
 
 
 @pytest.mark.parametrize("hub", [True, False], ids=["with-hub", "without-hub"])
@@ -210,6 +219,21 @@ def test_a_first_round_that_cannot_end_before_the_deadline_replays_the_hub_inste
         assert planned == [3, 3, 3]
     else:
         assert rounds.stopped is None and planned == [8, 8, 8]  # nothing to replay: the round is planned
+
+
+def test_a_model_the_hub_holds_less_than_half_of_gets_the_first_round_instead(db: tuple[Database, int]) -> None:
+    """One of three workloads in the hub: a first round of search, as without a hub (two trials of
+    search for most workloads would deliver less); its shards still measure the hub's schedules."""
+    database, model = db
+    clock = Clock()
+    source = database.upsert_hardware_class("hub-x86", {"kind": "llvm", "num-cores": 2}, "tunefleet-hub")
+    (big, _), *_ = [(wl, w) for wl, w in database.workloads(model) if wl.name == "big"]
+    database.commit_measurements([NewMeasurement(big.id, source.id, "big-hub", [1e-4])])
+    need = round_planning.first_round_s([8, 8, 8])
+    rounds = Rounds("x86", [model], Budget(seconds=need - 2), started_at=clock(), min_trials=8, batch=8, clock=clock)
+    assert rounds.refill(database) == 3 and rounds.stopped is None
+    assert sorted(s.trials for s in shard_queue.list_shards(database)) == [8, 8, 8]
+    assert not any(s.history[0].get("replay") for s in shard_queue.list_shards(database))
 
 
 def test_a_budget_too_short_for_a_round_with_nothing_to_replay_plans_nothing(db: tuple[Database, int]) -> None:

@@ -178,8 +178,12 @@ class Rounds:
     def _replay(self, db: Database, why: str) -> int:
         """The deadline (less the build's reserve) leaves no time for a first round of search: the
         workloads never measured on the class that the hub (or another compatible class) holds
-        measure their default and :data:`REPLAY_SEEDS` of its best schedules instead, in one
-        round with a deadline of its own (:func:`first_round_s` of its shards), and the rounds end.
+        measure their default and :data:`REPLAY_SEEDS` of its best schedules instead, the other
+        ones never measured their default and as many candidates of a search (of other shapes'
+        schedules first, then the cost model's picks) — a default schedule left in a delivered
+        model costs far more than two trials — in one round with a deadline of its own
+        (:func:`first_round_s` of its shards), and the rounds end. Only when the hub holds at
+        least half of those workloads (:func:`plan_replay_round`).
         A budget too short to search still delivers the fleet's schedules, measured here, for
         a little more time than it allowed. The shards pending (0: nothing to replay, nothing
         planned)."""
@@ -189,7 +193,9 @@ class Rounds:
             return 0
         assert self.deadline is not None
         self.deadline.at = self.clock() + first_round_s([shard.trials for shard in res.shards])
-        self.stopped = f"{why} before the first round: {len(res.shards)} workload(s) measure the hub's schedules only"
+        others = len(res.shards) - res.replayed
+        self.stopped = (f"{why} before the first round: {res.replayed} workload(s) measure the hub's schedules only"
+                        + (f", {others} with none the first {REPLAY_SEEDS} candidates of a search" if others else ""))
         log.info("budget %s on %s: %s", self.budget, self.hardware, self.stopped)
         return len(res.open_round_shards)
 
@@ -290,6 +296,9 @@ class RoundResult:
     build_reserve_s: float
     """Seconds to keep for building the model afterwards (:func:`tunefleet.planning.allocation.build_reserve_s`)."""
     open_round_shards: list[int]
+    replayed: int = 0
+    """Of a replay round's shards (:func:`plan_replay_round`), those of workloads a compatible class
+    holds (the others search)."""
 
     @property
     def stop(self) -> str | None:
@@ -351,26 +360,33 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
 
 def plan_replay_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Budget, since: dt.datetime, *,
                       seeds: int = REPLAY_SEEDS, max_leases: int = 3) -> RoundResult:
-    """Plan the replay round (:meth:`Rounds._replay`), if no round of ``budget`` was planned yet:
-    a shard of ``1 + seeds`` trials (the default schedule and ``seeds`` transferred ones) for each
-    workload of the models with no measurement on the class and a record on a compatible class
-    (:func:`~tunefleet.planning.transfer.transfer_candidates`: a hub class first), the heaviest
-    (weight x FLOPs) first. Its ``planned`` events carry ``replay``: the shard's transfer seeding
-    takes all of its trials but the default's (:class:`~tunefleet.engine.policies.Transfer`)."""
+    """Plan the replay round (:meth:`Rounds._replay`), if no round of ``budget`` was planned yet and
+    at least half of the models' workloads with no measurement on the class have a record on a
+    compatible class (:func:`~tunefleet.planning.transfer.transfer_candidates`: a hub class first;
+    else the first round of search is planned, as without a hub): a shard of
+    ``1 + seeds`` trials for each workload with no measurement on the class, the heaviest (weight x
+    FLOPs) first — the default schedule and ``seeds`` transferred ones (its ``planned`` events carry
+    ``replay``: the shard's transfer seeding takes all of its trials but the default's,
+    :class:`~tunefleet.engine.policies.Transfer`), or for a workload no class holds, ``seeds``
+    candidates of its search. ``RoundResult.replayed`` counts the first kind."""
     from tunefleet.planning.transfer import transfer_candidates
 
     hw = db.hardware_class(hardware)
     with db.planning(hw.id):
         view = db.budget_view(hw.id, list(model_ids), since)
         rows = [r for r in view.rows if r.committed == 0 and r.outstanding == 0] if view.rounds == 0 else []
-        rows = [r for r in rows if transfer_candidates(db, db.workload(r.workload_id), hw)]
+        held = {r.workload_id for r in rows if transfer_candidates(db, db.workload(r.workload_id), hw)}
+        # A model the hub holds less than half of is better served by a first round of search, as
+        # without a hub (its shards measure the hub's schedules first all the same): two trials of
+        # search for most of its workloads would deliver less than the first round does.
+        rows = rows if held and 2 * len(held) >= len(rows) else []
         rows.sort(key=lambda r: -r.weight * r.flops)
         cuts = [(r.workload_id, 1 + seeds, float(len(rows) - i)) for i, r in enumerate(rows)]
         created = db.add_shards(hw.id, cuts, max_leases=max_leases,
                                 info={"round": 1, "budget": str(budget), "replay": True}) if cuts else []
     plan = RoundPlan((), None if created else "no workload new to the class has a record on a compatible class")
     return RoundResult(1 if created else view.rounds, created, plan, [], 0, sum(s.trials for s in created), 0.0,
-                       view.open_round_shards + [s.id for s in created])
+                       view.open_round_shards + [s.id for s in created], replayed=len(held) if created else 0)
 
 
 def _trials_that_fit(first: dt.datetime | None, spent: int, time_left_s: float | None) -> int | None:
