@@ -42,6 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
+
 HW = "x86"
 ARMS = ("scratch", "pretrained", "zeroshot", "zeroshot-noborrow", "zeroshot-norefine")
 TUNING = ("scratch", "pretrained")
@@ -196,8 +198,7 @@ def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7) -> dic
     """Every arm's library and onnxruntime timed in the same alternating rounds, in this process
     (each build above timed itself apart, minutes from the others: the VM's speed moves between
     them); prints the table, returns name -> ms."""
-    import tvm
-    from tvm import relax
+    from versus_alternatives import tuned_runner  # beside this file: the bench's call of a library
 
     from tunefleet.delivery import alternatives
     from tunefleet.delivery.timing import time_alternating
@@ -209,12 +210,7 @@ def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7) -> dic
     db, store, model = first["ctx"].db, first["ctx"].store, first["model"]
     loaded = load_model(db, store, model)
     inputs_np = loaded.random_inputs(seed=0)
-    dev = tvm.cpu()
-    inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
-    calls: dict[str, Any] = {}
-    for arm in arms:
-        main = relax.VirtualMachine(tvm.runtime.load_module(str(work / f"{arm['arm']}.so")), dev)["main"]
-        calls[arm["arm"]] = (lambda fn: lambda: fn(*inputs))(main)
+    calls: dict[str, Any] = {arm["arm"]: tuned_runner(str(work / f"{arm['arm']}.so"), inputs_np) for arm in arms}
     onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
     threads = int(db.hardware_class(HW).target.get("num-cores") or len(os.sched_getaffinity(0)))
     alt, notes = alternatives.calls(inputs_np, threads, torch_module=loaded.torch_module, onnx_bytes=onnx_bytes)

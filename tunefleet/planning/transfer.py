@@ -118,17 +118,18 @@ def _replays_and_builds(wl: Workload, trace_json: str, hw: HardwareClass | None)
     return True
 
 
-def transfer_candidates(db: Database, wl: Workload, asking: HardwareClass) -> list[tuple[float, HardwareClass]]:
-    """Other classes with a measurement of the workload, most compatible first."""
-    ranked = []
-    for hw in db.hardware_classes():
-        if hw.id == asking.id:
-            continue
-        score = compatibility(asking, hw)
-        if score is not None and db.best_measurements(wl.id, hw.id, 1):
-            ranked.append((score, hw))
+def compatible_classes(db: Database, asking: HardwareClass) -> list[tuple[float, HardwareClass]]:
+    """The other classes whose schedules may transfer to ``asking`` (:func:`compatibility` not
+    None), most compatible first, then by name."""
+    ranked = [(score, hw) for hw in db.hardware_classes()
+              if hw.id != asking.id and (score := compatibility(asking, hw)) is not None]
     ranked.sort(key=lambda pair: (-pair[0], pair[1].name))
     return ranked
+
+
+def transfer_candidates(db: Database, wl: Workload, asking: HardwareClass) -> list[tuple[float, HardwareClass]]:
+    """Other classes with a measurement of the workload, most compatible first."""
+    return [(score, hw) for score, hw in compatible_classes(db, asking) if db.best_measurements(wl.id, hw.id, 1)]
 
 
 def replays(wl: Workload, trace_json: str) -> bool:

@@ -111,15 +111,14 @@ def shape_seeds(db: Database, wl: Workload, hw: HardwareClass, *, limit: int = M
 def shape_seeds_near(db: Database, wl: Workload, hw: HardwareClass, *, limit: int = MAX_SEEDS,
                      other_classes: bool = True) -> ShapeSeeds:
     """:func:`shape_seeds` from the class's own donors first, then (``other_classes``) from the
-    compatible classes' (most compatible first, by :func:`~tunefleet.planning.transfer.compatibility`:
+    compatible classes' (most compatible first, :func:`~tunefleet.planning.transfer.compatible_classes`:
     a hub bundle's classes among them), merged up to ``limit``; a donor of another class is named
     with it."""
-    from tunefleet.planning.transfer import compatibility
+    from tunefleet.planning.transfer import compatible_classes
 
     out = ShapeSeeds()
-    ranked = sorted(((score, c) for c in db.hardware_classes() if other_classes and c.id != hw.id
-                     and (score := compatibility(hw, c)) is not None), key=lambda pair: (-pair[0], pair[1].name))
-    for source in [hw, *(c for _, c in ranked)]:
+    others = [c for _, c in compatible_classes(db, hw)] if other_classes else []
+    for source in [hw, *others]:
         if len(out.traces) >= limit:
             break
         got = shape_seeds(db, wl, hw, source=source, limit=limit - len(out.traces))
