@@ -12,8 +12,8 @@ Arms, each in a fresh tunefleet home under ``--work-dir``, the same seed:
 * ``pretrained``: the same with the shipped cost model warm-starting every shard (the hub off,
   so the model's effect is alone);
 * ``zeroshot``: no tuning; a home that holds only the shipped hub bundle, ``build --zero-shot``
-  with ``--verify`` (default ``1m``): every workload's default schedule, the schedules it borrows
-  (the hub's, other shapes') and the shipped model's proposals, verified by measurement, then
+  with ``--verify`` (default ``90s``, the proposals' search included): every workload's default
+  schedule, the schedules it borrows (the hub's, other shapes') and the shipped model's proposals, verified by measurement, then
   searches refining each workload's best measured with the budget left;
 * ``zeroshot-noborrow``: the same without the borrowed schedules (what borrowing adds; not in the
   default ``--arms``).
@@ -26,7 +26,8 @@ after every round, the trials each arm needed to reach 0.9 of the ``scratch`` ar
 and then every arm's built model timed as ``tunefleet build`` times it (alternating rounds with
 onnxruntime and PyTorch eager, on the same threads; one build after another, in this process),
 and last every arm's library and onnxruntime side by side in the same 7 alternating rounds (the
-figures to compare arms by: a VM's speed moves between the builds' own timings).
+figures to compare arms by: a VM's speed moves between the builds' own timings), with any
+``--compare LABEL=LIBRARY`` (an earlier run's arm, say) in the same rounds.
 Name the CPU next to the figures: ``lscpu``. Prints what it measured; asserts nothing.
 """
 
@@ -43,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
+
+from tunefleet.delivery.zeroshot import DEFAULT_VERIFY  # noqa: E402 - light: nothing heavy at import
 
 HW = "x86"
 ARMS = ("scratch", "pretrained", "zeroshot", "zeroshot-noborrow", "zeroshot-norefine")
@@ -120,9 +123,10 @@ def zeroshot_arm(name: str, source: str, work: Path, verify: str) -> dict[str, A
     print(f"{name}: {report.workloads} workloads, {report.predicted_workloads} predicted, {report.verified} "
           f"candidates verified (default schedules, then {report.verified_borrowed} borrowed from other shapes or "
           f"classes, proposals, and {report.verified_refined} from refining searches) in {report.verify_s:.0f} s "
-          f"(budget {report.verify_budget}); search {report.zero_shot_s_per_task or 0:.2f} s per workload; the "
+          f"after {report.propose_s:.0f} s of proposal search (budget {report.verify_budget}); search {report.zero_shot_s_per_task or 0:.2f} s per workload; the "
           f"whole build {wall:.0f} s", flush=True)
-    return {"arm": name, "report": report, "wall_s": wall, "verify_s": report.verify_s, "ctx": ctx, "model": model,
+    return {"arm": name, "report": report, "wall_s": wall, "verify_s": report.verify_s, "propose_s": report.propose_s,
+            "ctx": ctx, "model": model,
             "borrowed": report.verified_borrowed, "refined": report.verified_refined,
             "search_s_per_task": report.zero_shot_s_per_task}
 
@@ -137,11 +141,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("model", help="a zoo name outside the campaign's corpus (resnet50, vit-base) or an ONNX file")
     p.add_argument("--budget", default="15m", help="tuning budget of each tuning arm (default 15m)")
     p.add_argument("--arms", default="scratch,pretrained,zeroshot", help=f"comma-separated, of {', '.join(ARMS)}")
-    p.add_argument("--verify", default="1m", help="the zero-shot arm's verification budget (default 1m)")
+    p.add_argument("--verify", default=DEFAULT_VERIFY,
+                   help=f"the zero-shot arm's budget for proposals and verification (default {DEFAULT_VERIFY})")
+    p.add_argument("--compare", action="append", default=[], metavar="LABEL=LIBRARY",
+                   help="another exported library of the same model (an earlier run's arm, say) timed in the "
+                   "side-by-side rounds; repeatable")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, help="where the arms' homes go (default a temporary folder)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from versus_alternatives import parse_compare  # beside this file
+
+    args.compare = parse_compare(p, args.compare)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rep = zs["report"]
             rows.append({"arm": zs["arm"], "candidates": rep.verified, "wall_s": zs["wall_s"], "estimate_ms": None,
                          "trials_to_goal": None, "tuned_ms": rep.tuned_ms, "onnxruntime_ms": rep.onnxruntime_ms,
-                         "torch_ms": rep.torch_ms, "verify_s": zs["verify_s"], "borrowed": zs["borrowed"],
+                         "torch_ms": rep.torch_ms, "verify_s": zs["verify_s"], "propose_s": zs["propose_s"], "borrowed": zs["borrowed"],
                          "refined": zs["refined"], "search_s_per_task": zs["search_s_per_task"]})
         for row in rows:
             ratio = (row["tuned_ms"] / row["onnxruntime_ms"]) if row["tuned_ms"] and row["onnxruntime_ms"] else None
@@ -186,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base is not None and pre is not None and pre["trials_to_goal"] and base["trials_to_goal"]:
             print(f"trials to {REACH:.0%} of the scratch arm's final speed, pretrained / scratch: "
                   f"{pre['trials_to_goal'] / base['trials_to_goal']:.2f}")
-        together = side_by_side(work, [*results, *zero_shot])
+        together = side_by_side(work, [*results, *zero_shot], compare=args.compare)
         if args.json:
             args.json.write_text(json.dumps({"model": args.model, "budget": args.budget, "rows": rows,
                                              "side_by_side_ms": together,
@@ -194,10 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7) -> dict[str, float]:
-    """Every arm's library and onnxruntime timed in the same alternating rounds, in this process
-    (each build above timed itself apart, minutes from the others: the VM's speed moves between
-    them); prints the table, returns name -> ms."""
+def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7,
+                 compare: dict[str, str] | None = None) -> dict[str, float]:
+    """Every arm's library, the ``compare`` libraries (label -> path) and onnxruntime timed in the
+    same alternating rounds, in this process (each build above timed itself apart, minutes from the
+    others: the VM's speed moves between them); prints the table, returns name -> ms."""
     from versus_alternatives import tuned_runner  # beside this file: the bench's call of a library
 
     from tunefleet.delivery import alternatives
@@ -211,6 +224,7 @@ def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7) -> dic
     loaded = load_model(db, store, model)
     inputs_np = loaded.random_inputs(seed=0)
     calls: dict[str, Any] = {arm["arm"]: tuned_runner(str(work / f"{arm['arm']}.so"), inputs_np) for arm in arms}
+    calls.update({label: tuned_runner(path, inputs_np) for label, path in (compare or {}).items()})
     onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
     threads = int(db.hardware_class(HW).target.get("num-cores") or len(os.sched_getaffinity(0)))
     alt, notes = alternatives.calls(inputs_np, threads, torch_module=loaded.torch_module, onnx_bytes=onnx_bytes)

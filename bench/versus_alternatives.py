@@ -478,16 +478,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.rounds < 3:
         ap.error("--rounds must be at least 3")
+    args.compare = parse_compare(ap, args.compare)
+    return args
+
+
+def parse_compare(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    """``--compare LABEL=LIBRARY`` values as label -> library path; a malformed one or a missing
+    file is the parser's one-line error."""
     compare = {}
-    for item in args.compare:
+    for item in items:
         label, sep, library = item.partition("=")
         if not sep or not label:
             ap.error(f"--compare takes LABEL=LIBRARY, got {item!r}")
         if not Path(library).is_file():
             ap.error(f"--compare {label}: no such library {library}")
         compare[label] = library
-    args.compare = compare
-    return args
+    return compare
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -229,9 +229,9 @@ def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str 
         With ``zero_shot``: proposals stored per workload (default 5).
     verify : Budget, int or str, optional
         With ``zero_shot``: measure proposals here within this budget in all, a candidate count or
-        a wall time (``"90s"``), the heaviest workloads' best-scored first; each workload measured
-        so is built with its best measured schedule. None: ``DEFAULT_VERIFY`` (a minute); 0: pure
-        prediction.
+        a wall time (``"90s"``: the proposals' search and their verification together), the
+        heaviest workloads' best-scored first; each workload measured so is built with its best
+        measured schedule. None: ``DEFAULT_VERIFY`` (90 s); 0: pure prediction.
     transfer : bool, optional
         Workloads still without a schedule use the most compatible class's best one.
 

@@ -170,8 +170,9 @@ def _add_build(sub: Subparsers) -> None:
     bu.add_argument("--top-k", type=at_least(1, "--top-k"), default=5, help="with --zero-shot: proposals stored per workload (default 5)")
     bu.add_argument("--verify", type=verify_budget, default=None, metavar="BUDGET",
                     help="with --zero-shot: measure proposals here within this budget in all, a candidate count "
-                    "(40) or a wall time (90s, 2m), heaviest workloads' best-scored first; each workload measured "
-                    "so is built with its best measured schedule; 0: pure prediction (default 1m)")
+                    "(40) or a wall time (90s, 2m: the proposals' search included), heaviest workloads' "
+                    "best-scored first; each workload measured so is built with its best measured schedule; "
+                    "0: pure prediction (default 90s)")
     bu.add_argument("--transfer", action="store_true",
                     help="workloads never measured on this class use the most compatible class's best schedule")
     bu.set_defaults(handler=cmd_build)

@@ -77,7 +77,8 @@ def report_table(report: Any) -> None:
               "(not measured)" + (f"; search {report.zero_shot_s_per_task:.1f}s per task"
                                   if report.zero_shot_s_per_task else ""))
     if report.verify_budget:
-        print(f"zero-shot verification (--verify {report.verify_budget}): {report.verified} candidate(s) measured in "
+        print(f"zero-shot verification (--verify {report.verify_budget}): proposals searched in "
+              f"{getattr(report, 'propose_s', 0.0):.0f}s, then {report.verified} candidate(s) measured in "
               f"{report.verify_s:.0f}s (default schedules first, then {report.verified_borrowed} borrowed from other "
               f"shapes or classes, proposals, and {report.verified_refined} from searches refining the best "
               "measured); each workload measured so is built with its best measured schedule")

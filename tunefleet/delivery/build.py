@@ -87,6 +87,9 @@ class BuildReport:
     """The zero-shot verification budget (``40`` candidates, ``1m``); None: pure prediction."""
     verify_s: float = 0.0
     """Wall time the verification took."""
+    propose_s: float = 0.0
+    """Wall time the proposals' searches took before the verification (a wall-time ``verify_budget``
+    covers both)."""
     recipe: str = ""
     """The extraction recipe of the class's build (e.g. ``nhwc+prepack+fastmath+fold``)."""
     delivered: str = ""
@@ -326,7 +329,7 @@ def resolve(
         report.verified = sum(w.verified for w in zs.workloads)
         report.verified_borrowed = sum(w.borrowed for w in zs.workloads)
         report.verified_refined = sum(w.refined for w in zs.workloads)
-        report.verify_budget, report.verify_s = zs.verify_budget, zs.verify_seconds
+        report.verify_budget, report.verify_s, report.propose_s = zs.verify_budget, zs.verify_seconds, zs.search_seconds
     _hub_provenance(db, report, bests, ids, hw.id)
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
 

@@ -40,15 +40,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 5
-DEFAULT_VERIFY = "1m"
-"""What ``build --zero-shot`` measures unless told (``--verify``): a minute of wall time in all,
-heaviest workloads first."""
+DEFAULT_VERIFY = "90s"
+"""What ``build --zero-shot`` spends unless told (``--verify``): 90 s of wall time for the proposals'
+searches and their verification together (a tenth of the default 15-minute tuning), heaviest
+workloads first."""
 BORROWED = 3
 """Borrowed schedules (:func:`borrowed_schedules`) verification measures per workload, after its
 default schedule and before the model's proposals."""
 REFINED = 4
 """New schedules one refining step measures for a workload (a search seeded with its best
 measured schedules), once its default, borrowed and proposed schedules are measured."""
+VERIFY_BATCH = 4
+"""Schedules of one workload verification measures together after its default (and a refining
+step's): the builder compiles a batch in parallel, and a batch pays the measurement's set-up once."""
 
 
 def parse_verify(value: str | int | Budget, *, name: str = "verify") -> Budget | int:
@@ -98,6 +102,9 @@ class ZeroShotResult:
     verify_candidates: int = 0
     """Schedules verification measured (defaults, borrowed schedules and proposals)."""
     verify_seconds: float = 0.0
+    """Wall time of the verification (measuring, and the refining searches)."""
+    search_seconds: float = 0.0
+    """Wall time of the proposals' searches before the verification (a wall-time budget counts it)."""
 
     @property
     def searched(self) -> list[WorkloadPrediction]:
@@ -116,7 +123,7 @@ class ZeroShotResult:
         return {"hardware": self.hardware, "cost_model_version": self.cost_model_version,
                 "seconds_per_task": self.seconds_per_task, "verify_budget": self.verify_budget,
                 "verify_candidates": self.verify_candidates, "verify_seconds": self.verify_seconds,
-                "workloads": [asdict(w) for w in self.workloads]}
+                "search_seconds": self.search_seconds, "workloads": [asdict(w) for w in self.workloads]}
 
 
 def require_model(db: Database, store: ArtifactStore, hardware: str, *, pretrained: bool = True) -> TrainedModel:
@@ -153,7 +160,10 @@ def predict_workloads(
     them by measurement within the ``verify`` budget.
 
     ``verify`` is a total: a :class:`~tunefleet.budget.Budget` of candidates or of wall time (an
-    int is a candidate count; None or 0 measures nothing: pure prediction). It is spent in the
+    int is a candidate count; None or 0 measures nothing: pure prediction). A wall time counts from
+    the start of this call: the proposals' searches and their verification together (the searches
+    are never cut: a workload without proposals would keep its default schedule, so a model whose
+    searches alone take longer than the budget verifies nothing). It is spent in the
     order of ``workload_ids`` (a build gives the heaviest first): every workload's default
     (unscheduled) program, as a tuning round measures it, then the schedules each can borrow
     (:func:`borrowed_schedules`, up to :data:`BORROWED`) and its proposals, by rank: every
@@ -177,6 +187,7 @@ def predict_workloads(
         verify = Budget(trials=verify) if verify else None
     hw = db.hardware_class(hardware)
     model = model or require_model(db, store, hardware, pretrained=pretrained)
+    started = time.monotonic()
     result = ZeroShotResult(hw.name, model.version, verify_budget=None if verify is None else str(verify))
     to_verify: list[tuple[Workload, WorkloadPrediction, list[Any]]] = []
     for wl_id in workload_ids:
@@ -202,8 +213,10 @@ def predict_workloads(
         result.workloads.append(item)
         if on_workload is not None and verify is None:
             on_workload(item)
+    result.search_seconds = time.monotonic() - started
     if verify is not None and to_verify:
-        _verify(db, hw, to_verify, verify, tuner, result, model=model, seed=seed, weights=weights or {})
+        _verify(db, hw, to_verify, verify, tuner, result, model=model, seed=seed, weights=weights or {},
+                started=started)
         for _, item, _ in to_verify:
             if on_workload is not None:
                 on_workload(item)
@@ -227,10 +240,11 @@ def borrowed_schedules(db: Database, wl: Workload, hw: HardwareClass, limit: int
 
 def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, WorkloadPrediction, list[Any]]],
             budget: Budget, tuner: Tuner | None, result: ZeroShotResult, *, model: TrainedModel, seed: int,
-            weights: dict[int, int]) -> None:
+            weights: dict[int, int], started: float | None = None) -> None:
     """Measure every workload's default schedule, then the schedules it borrows and its proposals
-    by rank (every workload's first, then every second, ...) within ``budget``, then refine with
-    what is left (:func:`_refine`)."""
+    by rank, :data:`VERIFY_BATCH` at a time (every workload's first batch, then every second, ...)
+    within ``budget``, then refine with what is left (:func:`_refine`). A wall-time budget counts from ``started`` (``time.monotonic``;
+    default now): the proposals' searches before it count too."""
     from tunefleet.engine.learned import measure_traces
 
     own_tuner = None
@@ -239,17 +253,26 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
 
         tuner = own_tuner = Tuner(db, hw.name)
     t0 = time.monotonic()
+    since = t0 if started is None else started
 
     def spent() -> bool:
         if budget.trials is not None:
             return result.verify_candidates >= budget.trials
-        return time.monotonic() - t0 >= float(budget.seconds or 0.0)
+        return time.monotonic() - since >= float(budget.seconds or 0.0)
 
-    def measure(wl: Workload, item: WorkloadPrediction, trace_json: str | None, args_info: Any) -> int:
-        # A schedule measured already (a proposal that is the default schedule, say) is skipped by
-        # measure_traces: it costs nothing and counts nothing against the budget.
-        n = measure_traces(db, wl, hw, [(trace_json, args_info)], builder=tuner.builder, runner=tuner.runner)
+    def measure(wl: Workload, item: WorkloadPrediction, batch: list[tuple[str | None, Any, bool]]) -> int:
+        """One batch of (trace JSON or None for the default, args_info, borrowed) of a workload, cut
+        to what a candidate budget has left. A schedule measured already (a proposal that is the
+        default schedule, say) is skipped by measure_traces: it costs nothing and counts nothing."""
+        if budget.trials is not None:
+            batch = batch[:max(0, budget.trials - result.verify_candidates)]
+        if not batch:
+            return 0
+        sent: list[int] = []
+        n = measure_traces(db, wl, hw, [(t, a) for t, a, _ in batch], builder=tuner.builder, runner=tuner.runner,
+                           sent=sent)
         item.verified += n
+        item.borrowed += sum(batch[i][2] for i in sent)
         result.verify_candidates += n
         return n
 
@@ -264,16 +287,14 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
             borrowed = borrowed_schedules(db, wl, hw, BORROWED)  # read now: the bench sets BORROWED = 0
             queues.append((wl, item, [(t, None, True) for t in borrowed]
                            + [(p.trace_json, p.args_info, False) for p in preds]))
-            measure(wl, item, None, None)
-        for rank in range(max(len(queue) for _, _, queue in queues)):
+            measure(wl, item, [(None, None, False)])
+        for start in range(0, max(len(queue) for _, _, queue in queues), VERIFY_BATCH):
             for wl, item, queue in queues:
-                if rank >= len(queue):
+                if start >= len(queue):
                     continue
                 if spent():
                     return
-                trace_json, args_info, is_borrowed = queue[rank]
-                n = measure(wl, item, trace_json, args_info)
-                item.borrowed += n if is_borrowed else 0
+                measure(wl, item, queue[start:start + VERIFY_BATCH])
                 item.status = "verified"
         _refine(db, hw, [(wl, item) for wl, item, _ in queues], model, seed=seed, weights=weights,
                 measure=measure, spent=spent)
@@ -312,13 +333,10 @@ def _refine(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
             known = db.measured_trace_hashes(wl.id, hw.id)
             found = propose(wl, hw, model, top_k=REFINED + len(known), seed=seed + step, database=database)
             fresh = [p for p in found.proposals if p.trace_sha256 not in known][:REFINED]
-            measured = 0
-            for p in fresh:
-                if spent():
-                    return
-                n = measure(wl, item, p.trace_json, p.args_info)
-                item.refined += n
-                measured += n
+            if spent():
+                return
+            measured = measure(wl, item, [(p.trace_json, p.args_info, False) for p in fresh])
+            item.refined += measured
             if not measured:
                 active.remove((wl, item))
 
@@ -328,8 +346,9 @@ def model_workload_ids(db: Database, model_id: int) -> list[int]:
     return [wl.id for wl, _ in db.workloads(model_id=model_id)]
 
 
-__all__ = ["BORROWED", "DEFAULT_TOP_K", "DEFAULT_VERIFY", "REFINED", "WorkloadPrediction", "ZeroShotResult",
-           "borrowed_schedules", "model_workload_ids", "parse_verify", "predict_workloads", "require_model"]
+__all__ = ["BORROWED", "DEFAULT_TOP_K", "DEFAULT_VERIFY", "REFINED", "VERIFY_BATCH", "WorkloadPrediction",
+           "ZeroShotResult", "borrowed_schedules", "model_workload_ids", "parse_verify", "predict_workloads",
+           "require_model"]
 
 
 @dataclass

@@ -181,11 +181,14 @@ def measure_traces(
     *,
     builder: Any,
     runner: Any,
+    sent: list[int] | None = None,
 ) -> int:
-    """Build, run and commit the given schedules of a workload as measurements (no shard).
+    """Build, run and commit the given schedules of a workload as measurements (no shard), as one
+    batch (the builder compiles them in parallel).
 
     ``traces`` are (trace JSON, args_info) pairs, e.g. stored predictions. Schedules already
-    measured on this class are skipped. Returns how many were measured.
+    measured on this class, or twice in ``traces``, are measured once. Returns how many were
+    measured; ``sent``, when given, receives the indices in ``traces`` of those sent to be measured.
     """
     import tempfile
 
@@ -195,11 +198,19 @@ def measure_traces(
     from tunefleet.tvm.search import FixedCandidates
     from tunefleet.tvm.targets import make_target, target_fingerprint
 
-    known = db.measured_trace_hashes(wl.id, hw.id)
+    seen = set(db.measured_trace_hashes(wl.id, hw.id))
     mod = tvm.ir.load_json(wl.tir_json)
     target = make_target(hw.target)
-    cands = [c for c in (candidate(mod, trace_json, args_info) for trace_json, args_info in traces)
-             if trace_sha256_of(c.sch) not in known]
+    cands = []
+    for i, (trace_json, args_info) in enumerate(traces):
+        c = candidate(mod, trace_json, args_info)
+        sha = trace_sha256_of(c.sch)
+        if sha in seen:
+            continue
+        seen.add(sha)
+        cands.append(c)
+        if sent is not None:
+            sent.append(i)
     if not cands:
         return 0
     ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply",
