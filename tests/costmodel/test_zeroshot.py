@@ -127,7 +127,7 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
         assert item.borrowed == len(lent[wl.id][:n])
     assert predict_workloads(db, store, "x86", [chosen[0].id]).workloads[0].status == "measured"
 
-    # a wall-time budget is checked before each candidate: 100 ms (their proposals are stored: no
+    # a wall-time budget is checked before each batch: 100 ms (their proposals are stored: no
     # search) let the first (a default schedule, which takes longer) start, no second
     others = [wl for wl, _ in db.workloads(cnn.id)][2:4]
     timed = predict_workloads(db, store, "x86", [wl.id for wl in others], verify=Budget(seconds=0.1))

@@ -163,19 +163,20 @@ def predict_workloads(
     int is a candidate count; None or 0 measures nothing: pure prediction). A wall time counts from
     the start of this call: the proposals' searches and their verification together (the searches
     are never cut: a workload without proposals would keep its default schedule, so a model whose
-    searches alone take longer than the budget verifies nothing). It is spent in the
-    order of ``workload_ids`` (a build gives the heaviest first): every workload's default
-    (unscheduled) program, as a tuning round measures it, then the schedules each can borrow
-    (:func:`borrowed_schedules`, up to :data:`BORROWED`) and its proposals, by rank: every
-    workload's first, then every second, and so on up to ``top_k`` proposals each. A budget left
-    after all of them refines: the model searches each workload again from its best measured
-    schedules and :data:`REFINED` new ones are measured, the workloads whose best measured time
-    times their ``weights`` (calls in the model, default 1) is largest first, round after round
-    until the budget is spent or no search finds a schedule not measured yet. A wall
-    time is checked before each candidate. ``tuner`` (its builder and runner) measures them; one
-    is created for the class when there is a budget and none is given (which refuses a class this
-    node cannot run). A class without a promoted model of its own predicts with the shipped one
-    (version 0) unless ``pretrained`` is off (:func:`require_model`).
+    searches alone take longer than the budget verifies nothing). It is spent in the order of
+    ``workload_ids`` (a build gives the heaviest first): every workload's default (unscheduled)
+    program, as a tuning round measures it, then the schedules each can borrow
+    (:func:`borrowed_schedules`, up to :data:`BORROWED`) and its proposals, by rank,
+    :data:`VERIFY_BATCH` at a time: every workload's first batch, then every second, and so on up
+    to ``top_k`` proposals each. A budget left after all of them refines: the model searches each
+    workload again from its best measured schedules and :data:`REFINED` new ones are measured, the
+    workloads whose best measured time times their ``weights`` (calls in the model, default 1) is
+    largest first, round after round until the budget is spent or no search finds a schedule not
+    measured yet. A wall time is checked before each batch, with the time the last batch took
+    still ahead. ``tuner`` (its builder and runner) measures them; one is created for the class
+    when there is a budget and none is given (which refuses a class this node cannot run). A class
+    without a promoted model of its own predicts with the shipped one (version 0) unless
+    ``pretrained`` is off (:func:`require_model`).
     """
     from tunefleet.budget import Budget
 
@@ -254,11 +255,14 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
         tuner = own_tuner = Tuner(db, hw.name)
     t0 = time.monotonic()
     since = t0 if started is None else started
+    last_batch_s = [0.0]
 
     def spent() -> bool:
         if budget.trials is not None:
             return result.verify_candidates >= budget.trials
-        return time.monotonic() - since >= float(budget.seconds or 0.0)
+        # The next batch is expected to take what the last one took: one that cannot end within
+        # the budget does not start (checking only that time is left let the last batch overrun).
+        return time.monotonic() - since + last_batch_s[0] >= float(budget.seconds or 0.0)
 
     def measure(wl: Workload, item: WorkloadPrediction, batch: list[tuple[str | None, Any, bool]]) -> int:
         """One batch of (trace JSON or None for the default, args_info, borrowed) of a workload, cut
@@ -269,8 +273,10 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
         if not batch:
             return 0
         sent: list[int] = []
+        began = time.monotonic()
         n = measure_traces(db, wl, hw, [(t, a) for t, a, _ in batch], builder=tuner.builder, runner=tuner.runner,
                            sent=sent)
+        last_batch_s[0] = time.monotonic() - began
         item.verified += n
         item.borrowed += sum(batch[i][2] for i in sent)
         result.verify_candidates += n
