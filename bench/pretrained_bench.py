@@ -13,8 +13,8 @@ Arms, each in a fresh tunefleet home under ``--work-dir``, the same seed:
   so the model's effect is alone);
 * ``zeroshot``: no tuning; a home that holds only the shipped hub bundle, ``build --zero-shot``
   with ``--verify`` (default ``90s``, the proposals' search included): every workload's default
-  schedule, the schedules it borrows (the hub's, other shapes') and the shipped model's proposals, verified by measurement, then
-  searches refining each workload's best measured with the budget left;
+  schedule, the schedules it borrows (the hub's, other shapes') and the shipped model's proposals,
+  verified by measurement, then searches refining each workload's best measured with the budget left;
 * ``zeroshot-noborrow``: the same without the borrowed schedules (what borrowing adds; not in the
   default ``--arms``).
 * ``zeroshot-norefine``: the same without refining (verification ends when the defaults, borrowed
@@ -123,7 +123,8 @@ def zeroshot_arm(name: str, source: str, work: Path, verify: str) -> dict[str, A
     print(f"{name}: {report.workloads} workloads, {report.predicted_workloads} predicted, {report.verified} "
           f"candidates verified (default schedules, then {report.verified_borrowed} borrowed from other shapes or "
           f"classes, proposals, and {report.verified_refined} from refining searches) in {report.verify_s:.0f} s "
-          f"after {report.propose_s:.0f} s of proposal search (budget {report.verify_budget}); search {report.zero_shot_s_per_task or 0:.2f} s per workload; the "
+          f"after {report.propose_s:.0f} s of proposal search (budget {report.verify_budget}); "
+          f"search {report.zero_shot_s_per_task or 0:.2f} s per workload; the "
           f"whole build {wall:.0f} s", flush=True)
     return {"arm": name, "report": report, "wall_s": wall, "verify_s": report.verify_s, "propose_s": report.propose_s,
             "ctx": ctx, "model": model,
@@ -185,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rep = zs["report"]
             rows.append({"arm": zs["arm"], "candidates": rep.verified, "wall_s": zs["wall_s"], "estimate_ms": None,
                          "trials_to_goal": None, "tuned_ms": rep.tuned_ms, "onnxruntime_ms": rep.onnxruntime_ms,
-                         "torch_ms": rep.torch_ms, "verify_s": zs["verify_s"], "propose_s": zs["propose_s"], "borrowed": zs["borrowed"],
+                         "torch_ms": rep.torch_ms, "verify_s": zs["verify_s"], "propose_s": zs["propose_s"],
+                         "borrowed": zs["borrowed"],
                          "refined": zs["refined"], "search_s_per_task": zs["search_s_per_task"]})
         for row in rows:
             ratio = (row["tuned_ms"] / row["onnxruntime_ms"]) if row["tuned_ms"] and row["onnxruntime_ms"] else None

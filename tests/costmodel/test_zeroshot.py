@@ -107,9 +107,9 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
 
     # a budget of 5 candidates over two workloads: both default schedules, then the first workload's
     # first batch (what it borrows, then its proposals) cut to the 3 left, nothing more of the
-    # second (its default only: not "verified"); measured outside any shard. A proposal that is the default schedule (a small space
-    # can propose it) is measured already: skipped, uncounted. A workload of an operator mlp has at
-    # another shape borrows mlp's schedules before the proposals.
+    # second (its default only: not "verified"); measured outside any shard. A proposal that is the
+    # default schedule (a small space can propose it) is measured already: skipped, uncounted. A
+    # workload of an operator mlp has at another shape borrows mlp's schedules before the proposals.
     from tunefleet.tvm.traces import candidate, trace_sha256_of
 
     chosen = [wl for wl, _ in db.workloads(cnn.id)][:2]

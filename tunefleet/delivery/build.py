@@ -329,7 +329,8 @@ def resolve(
         report.verified = sum(w.verified for w in zs.workloads)
         report.verified_borrowed = sum(w.borrowed for w in zs.workloads)
         report.verified_refined = sum(w.refined for w in zs.workloads)
-        report.verify_budget, report.verify_s, report.propose_s = zs.verify_budget, zs.verify_seconds, zs.search_seconds
+        report.verify_budget, report.verify_s = zs.verify_budget, zs.verify_seconds
+        report.propose_s = zs.search_seconds
     _hub_provenance(db, report, bests, ids, hw.id)
     return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
 

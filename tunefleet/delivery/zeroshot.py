@@ -244,8 +244,8 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
             weights: dict[int, int], started: float | None = None) -> None:
     """Measure every workload's default schedule, then the schedules it borrows and its proposals
     by rank, :data:`VERIFY_BATCH` at a time (every workload's first batch, then every second, ...)
-    within ``budget``, then refine with what is left (:func:`_refine`). A wall-time budget counts from ``started`` (``time.monotonic``;
-    default now): the proposals' searches before it count too."""
+    within ``budget``, then refine with what is left (:func:`_refine`). A wall-time budget counts
+    from ``started`` (``time.monotonic``; default now): the proposals' searches before it count too."""
     from tunefleet.engine.learned import measure_traces
 
     own_tuner = None
