@@ -45,6 +45,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
 
+from versus_alternatives import parse_compare, tuned_runner  # noqa: E402 - beside this file; light at import
+
 from tunefleet.delivery.zeroshot import DEFAULT_VERIFY  # noqa: E402 - light: nothing heavy at import
 
 HW = "x86"
@@ -151,8 +153,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, help="where the arms' homes go (default a temporary folder)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = p.parse_args(argv)
-    from versus_alternatives import parse_compare  # beside this file
-
     args.compare = parse_compare(p, args.compare)
     return args
 
@@ -213,8 +213,6 @@ def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7,
     """Every arm's library, the ``compare`` libraries (label -> path) and onnxruntime timed in the
     same alternating rounds, in this process (each build above timed itself apart, minutes from the
     others: the VM's speed moves between them); prints the table, returns name -> ms."""
-    from versus_alternatives import tuned_runner  # beside this file: the bench's call of a library
-
     from tunefleet.delivery import alternatives
     from tunefleet.delivery.timing import time_alternating
     from tunefleet.models.ingest import load_model

@@ -198,7 +198,7 @@ def measure_traces(
     from tunefleet.tvm.search import FixedCandidates
     from tunefleet.tvm.targets import make_target, target_fingerprint
 
-    seen = set(db.measured_trace_hashes(wl.id, hw.id))
+    seen = db.measured_trace_hashes(wl.id, hw.id)  # a new set: the batch's own hashes join it
     mod = tvm.ir.load_json(wl.tir_json)
     target = make_target(hw.target)
     cands = []

@@ -362,20 +362,21 @@ def plan_replay_round(db: Database, hardware: str, model_ids: Sequence[int], bud
                       seeds: int = REPLAY_SEEDS, max_leases: int = 3) -> RoundResult:
     """Plan the replay round (:meth:`Rounds._replay`), if no round of ``budget`` was planned yet and
     at least half of the models' workloads with no measurement on the class have a record on a
-    compatible class (:func:`~tunefleet.planning.transfer.transfer_candidates`: a hub class first;
+    compatible class (:func:`~tunefleet.planning.transfer.compatible_classes`: a hub class first;
     else the first round of search is planned, as without a hub): a shard of
     ``1 + seeds`` trials for each workload with no measurement on the class, the heaviest (weight x
     FLOPs) first — the default schedule and ``seeds`` transferred ones (its ``planned`` events carry
     ``replay``: the shard's transfer seeding takes all of its trials but the default's,
     :class:`~tunefleet.engine.policies.Transfer`), or for a workload no class holds, ``seeds``
     candidates of its search. ``RoundResult.replayed`` counts the first kind."""
-    from tunefleet.planning.transfer import transfer_candidates
+    from tunefleet.planning.transfer import compatible_classes
 
     hw = db.hardware_class(hardware)
     with db.planning(hw.id):
         view = db.budget_view(hw.id, list(model_ids), since)
         rows = [r for r in view.rows if r.committed == 0 and r.outstanding == 0] if view.rounds == 0 else []
-        held = {r.workload_id for r in rows if transfer_candidates(db, db.workload(r.workload_id), hw)}
+        others = [c for _, c in compatible_classes(db, hw)] if rows else []  # read once, not per workload
+        held = {r.workload_id for r in rows if any(db.best_measurements(r.workload_id, c.id, 1) for c in others)}
         # A model the hub holds less than half of is better served by a first round of search, as
         # without a hub (its shards measure the hub's schedules first all the same): two trials of
         # search for most of its workloads would deliver less than the first round does.
