@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import sys
 import tempfile
@@ -48,6 +49,8 @@ CONFIGS: tuple[tuple[str, int, dict[str, Any]], ...] = (
     ("rank:pairwise", 300, {"eta": 0.1}),
 )
 """(objective, boosting rounds, parameters over the defaults) compared on the held-out split."""
+METRICS = ("pairwise_accuracy", "pairwise_by_workload", "peak@1", "peak@5")
+"""The held-out metrics printed, and kept in the model's metadata (``tunefleet.learning.costmodel``)."""
 
 
 def load_table(sources: list[Path], work: Path) -> tuple[Any, list[dict[str, Any]]]:
@@ -80,7 +83,61 @@ def row(name: str, m: dict[str, Any]) -> str:
     def f(key: str) -> str:
         return "n/a" if m.get(key) is None else f"{m[key]:.3f}"
 
-    return f"{name:34s} {f('pairwise_accuracy'):>8s} {f('peak@1'):>7s} {f('peak@5'):>7s}"
+    return (f"{name:34s} {f('pairwise_accuracy'):>8s} {f('pairwise_by_workload'):>11s} {f('peak@1'):>7s} "
+            f"{f('peak@5'):>7s}")
+
+
+GAPS = (0.02, 0.05, 0.1, 0.25)
+"""Edges of the run-time gap buckets of :func:`by_gap` (the slower candidate's time / the faster's, minus 1)."""
+
+
+def by_gap(scores: Any, table: Any) -> list[tuple[str, int, float | None]]:
+    """(bucket, pairs, pairwise accuracy) of the held-out pairs by how far apart their run times
+    are: where the ranking's misses are (near-ties that the measurements' own noise can reverse,
+    or clear differences)."""
+    import numpy as np
+
+    from tunefleet.learning import costmodel as cm
+
+    ok = cm._ok_mask(table)
+    labels, sc, groups = cm._labels(table)[ok], np.asarray(scores, dtype=np.float64)[ok], cm._group_ids(table)[ok]
+    edges = np.array(GAPS)
+    pairs = np.zeros(len(GAPS) + 1)
+    credit = np.zeros(len(GAPS) + 1)
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        lab, s = labels[idx], sc[idx]
+        better = lab[:, None] > lab[None, :]  # each unordered pair once, from its faster row
+        gap = np.divide(lab[:, None], lab[None, :])[better] - 1.0
+        ds = np.sign(s[:, None] - s[None, :])[better]
+        bucket = np.searchsorted(edges, gap, side="right")
+        np.add.at(pairs, bucket, 1)
+        np.add.at(credit, bucket, (ds > 0) + 0.5 * (ds == 0))
+    names = [f"< {GAPS[0]:.0%}", *(f"{a:.0%}-{b:.0%}" for a, b in itertools.pairwise(GAPS)), f">= {GAPS[-1]:.0%}"]
+    return [(name, int(n), float(c / n) if n else None) for name, n, c in zip(names, pairs, credit)]
+
+
+def noise_by_gap(table: Any) -> list[tuple[str, int, float | None]]:
+    """:func:`by_gap` of the measurements themselves: each candidate's first repeat ranking the pairs
+    labelled by the mean of its other repeats, the ceiling that run-to-run noise leaves a model."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tunefleet.learning import costmodel as cm
+
+    runs = table["run_secs"].to_pylist()
+    ok = cm._ok_mask(table)
+    keep = [i for i, r in enumerate(runs) if ok[i] and r and len(r) >= 2]
+    sub = table.take(keep)
+    labels = pa.array([1.0 / float(np.mean(runs[i][1:])) for i in keep], pa.float64())
+    sub = sub.set_column(sub.schema.get_field_index("label"), "label", labels)
+    return by_gap(np.array([1.0 / runs[i][0] for i in keep]), sub)
+
+
+def gap_line(gaps: list[tuple[str, int, float | None]]) -> str:
+    total = max(1, sum(n for _, n, _ in gaps))
+    return "; ".join(f"{name}: {n} pairs ({n / total:.0%}), {acc:.3f}" if acc is not None else f"{name}: none"
+                     for name, n, acc in gaps)
 
 
 def evaluate(table: Any, dims: set[int]) -> tuple[tuple[str, int, dict[str, Any]], dict[str, Any]]:
@@ -93,7 +150,7 @@ def evaluate(table: Any, dims: set[int]) -> tuple[tuple[str, int, dict[str, Any]
     print(f"held out: {n_test} workloads ({test_t.num_rows} rows) with a dimension in {sorted(dims)}; "
           f"trained on {n_train} workloads ({train_t.num_rows} rows)")
     base = cm.baselines(test_t)
-    print(f"{'ranking':34s} {'pairwise':>8s} {'peak@1':>7s} {'peak@5':>7s}")
+    print(f"{'ranking':34s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}")
     for name, m in base.items():
         print(row(f"{name} ranking", m))
     results = []
@@ -101,15 +158,20 @@ def evaluate(table: Any, dims: set[int]) -> tuple[tuple[str, int, dict[str, Any]
         t0 = time.perf_counter()
         model = cm.train(train_t, objective=objective, num_boost_round=rounds, params=params)
         metrics = cm.evaluate(model, test_t)
-        results.append(((objective, rounds, params), metrics))
+        results.append(((objective, rounds, params), metrics, model))
         label = f"{objective} {rounds} rounds" + "".join(f" {k}={v}" for k, v in params.items())
         print(row(label, metrics) + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
-    best, metrics = max(results, key=lambda r: cm._rank_key(r[1]))
+    best, metrics, chosen = max(results, key=lambda r: cm._rank_key(r[1]))
+    gaps, noise = by_gap(chosen.predict(test_t), test_t), noise_by_gap(test_t)
+    print(f"held-out pairs by their run-time gap, pairwise accuracy of the best configuration: {gap_line(gaps)}")
+    print(f"the same pairs ranked by each candidate's first repeat (the noise ceiling): {gap_line(noise)}")
     floor = cm.baseline_floor(base)
     report = {"dims": sorted(dims), "workloads": n_test, "rows": test_t.num_rows, "train_workloads": n_train,
               "train_rows": train_t.num_rows, "floor": floor,
-              "metrics": {k: metrics.get(k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "n_pairs")},
-              "baselines": {name: {k: m.get(k) for k in ("pairwise_accuracy", "peak@1", "peak@5")}
+              "metrics": {k: metrics.get(k) for k in (*METRICS, "n_pairs")},
+              "by_gap": [{"gap": name, "pairs": n, "pairwise_accuracy": acc, "first_repeat": ceiling}
+                         for (name, n, acc), (_, _, ceiling) in zip(gaps, noise)],
+              "baselines": {name: {k: m.get(k) for k in METRICS}
                             for name, m in base.items()}}
     return best, report
 

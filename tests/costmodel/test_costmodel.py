@@ -77,6 +77,16 @@ def test_pairwise_accuracy_hand_computed() -> None:
     assert costmodel.evaluate_scores(np.zeros(5), t)["pairwise_accuracy"] == 0.5
 
 
+def test_pairwise_by_workload_weighs_each_workload_by_its_rows() -> None:
+    # a: 4 rows, 6 pairs, all ordered right (1.0); b: 2 rows, 1 pair, reversed (0.0).
+    t = tiny([1.0, 0.5, 0.25, 0.125, 1.0, 0.5], ["a"] * 4 + ["b"] * 2)
+    m = costmodel.evaluate_scores(np.array([4.0, 3.0, 2.0, 1.0, 0.0, 1.0]), t)
+    assert m["pairwise_accuracy"] == pytest.approx(6 / 7)  # pooled: a's pairs outnumber b's 6 to 1
+    assert m["pairwise_by_workload"] == pytest.approx((4 * 1.0 + 2 * 0.0) / 6)  # a weighs 4 rows, b 2
+    single = tiny([1.0, 1.0], ["a", "a"])  # no pair with different labels anywhere
+    assert costmodel.evaluate_scores(np.zeros(2), single)["pairwise_by_workload"] is None
+
+
 def test_equal_labels_and_errors_are_not_pairs() -> None:
     t = tiny([1.0, 1.0, 0.0, 0.5], ["a", "a", "a", "a"])  # the error row (label 0) is ignored
     m = costmodel.evaluate_scores(np.array([0.0, 1.0, 9.0, 0.5]), t)

@@ -87,6 +87,12 @@ def test_shape_families_are_held_out_whole() -> None:
     assert costmodel.shape_holdout(table, {384}) == {"a"}
     assert costmodel.shape_holdout(table, {768}) == {"a", "b"}
     assert costmodel.shape_holdout(table, {7}) == set()
+    # a workload whose rows name different shapes (a packed weight) is held out by any of them, in any order
+    packed = [[["TENSOR", "float32", [1, 256]], ["TENSOR", "float32", [256, 64]]],
+              [["TENSOR", "float32", [1, 256]], ["TENSOR", "float32", [8, 64, 32]]]]
+    for rows in (packed, packed[::-1]):
+        t = pa.table({"workload_hash": ["d", "d"], "args_info": [json.dumps(r) for r in rows]})
+        assert costmodel.shape_holdout(t, {32}) == {"d"}
 
 
 @pytest.mark.slow
@@ -107,3 +113,18 @@ def test_pretrain_trains_on_a_bundle_and_holds_out_a_shape_family(tmp_path: Path
     assert model.meta["heldout"]["dims"] == [768] and held["workloads"] == model.meta["heldout"]["workloads"] > 0
     assert model.meta["trained_on"]["rows"] == held["rows"] + held["train_rows"]
     assert model.meta["trained_on"]["sources"][0]["file"] == DEFAULT_BUNDLE.name
+
+
+def test_pretrain_counts_pairs_by_their_run_time_gap() -> None:
+    """bench/pretrain.py's diagnostic: each pair once, in the bucket of its gap, credited as the metric credits it."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import pretrain
+
+    labels = [1.0, 1 / 1.01, 1 / 1.3, 1.0, 1 / 1.07]  # a: gaps 1 %, 30 %, 28.7 %; b: 7 %
+    t = pa.table({"workload_hash": ["a", "a", "a", "b", "b"], "hardware": ["x86"] * 5, "label": labels,
+                  "error_kind": pa.array([None] * 5, pa.string())})
+    gaps = {name: (n, acc) for name, n, acc in pretrain.by_gap(np.array([0.0, 1.0, 0.5, 2.0, 2.0]), t)}
+    assert gaps["< 2%"] == (1, 0.0)  # 1.0 vs 1/1.01 scored the wrong way round
+    assert gaps[">= 25%"] == (2, 0.5)  # 1.0 vs 1/1.3 wrong; 1/1.01 vs 1/1.3 right
+    assert gaps["5%-10%"] == (1, 0.5)  # a tie in the scores counts half
+    assert gaps["2%-5%"] == (0, None) and gaps["10%-25%"] == (0, None)

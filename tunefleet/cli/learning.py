@@ -65,14 +65,16 @@ def cmd_costmodel_retrain(args: argparse.Namespace, settings: Settings) -> int:
     res = retrain(ctx.db, ctx.store, args.hardware, objective=args.objective, seed=args.seed,
                   holdout_fraction=args.holdout, holdout_models=args.holdout_model or None)
     m = res.metrics
-    rows = [("new model v%d" % res.version, *(_metric(m["heldout"], k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "r2")))]
+    keys = ("pairwise_accuracy", "pairwise_by_workload", "peak@1", "peak@5", "r2")
+    rows = [("new model v%d" % res.version, *(_metric(m["heldout"], k) for k in keys))]
     if m.get("current_on_heldout"):
-        rows.append(("current model", *(_metric(m["current_on_heldout"], k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "r2"))))
+        rows.append(("current model", *(_metric(m["current_on_heldout"], k) for k in keys)))
     for name, base in (m.get("baselines") or {}).items():
-        rows.append((f"{name} ranking", *(_metric(base, k) for k in ("pairwise_accuracy", "peak@1", "peak@5", "r2"))))
+        rows.append((f"{name} ranking", *(_metric(base, k) for k in keys)))
     split = m.get("split", {})
     table(f"cost model for {args.hardware}: held-out workloads {split.get('test_workloads', '?')} "
-          f"(trained on {split.get('train_workloads', '?')})", ["model", "pairwise acc", "peak@1", "peak@5", "R2"], rows)
+          f"(trained on {split.get('train_workloads', '?')})",
+          ["model", "pairwise acc", "by workload", "peak@1", "peak@5", "R2"], rows)
     print(f"{'promoted' if res.promoted else 'NOT promoted'}: {res.reason} ({res.artifact_uri})")
     return 0
 

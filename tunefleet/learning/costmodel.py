@@ -28,7 +28,10 @@ throughput (one normaliser per group), so ratios of labels are ratios of through
 
 - ``pairwise_accuracy``: over all pairs of rows of the same group with *different* labels
   (pooled over groups), the fraction the scores order like the labels; a tie in the scores
-  counts 0.5. None when there is no such pair.
+  counts 0.5. None when there is no such pair. A workload with n candidates weighs about n^2.
+- ``pairwise_by_workload``: each group's own pairwise accuracy (the same pairs), averaged with
+  the group's successful rows as weights: how TenSet's ``evaluate_model`` averages the figure the
+  literature quotes, where a workload with n candidates weighs n. None when no group has a pair.
 - ``peak@k`` (k = 1, 5; TenSet's definition): per group, the best label among the k rows with the
   highest scores divided by the best label of the group, averaged over groups. Ties in the
   scores are broken randomly but seeded (``seed``), so constant scores give the expected value
@@ -234,9 +237,13 @@ def tensor_dims(args_info: str | None) -> set[int]:
 
 def shape_holdout(table: pa.Table, dims: set[int]) -> set[str]:
     """Hashes of the workloads with a tensor dimension in ``dims``: whole shape families (a channel
-    count, a width, a sequence length) that the training side of the split never sees."""
-    shapes = dict(zip(table["workload_hash"].to_pylist(), table["args_info"].to_pylist()))  # one per workload
-    return {wl for wl, info in shapes.items() if tensor_dims(info) & dims}
+    count, a width, a sequence length) that the training side of the split never sees.
+
+    A workload's rows can name different shapes (a schedule that rewrites a weight's layout packs
+    it: ``[256, 64]`` becomes ``[8, 64, 32]``), so a workload is held out when any of its rows has
+    such a dimension: the split does not depend on the rows' order, and no training row has one."""
+    pairs = set(zip(table["workload_hash"].to_pylist(), table["args_info"].to_pylist()))  # each shape read once
+    return {wl for wl, info in pairs if tensor_dims(info) & dims}
 
 
 def model_holdout(db: Database, models: list[str]) -> set[str]:
@@ -266,6 +273,17 @@ def _peak(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, k: int, se
     return float(np.mean(values)) if values else None
 
 
+def _pairwise_by_workload(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float | None:
+    accuracies, weights = [], []
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        credit, pairs = pairwise_credit(labels[idx], scores[idx], np.zeros(len(idx), dtype=np.int64))
+        if pairs:
+            accuracies.append(credit / pairs)
+            weights.append(len(idx))
+    return float(np.average(accuracies, weights=weights)) if accuracies else None
+
+
 def _r2(labels: np.ndarray, scores: np.ndarray) -> float | None:
     if len(labels) < 2:
         return None
@@ -285,6 +303,7 @@ def evaluate_scores(scores: np.ndarray, table: pa.Table, *, seed: int = 0) -> di
     credit, pairs = pairwise_credit(labels, sc, groups)
     return {
         "pairwise_accuracy": credit / pairs if pairs else None,
+        "pairwise_by_workload": _pairwise_by_workload(labels, sc, groups),
         "n_pairs": pairs,
         "peak@1": _peak(labels, sc, groups, 1, seed),
         "peak@5": _peak(labels, sc, groups, 5, seed),
