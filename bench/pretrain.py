@@ -4,6 +4,7 @@ Usage::
 
     python bench/pretrain.py bench/data/campaign-*.parquet                      # evaluate and write the model
     python bench/pretrain.py bench/data/campaign-*.parquet --output /tmp/m.json --holdout-dims 384,576
+    python bench/pretrain.py bench/data/campaign-*.parquet --evaluate-only --diagnose   # where the misses come from
 
 The sources are hub bundles that hold every measurement of a campaign (``tunefleet hub export
 --top-k 100000``: bench/data/ holds one per CPU the campaign ran on). Each run:
@@ -176,6 +177,45 @@ def evaluate(table: Any, dims: set[int]) -> tuple[tuple[str, int, dict[str, Any]
     return best, report
 
 
+def diagnose(table: Any, objective: str, rounds: int, params: dict[str, Any]) -> dict[str, Any]:
+    """Where the held-out misses come from, the chosen configuration on other splits of the same rows:
+    fitted and scored on every row (what the features and the model's capacity allow at all), the
+    same with 400 rounds of depth 10, 30 % of each workload's rows held out (workloads it has seen),
+    and 30 % of the workloads held out at random (shapes the training side may share); and how many
+    pairs of a workload's candidates have identical features (no model can order those)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tunefleet.learning import costmodel as cm
+
+    keys = ("pairwise_accuracy", "pairwise_by_workload", "peak@1")
+    out: dict[str, Any] = {}
+
+    def fit(name: str, train_t: Any, test_t: Any, n_rounds: int = rounds, more: dict[str, Any] | None = None) -> None:
+        model = cm.train(train_t, objective=objective, num_boost_round=n_rounds, params={**params, **(more or {})})
+        m = cm.evaluate(model, test_t)
+        out[name] = {k: m.get(k) for k in (*keys, "n_workloads", "n_rows")}
+        print(row(name, m), flush=True)
+
+    fit("every row, scored on itself", table, table)
+    fit("every row, 400 rounds depth 10", table, table, n_rounds=400, more={"max_depth": 10})
+    held = np.random.default_rng(0).random(table.num_rows) < 0.3
+    fit("30% of each workload's rows out", table.filter(pa.array(~held)), table.filter(pa.array(held)))
+    fit("30% of the workloads out at random", *cm.split_by_workload(table, 0.3, 0))
+    x, groups, labels, ok = cm.candidate_features(table), cm._group_ids(table), cm._labels(table), cm._ok_mask(table)
+    pairs = same = 0
+    for g in np.unique(groups[ok]):
+        idx = np.flatnonzero((groups == g) & ok)
+        inverse = np.unique(x[idx], axis=0, return_inverse=True)[1].ravel()
+        better = labels[idx][:, None] > labels[idx][None, :]
+        pairs += int(better.sum())
+        same += int((better & (inverse[:, None] == inverse[None, :])).sum())
+    out["identical_features"] = {"pairs": pairs, "identical": same}
+    print(f"pairs of a workload's candidates with different run times: {pairs}; with identical features: {same} "
+          f"({same / max(1, pairs):.1%})")
+    return out
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sources", nargs="+", type=Path, help="hub bundles holding a campaign's measurements")
@@ -186,6 +226,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, help="the scratch tunefleet home (default a temporary folder)")
     p.add_argument("--evaluate-only", action="store_true", help="print the table, write nothing")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
+    p.add_argument("--diagnose", action="store_true", help="also score the chosen configuration on other splits of "
+                   "the same rows (in-sample, rows of seen workloads, random workloads) and count candidates "
+                   "with identical features")
     return p.parse_args(argv)
 
 
@@ -203,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tunefleet-pretrain-") as tmp:
         table, sources = load_table(args.sources, args.work_dir or Path(tmp))
     (objective, rounds, params), report = evaluate(table, dims)
+    if args.diagnose:
+        report["diagnose"] = diagnose(table, objective, rounds, params)
     label = f"{objective}, {rounds} rounds" + "".join(f", {k}={v}" for k, v in params.items())
     if (report["metrics"]["pairwise_accuracy"] or 0.0) <= report["floor"]:
         print(f"pretrain: the best configuration ({label}) ranks the held-out workloads no better than the "
