@@ -32,8 +32,9 @@ throughput (one normaliser per group), so ratios of labels are ratios of through
 - ``pairwise_by_workload``: each group's own pairwise accuracy (the same pairs), averaged with
   the group's successful rows as weights: how TenSet's ``evaluate_model`` averages the figure the
   literature quotes, where a workload with n candidates weighs n. None when no group has a pair.
-- ``peak@k`` (k = 1, 5; TenSet's definition): per group, the best label among the k rows with the
-  highest scores divided by the best label of the group, averaged over groups. Ties in the
+- ``peak@k`` (k = 1, 5): per group, the best label among the k rows with the highest scores
+  divided by the best label of the group, averaged over groups (each group weighs the same; TenSet
+  weighs them by their rows, and its peak@5 averages the best-so-far over the 5 picks). Ties in the
   scores are broken randomly but seeded (``seed``), so constant scores give the expected value
   of a random pick, reproducibly.
 - ``r2``: coefficient of determination of scores vs labels over the successful rows. Only
