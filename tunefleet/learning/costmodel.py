@@ -81,7 +81,7 @@ import numpy as np
 
 from tunefleet.errors import ArtifactNotFoundError, TransientError, TunefleetError
 from tunefleet.learning.artifacts import COST_MODEL, unique_name
-from tunefleet.learning.ranking import pairwise_credit
+from tunefleet.learning.ranking import group_credits
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -274,15 +274,10 @@ def _peak(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, k: int, se
     return float(np.mean(values)) if values else None
 
 
-def _pairwise_by_workload(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float | None:
-    accuracies, weights = [], []
-    for g in np.unique(groups):
-        idx = np.flatnonzero(groups == g)
-        credit, pairs = pairwise_credit(labels[idx], scores[idx], np.zeros(len(idx), dtype=np.int64))
-        if pairs:
-            accuracies.append(credit / pairs)
-            weights.append(len(idx))
-    return float(np.average(accuracies, weights=weights)) if accuracies else None
+def _by_workload(per_group: list[tuple[float, int, int]]) -> float | None:
+    """Each group's pairwise accuracy averaged with its rows as weights (groups without a pair left out)."""
+    scored = [(credit / pairs, rows) for credit, pairs, rows in per_group if pairs]
+    return float(np.average([a for a, _ in scored], weights=[r for _, r in scored])) if scored else None
 
 
 def _r2(labels: np.ndarray, scores: np.ndarray) -> float | None:
@@ -301,10 +296,11 @@ def evaluate_scores(scores: np.ndarray, table: pa.Table, *, seed: int = 0) -> di
         raise CostModelError(f"{scores.shape[0] if scores.ndim else 0} scores for {table.num_rows} rows")
     ok = _ok_mask(table)
     labels, sc, groups = _labels(table)[ok], scores[ok], _group_ids(table)[ok]
-    credit, pairs = pairwise_credit(labels, sc, groups)
+    per_group = group_credits(labels, sc, groups)
+    credit, pairs = sum(c for c, _, _ in per_group), sum(p for _, p, _ in per_group)
     return {
         "pairwise_accuracy": credit / pairs if pairs else None,
-        "pairwise_by_workload": _pairwise_by_workload(labels, sc, groups),
+        "pairwise_by_workload": _by_workload(per_group),
         "n_pairs": pairs,
         "peak@1": _peak(labels, sc, groups, 1, seed),
         "peak@5": _peak(labels, sc, groups, 5, seed),

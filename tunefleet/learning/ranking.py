@@ -10,23 +10,32 @@ from __future__ import annotations
 import numpy as np
 
 
-def pairwise_credit(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
-    """(sum of credit, number of pairs) over pairs in the same group with different labels.
+def group_credits(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> list[tuple[float, int, int]]:
+    """(credit, pairs, rows) of each group, over its pairs with different labels.
 
-    A pair earns 1 when the higher label has the higher score, 0.5 when the scores tie; the
-    pairwise accuracy is credit / pairs (also :func:`agreement`).
+    A pair earns 1 when the higher label has the higher score, 0.5 when the scores tie; a group's
+    pairwise accuracy is its credit / pairs.
     """
-    credit, pairs = 0.0, 0
+    out = []
     for g in np.unique(groups):
         idx = np.flatnonzero(groups == g)
         lab, sc = labels[idx], scores[idx]
+        credit, pairs = 0.0, 0
         for start in range(0, len(idx), 512):  # bounded memory for large groups
             dl = np.sign(lab[start:start + 512, None] - lab[None, :])
             ds = np.sign(sc[start:start + 512, None] - sc[None, :])
             valid = dl > 0  # each unordered pair counted once, from its better row
             pairs += int(valid.sum())
             credit += float((ds[valid] > 0).sum()) + 0.5 * float((ds[valid] == 0).sum())
-    return credit, pairs
+        out.append((credit, pairs, len(idx)))
+    return out
+
+
+def pairwise_credit(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
+    """(sum of credit, number of pairs) over pairs in the same group with different labels
+    (:func:`group_credits` summed; the pairwise accuracy is credit / pairs, also :func:`agreement`)."""
+    per_group = group_credits(labels, scores, groups)
+    return sum(c for c, _, _ in per_group), sum(p for _, p, _ in per_group)
 
 
 def agreement(scores: np.ndarray, mean_s: np.ndarray) -> tuple[float | None, int]:
