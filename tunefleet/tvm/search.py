@@ -119,7 +119,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
             return None
         if self.suspects:
             return self._hand_out(self._next_suspect())
-        out = self._generate()
+        out = self._generate(left)
         if out is None:
             return None
         if left is not None and len(out) > left:
@@ -153,7 +153,7 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
         self.progress.filtered += len(dropped)
         return forced + kept
 
-    def _generate(self) -> list[Any] | None:
+    def _generate(self, left: int | None = None) -> list[Any] | None:
         out: list[Any] = []
         if self.include_default:
             self.include_default = False
@@ -170,6 +170,10 @@ class ResumingSearch(ms.search_strategy.PySearchStrategy):
                 self.known.add(key)
                 out.append(cand)
         self._forced_now = len(out)
+        if left is not None and len(out) >= left:
+            # The default and the seeds fill what the budget leaves (a replay round's shard): the
+            # evolutionary search's population would be sampled, evolved and scored, then cut.
+            return out
         for _ in range(8):  # a batch made only of known candidates: ask again
             batch = self.inner.generate_measure_candidates()
             if batch is None:
