@@ -5,6 +5,7 @@ Usage::
     python bench/pretrain.py bench/data/campaign-*.parquet                      # evaluate and write the model
     python bench/pretrain.py bench/data/campaign-*.parquet --output /tmp/m.json --holdout-dims 384,576
     python bench/pretrain.py bench/data/campaign-*.parquet --evaluate-only --diagnose   # where the misses come from
+    python bench/pretrain.py bench/data/campaign-*.parquet --evaluate-only --mlp 150    # a small neural model instead
 
 The sources are hub bundles that hold every measurement of a campaign (``tunefleet hub export
 --top-k 100000``: bench/data/ holds one per CPU the campaign ran on). Each run:
@@ -216,6 +217,71 @@ def diagnose(table: Any, objective: str, rounds: int, params: dict[str, Any]) ->
     return out
 
 
+def mlp(table: Any, dims: set[int], epochs: int, hidden: int = 256, seed: int = 0) -> dict[str, Any]:
+    """TenSet's MLP cost model on the same split (needs torch): each store's 164 features through
+    three ReLU layers of ``hidden``, summed over the candidate's stores, then one linear score;
+    trained with a pairwise logistic loss within each workload (8 workloads of up to 64 candidates
+    a step, each pair weighted by its log run-time gap), features standardised on the training
+    side. Prints the held-out metrics (and the fit on the training rows) every 10 epochs."""
+    import numpy as np
+    import torch
+
+    from tunefleet.learning import costmodel as cm
+    from tunefleet.learning.dataset import FEATURE_DIMS, feature_matrix
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    train_t, test_t = cm.split_by_workload(table, heldout=cm.shape_holdout(table, dims))
+    (f_tr, off_tr), (f_te, off_te) = feature_matrix(train_t), feature_matrix(test_t)
+    mu, sd = f_tr.mean(0), f_tr.std(0) + 1e-6
+    x_tr, x_te = torch.from_numpy((f_tr - mu) / sd), torch.from_numpy((f_te - mu) / sd)
+    log_y = np.log(np.maximum(cm._labels(train_t), 1e-12))
+    groups, ok = cm._group_ids(train_t), cm._ok_mask(train_t)
+    members = [r for g in np.unique(groups) if len(r := np.flatnonzero((groups == g) & ok)) >= 2]
+    layers: list[torch.nn.Module] = []
+    for n_in in (FEATURE_DIMS, hidden, hidden):
+        layers += [torch.nn.Linear(n_in, hidden), torch.nn.ReLU()]
+    encode, head = torch.nn.Sequential(*layers), torch.nn.Linear(hidden, 1)
+    opt = torch.optim.Adam([*encode.parameters(), *head.parameters()], lr=7e-4, weight_decay=1e-6)
+
+    def scores(x: Any, offsets: np.ndarray, rows: np.ndarray) -> Any:
+        sizes = offsets[rows + 1] - offsets[rows]
+        idx = torch.from_numpy(np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in rows]))
+        seg = torch.from_numpy(np.repeat(np.arange(len(rows)), sizes))
+        pooled = torch.zeros(len(rows), hidden).index_add_(0, seg, encode(x[idx]))
+        return head(pooled).squeeze(-1)
+
+    def metrics(x: Any, offsets: np.ndarray, t: Any) -> dict[str, Any]:
+        with torch.no_grad():
+            return cm.evaluate_scores(scores(x, offsets, np.arange(t.num_rows)).numpy(), t)
+
+    out: dict[str, Any] = {"epochs": epochs, "hidden": hidden}
+    for epoch in range(1, epochs + 1):
+        rng.shuffle(members)
+        for i in range(0, len(members), 8):
+            picked = [rng.choice(r, size=min(64, len(r)), replace=False) for r in members[i:i + 8]]
+            s = scores(x_tr, off_tr, np.concatenate(picked))
+            loss, at = torch.zeros(()), 0
+            for rows in picked:
+                gap = torch.from_numpy(log_y[rows][:, None] - log_y[rows][None, :])
+                better = gap > 0
+                part = s[at:at + len(rows)]
+                at += len(rows)
+                if better.any():
+                    w = gap[better].float()
+                    loss = loss + (w * torch.nn.functional.softplus(part[None, :] - part[:, None])[better]).sum() / w.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if epoch % 10 == 0 or epoch == epochs:
+            held, fit = metrics(x_te, off_te, test_t), metrics(x_tr, off_tr, train_t)
+            print(row(f"MLP {hidden}x3, epoch {epoch}", held) + f"   (training rows: pairwise "
+                  f"{fit['pairwise_accuracy']:.3f})", flush=True)
+            out[str(epoch)] = {"heldout": {k: held.get(k) for k in METRICS},
+                               "train_pairwise": fit["pairwise_accuracy"]}
+    return out
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sources", nargs="+", type=Path, help="hub bundles holding a campaign's measurements")
@@ -229,6 +295,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--diagnose", action="store_true", help="also score the chosen configuration on other splits of "
                    "the same rows (in-sample, rows of seen workloads, random workloads) and count candidates "
                    "with identical features")
+    p.add_argument("--mlp", type=int, default=0, metavar="EPOCHS", help="also train a small neural model "
+                   "(TenSet's MLP, pairwise loss) for EPOCHS epochs on the same split and print its metrics; "
+                   "it is never written (needs torch)")
     return p.parse_args(argv)
 
 
@@ -248,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (objective, rounds, params), report = evaluate(table, dims)
     if args.diagnose:
         report["diagnose"] = diagnose(table, objective, rounds, params)
+    if args.mlp:
+        report["mlp"] = mlp(table, dims, args.mlp)
     label = f"{objective}, {rounds} rounds" + "".join(f", {k}={v}" for k, v in params.items())
     if (report["metrics"]["pairwise_accuracy"] or 0.0) <= report["floor"]:
         print(f"pretrain: the best configuration ({label}) ranks the held-out workloads no better than the "

@@ -105,12 +105,14 @@ def test_pretrain_trains_on_a_bundle_and_holds_out_a_shape_family(tmp_path: Path
 
     out, report = tmp_path / "m.json", tmp_path / "r.json"
     assert pretrain.main([str(DEFAULT_BUNDLE), "--output", str(out), "--holdout-dims", "768", "--json", str(report),
-                          "--work-dir", str(tmp_path / "home"), "--diagnose"]) == 0
+                          "--work-dir", str(tmp_path / "home"), "--diagnose", "--mlp", "2"]) == 0
     printed = capsys.readouterr().out
     assert "held out: " in printed and "with a dimension in [768]" in printed and "random ranking" in printed
     diagnosed = json.loads(report.read_text())["heldout"]["diagnose"]
     fitted, pairs = diagnosed["every row, scored on itself"], diagnosed["identical_features"]
     assert fitted["pairwise_accuracy"] > 0.5 and fitted["n_rows"] > 0 and pairs["pairs"] > pairs["identical"] >= 0
+    mlp = json.loads(report.read_text())["heldout"]["mlp"]  # the neural model's arm ran and scored the split
+    assert mlp["epochs"] == 2 and 0.0 <= mlp["2"]["heldout"]["pairwise_accuracy"] <= 1.0 and "MLP 256x3, epoch 2" in printed
     model = costmodel.TrainedModel.from_bytes(out.read_bytes())
     held = json.loads(report.read_text())["heldout"]
     assert model.meta["heldout"]["dims"] == [768] and held["workloads"] == model.meta["heldout"]["workloads"] > 0
