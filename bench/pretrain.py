@@ -142,12 +142,11 @@ def gap_line(gaps: list[tuple[str, int, float | None]]) -> str:
                      for name, n, acc in gaps)
 
 
-def evaluate(table: Any, dims: set[int]) -> tuple[tuple[str, int, dict[str, Any]], dict[str, Any]]:
-    """Train every configuration on the split, print the table; (the best configuration, its report)."""
+def evaluate(train_t: Any, test_t: Any, dims: set[int]) -> tuple[tuple[str, int, dict[str, Any]], dict[str, Any]]:
+    """Train every configuration on the split (``dims`` held out), print the table; (the best
+    configuration, its report)."""
     from tunefleet.learning import costmodel as cm
 
-    heldout = cm.shape_holdout(table, dims)
-    train_t, test_t = cm.split_by_workload(table, heldout=heldout)
     n_train, n_test = (len(set(t["workload_hash"].to_pylist())) for t in (train_t, test_t))
     print(f"held out: {n_test} workloads ({test_t.num_rows} rows) with a dimension in {sorted(dims)}; "
           f"trained on {n_train} workloads ({train_t.num_rows} rows)")
@@ -217,8 +216,8 @@ def diagnose(table: Any, objective: str, rounds: int, params: dict[str, Any]) ->
     return out
 
 
-def mlp(table: Any, dims: set[int], epochs: int, hidden: int = 256, seed: int = 0) -> dict[str, Any]:
-    """TenSet's MLP cost model on the same split (needs torch): each store's 164 features through
+def mlp(train_t: Any, test_t: Any, epochs: int, hidden: int = 256, seed: int = 0) -> dict[str, Any]:
+    """TenSet's MLP cost model on the split :func:`evaluate` used (needs torch): each store's 164 features through
     three ReLU layers of ``hidden``, summed over the candidate's stores, then one linear score;
     trained with a pairwise logistic loss within each workload (8 workloads of up to 64 candidates
     a step, each pair weighted by its log run-time gap), features standardised on the training
@@ -231,7 +230,6 @@ def mlp(table: Any, dims: set[int], epochs: int, hidden: int = 256, seed: int = 
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    train_t, test_t = cm.split_by_workload(table, heldout=cm.shape_holdout(table, dims))
     (f_tr, off_tr), (f_te, off_te) = feature_matrix(train_t), feature_matrix(test_t)
     mu, sd = f_tr.mean(0), f_tr.std(0) + 1e-6
     x_tr, x_te = torch.from_numpy((f_tr - mu) / sd), torch.from_numpy((f_te - mu) / sd)
@@ -314,11 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     dims = {int(d) for d in args.holdout_dims.split(",") if d.strip()}
     with tempfile.TemporaryDirectory(prefix="tunefleet-pretrain-") as tmp:
         table, sources = load_table(args.sources, args.work_dir or Path(tmp))
-    (objective, rounds, params), report = evaluate(table, dims)
+    split = cm.split_by_workload(table, heldout=cm.shape_holdout(table, dims))
+    (objective, rounds, params), report = evaluate(*split, dims)
     if args.diagnose:
         report["diagnose"] = diagnose(table, objective, rounds, params)
     if args.mlp:
-        report["mlp"] = mlp(table, dims, args.mlp)
+        report["mlp"] = mlp(*split, args.mlp)
     label = f"{objective}, {rounds} rounds" + "".join(f", {k}={v}" for k, v in params.items())
     if (report["metrics"]["pairwise_accuracy"] or 0.0) <= report["floor"]:
         print(f"pretrain: the best configuration ({label}) ranks the held-out workloads no better than the "

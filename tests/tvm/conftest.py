@@ -33,6 +33,18 @@ def build_mlp() -> tuple[Any, Any]:
     return mod, specs
 
 
+def matmul_mod(n: int = 16) -> Any:
+    """An n x n matmul as a TIR IRModule (entry ``main``): a workload small enough to schedule by hand."""
+    from tvm import te
+    from tvm.ir import IRModule
+
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return IRModule({"main": te.create_prim_func([a, b, c])})
+
+
 @pytest.fixture(scope="session")
 def mlp_mod() -> Any:
     """The MLP's Relax IRModule (function ``forward``; weights are inputs 2..5)."""

@@ -24,11 +24,12 @@ from typing import Any
 
 import pytest
 import tvm
-from tvm import s_tir, te
+from tvm import s_tir
 from tvm.ir import IRModule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
+from tests.tvm.conftest import matmul_mod
 from tunefleet.db import Database
 from tunefleet.tvm.bridge import FleetDatabase, record_parts
 from tunefleet.tvm.extract import workload_hash
@@ -39,14 +40,6 @@ TARGET_SPEC = {"kind": "llvm", "num-cores": 2}
 
 
 # -- a tiny workload and schedules of it ---------------------------------------------------------
-
-
-def _matmul(n: int = 16) -> IRModule:
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return IRModule({"main": te.create_prim_func([a, b, c])})
 
 
 # Six distinct schedules: tunefleet keys a measurement by its trace (a second commit of the same
@@ -112,7 +105,7 @@ def db(db_url: str) -> Iterator[Database]:
 
 @pytest.fixture(scope="module")
 def mod() -> IRModule:
-    return _matmul(16)
+    return matmul_mod(16)
 
 
 # -- workloads -----------------------------------------------------------------------------------
@@ -120,7 +113,7 @@ def mod() -> IRModule:
 
 def test_commit_workload_and_has_workload(db: Database, mod: IRModule) -> None:
     fleet = FleetDatabase(db, CLASS_A)
-    other = _matmul(32)
+    other = matmul_mod(32)
     assert not fleet.has_workload(mod)
     workload = fleet.commit_workload(mod)
     assert isinstance(workload, Workload)
@@ -184,7 +177,7 @@ def test_top_k_ordered_by_mean_run_time(db: Database, mod: IRModule) -> None:
     (best,) = fleet.get_top_k(workload, 1)
     _equal_record(best, by_mean[0])
     assert fleet.get_top_k(workload, 0) == []
-    assert fleet.get_top_k(Workload(_matmul(32)), 5) == []  # a workload never committed
+    assert fleet.get_top_k(Workload(matmul_mod(32)), 5) == []  # a workload never committed
     assert len(fleet) == len(records)
 
 

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tvm import s_tir, te
+from tvm import s_tir
 from tvm.ir import IRModule
 
+from tests.tvm.conftest import matmul_mod
 from tunefleet.tvm.search import ResumingSearch
 from tunefleet.tvm.traces import candidate, trace_json_of
-
-
-def _matmul(n: int = 16) -> IRModule:
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return IRModule({"main": te.create_prim_func([a, b, c])})
 
 
 def _split(mod: IRModule, factor: int) -> str:
@@ -51,7 +44,7 @@ class _CountingSearch:
 
 
 def _search(budget: int | None, seeds: int) -> tuple[Any, _CountingSearch]:
-    mod = _matmul()
+    mod = matmul_mod()
     inner = _CountingSearch(mod)
     search = ResumingSearch(inner, set(), seeds=[_split(mod, f) for f in (2, 4)[:seeds]], budget=budget)
     search._mod = mod

@@ -81,7 +81,7 @@ import numpy as np
 
 from tunefleet.errors import ArtifactNotFoundError, TransientError, TunefleetError
 from tunefleet.learning.artifacts import COST_MODEL, unique_name
-from tunefleet.learning.ranking import group_credits
+from tunefleet.learning.ranking import group_credits, total_credit
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -297,7 +297,7 @@ def evaluate_scores(scores: np.ndarray, table: pa.Table, *, seed: int = 0) -> di
     ok = _ok_mask(table)
     labels, sc, groups = _labels(table)[ok], scores[ok], _group_ids(table)[ok]
     per_group = group_credits(labels, sc, groups)
-    credit, pairs = sum(c for c, _, _ in per_group), sum(p for _, p, _ in per_group)
+    credit, pairs = total_credit(per_group)
     return {
         "pairwise_accuracy": credit / pairs if pairs else None,
         "pairwise_by_workload": _by_workload(per_group),

@@ -31,11 +31,15 @@ def group_credits(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) ->
     return out
 
 
+def total_credit(per_group: list[tuple[float, int, int]]) -> tuple[float, int]:
+    """(sum of credit, number of pairs) of :func:`group_credits`' groups."""
+    return sum(c for c, _, _ in per_group), sum(p for _, p, _ in per_group)
+
+
 def pairwise_credit(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
     """(sum of credit, number of pairs) over pairs in the same group with different labels
     (:func:`group_credits` summed; the pairwise accuracy is credit / pairs, also :func:`agreement`)."""
-    per_group = group_credits(labels, scores, groups)
-    return sum(c for c, _, _ in per_group), sum(p for _, p, _ in per_group)
+    return total_credit(group_credits(labels, scores, groups))
 
 
 def agreement(scores: np.ndarray, mean_s: np.ndarray) -> tuple[float | None, int]:
