@@ -136,3 +136,50 @@ def test_the_warm_start_is_judged_on_the_workloads_committed_measurements_first(
     one = FleetCostModel(arbitrary_trained_model(2), online=online, audit=FilterAudit(0.6))
     one.judge_past(ctx, past[:1], means(one, agree=False)[:1])
     assert one.dropped is None and not one.audit.agreement[1]
+
+
+class _CountingExtractor:
+    """A PerStoreFeature that counts the candidates it extracted."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.extracted = inner, 0
+
+    def extract_from(self, context: Any, candidates: list[Any]) -> Any:
+        self.extracted += len(candidates)
+        return self.inner.extract_from(context, candidates)
+
+
+def test_a_schedule_scored_before_is_not_extracted_again(cpu_target: Any, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import tvm_ffi
+
+    from tunefleet.engine import learned
+
+    ctx = _matmul_context(cpu_target)
+    cands = _candidates(ctx, 32)
+    distinct = len({tvm_ffi.structural_hash(c.sch.mod) for c in cands})
+    assert distinct >= 20
+    want = FleetCostModel(arbitrary_trained_model(2)).prior(ctx, cands)  # a model of its own: no cache shared
+
+    fleet = FleetCostModel(arbitrary_trained_model(2))
+    counting = fleet.extractor = _CountingExtractor(fleet.extractor)
+    # a generation carries schedules over: the same module twice in one call is extracted once
+    first = fleet.prior(ctx, cands + cands[:5])
+    assert counting.extracted == distinct
+    assert np.array_equal(first[:32], want) and np.array_equal(first[32:], want[:5])
+    # the next generation (or round) scores them again from the kept matrices, in any order
+    assert np.array_equal(fleet.predict(ctx, cands[::-1]), _normalised(want[::-1]))
+    assert counting.extracted == distinct
+    assert (fleet.feature_misses, fleet.feature_hits) == (distinct, 2 * len(cands) + 5 - distinct)
+
+    # the kept matrices are bounded: the least recently scored go first
+    monkeypatch.setattr(learned, "FEATURE_CACHE_SIZE", 4)
+    small = FleetCostModel(arbitrary_trained_model(2))
+    counting = small.extractor = _CountingExtractor(small.extractor)
+    assert np.array_equal(small.prior(ctx, cands), want)  # a call larger than the bound is still whole
+    assert len(small._features_of) == 4 and counting.extracted == distinct
+    kept = [c for c in cands if tvm_ffi.structural_hash(c.sch.mod) in small._features_of]
+    gone = [c for c in cands if tvm_ffi.structural_hash(c.sch.mod) not in small._features_of]
+    small.prior(ctx, kept[:1])
+    assert counting.extracted == distinct  # among the last four: kept
+    small.prior(ctx, gone[:1])
+    assert counting.extracted == distinct + 1  # evicted: extracted again

@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
@@ -33,6 +35,15 @@ if TYPE_CHECKING:
     from tunefleet.learning.filter_audit import FilterAudit
 
 log = logging.getLogger(__name__)
+
+#: Feature matrices a :class:`FleetCostModel` keeps, by the scheduled module's structural hash.
+#: The evolutionary search scores its whole population in every generation, and a generation
+#: carries many schedules over unchanged (those it does not mutate, and failed mutations); a
+#: round also starts from the measured best again. 2048 holds more than a round of the largest
+#: population (512 schedules scored in 5 generations) and its carry-over; at 164 floats per store
+#: and a few stores a schedule, about 10 MB.
+FEATURE_CACHE_SIZE = 2048
+
 
 def _normalised(scores: np.ndarray) -> np.ndarray:
     """Non-negative scores scaled to [0, 1] (the evolutionary search samples in proportion to them)."""
@@ -76,6 +87,8 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         self.audit = audit if online is not None else None
         # a stock XGBModel with the same extractor scores the matrices extracted for the prior
         self._online_shares_features = _same_features(online, self.extractor)
+        self._features_of: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.feature_hits = self.feature_misses = 0
         self.predict_seconds = 0.0
         self.predicted = 0
 
@@ -125,7 +138,25 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         return self._prior_of(self._features(context, candidates))
 
     def _features(self, context: Any, candidates: list[Any]) -> list[np.ndarray]:
-        return [np.asarray(t.numpy(), dtype=np.float32) for t in self.extractor.extract_from(context, candidates)]
+        """Each candidate's PerStoreFeature matrix; only schedules not scored before are extracted
+        (extraction lowers every candidate: most of what scoring costs)."""
+        cache = self._features_of
+        keys = [tvm_ffi.structural_hash(c.sch.mod) for c in candidates]
+        new: dict[int, Any] = {}
+        for key, cand in zip(keys, candidates):
+            if key in cache:
+                cache.move_to_end(key)
+            elif key not in new:
+                new[key] = cand
+        if new:
+            extracted = self.extractor.extract_from(context, list(new.values()))
+            cache.update((key, np.asarray(t.numpy(), dtype=np.float32)) for key, t in zip(new, extracted))
+        out = [cache[key] for key in keys]
+        while len(cache) > FEATURE_CACHE_SIZE:
+            cache.popitem(last=False)
+        self.feature_misses += len(new)
+        self.feature_hits += len(keys) - len(new)
+        return out
 
     def _prior_of(self, matrices: list[np.ndarray]) -> np.ndarray:
         from tunefleet.learning.costmodel import store_features
@@ -138,7 +169,9 @@ class FleetCostModel(ms.cost_model.PyCostModel):
         if not candidates:
             return np.zeros(0)
         if self.dropped is not None:  # the fleet model misranks this workload: the online model alone
-            scores = np.asarray(self.online.predict(context, candidates), dtype=np.float64)
+            scores = self._online_scores(context, candidates)
+            if scores is None:  # before its warm-up: random, as stock MetaSchedule's
+                scores = np.asarray(self.online.predict(context, candidates), dtype=np.float64)
         else:
             scores = self._blend(context, candidates)
         self.predict_seconds += time.perf_counter() - t0
@@ -147,19 +180,23 @@ class FleetCostModel(ms.cost_model.PyCostModel):
 
     def _blend(self, context: Any, candidates: list[Any]) -> np.ndarray:
         """The fleet model's scores, blended with the online model's once it is past its warm-up."""
-        online = self.online
         matrices = self._features(context, candidates)
         scores = _normalised(self._prior_of(matrices))
-        if online is not None and online.data_size >= online.num_warmup_samples and online.booster is not None:
-            # The evolutionary search asks for thousands of scores a round, and extracting the
-            # features is most of their cost: a stock XGBModel with the same extractor scores the
-            # matrices already extracted instead of extracting them again.
-            if self._online_shares_features:
-                theirs = np.asarray(online._predict(xs=matrices), dtype=np.float64)
-            else:
-                theirs = online.predict(context, candidates)
-            scores = 0.5 * scores + 0.5 * _normalised(theirs)
-        return scores
+        theirs = self._online_scores(context, candidates, matrices)
+        return scores if theirs is None else 0.5 * scores + 0.5 * _normalised(theirs)
+
+    def _online_scores(self, context: Any, candidates: list[Any],
+                       matrices: list[np.ndarray] | None = None) -> np.ndarray | None:
+        """The online model's scores, None before its warm-up. The evolutionary search asks for
+        thousands of scores a round, and extracting the features is most of their cost: a stock
+        XGBModel with the same extractor scores the matrices extracted (and kept) here."""
+        online = self.online
+        if online is None or online.data_size < online.num_warmup_samples or online.booster is None:
+            return None
+        if self._online_shares_features:
+            xs = matrices if matrices is not None else self._features(context, candidates)
+            return np.asarray(online._predict(xs=xs), dtype=np.float64)
+        return np.asarray(online.predict(context, candidates), dtype=np.float64)
 
 
 def _same_features(online: Any, extractor: Any) -> bool:

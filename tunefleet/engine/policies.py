@@ -258,6 +258,12 @@ class WarmStart(ShardPolicy):
         if past is not None:
             self.model.judge_past(run.ctx, *past)
 
+    def finish(self, run: ShardRunView) -> None:
+        m = self.model
+        if m is not None and m.predicted:
+            log.info("shard %d scored %d schedules in %.1fs: %d feature extractions, %d kept from before",
+                     run.shard.id, m.predicted, m.predict_seconds, m.feature_misses, m.feature_hits)
+
 
 class Filter(ShardPolicy):
     """Trimmer's filter: the class's trained model scores each round's search candidates and only
