@@ -7,23 +7,17 @@ from typing import Any
 import numpy as np
 from tvm.s_tir import meta_schedule as ms
 
-from tunefleet.testing.models import arbitrary_trained_model
+from tests.tvm.conftest import matmul_mod
 from tunefleet.engine.learned import FleetCostModel, _normalised, _same_features
 from tunefleet.engine.shard import new_online_model
+from tunefleet.testing.models import arbitrary_trained_model
 
 
 def _matmul_context(cpu_target: Any, n: int = 64) -> Any:
-    import tvm
-    from tvm import te
-
     from tunefleet.tvm.builder import import_tensor_intrinsics
 
     import_tensor_intrinsics()
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return ms.TuneContext(tvm.IRModule({"main": te.create_prim_func([a, b, c])}), target=cpu_target,
+    return ms.TuneContext(matmul_mod(n), target=cpu_target,
                           space_generator="post-order-apply", search_strategy="replay-trace", task_name="mm",
                           rand_state=0, num_threads=2)
 
