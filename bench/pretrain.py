@@ -21,8 +21,13 @@ The sources are hub bundles that hold every measurement of a campaign (``tunefle
    retrain`` promotes (peak@1, then pairwise accuracy); one that does not beat both baselines is
    not written;
 4. trains the chosen configuration on every row and writes it (``--output``, default the
-   package's ``tunefleet/data/costmodel/default.json``) with what it was trained on and its
-   held-out metrics in its metadata (``tunefleet costmodel list`` shows them).
+   package's shipped model for the sources' vector code: ``tunefleet/data/costmodel/avx2.json``
+   when every source class's target is x86 AVX2 code without AVX-512, ``default.json`` otherwise;
+   ``tunefleet.learning.pretrained.vector_code``) with what it was trained on and its held-out
+   metrics in its metadata (``tunefleet costmodel list`` shows them).
+
+Train each shipped model on its own vector code's campaigns: a model trained on one CPU's AVX-512
+measurements ranks an AVX2-only CPU's candidates no better than chance (docs/learning.md).
 """
 
 from __future__ import annotations
@@ -38,8 +43,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUTPUT = REPO / "tunefleet" / "data" / "costmodel" / "default.json"
 DEFAULT_HOLDOUT_DIMS = (384, 256)
 """Held-out shape families: sequence length 384 (the corpus's dense, batch_matmul, softmax, layer
 norm and GELU variants) and 256 (channels of convolutions and pools, the transformer width 256);
@@ -55,12 +58,16 @@ METRICS = ("pairwise_accuracy", "pairwise_by_workload", "peak@1", "peak@5")
 """The held-out metrics printed, and kept in the model's metadata (``tunefleet.learning.costmodel``)."""
 
 
-def load_table(sources: list[Path], work: Path) -> tuple[Any, list[dict[str, Any]]]:
-    """Import the bundles into a fresh home under ``work``, export a dataset, return (rows, sources)."""
+def load_table(sources: list[Path], work: Path, *, one_code: bool = False) -> tuple[Any, list[dict[str, Any]]]:
+    """Import the bundles into a fresh home under ``work``, export a dataset, return (rows, sources).
+
+    ``one_code``: refuse (:class:`MixedSources`, before featurising) sources whose classes' targets
+    are of more than one kind of vector code."""
     from tunefleet import api
     from tunefleet.config import Settings
     from tunefleet.hardware import cpu_label
     from tunefleet.learning import dataset
+    from tunefleet.learning.pretrained import vector_code
 
     ctx = api.connect(Settings(home=work, hub="off"))
     info = []
@@ -71,14 +78,25 @@ def load_table(sources: list[Path], work: Path) -> tuple[Any, list[dict[str, Any
               f"workloads ({time.perf_counter() - t0:.1f} s)", flush=True)
         info.append({"file": src.name, "sha256": res.sha256, "created_at": str(res.created_at),
                      "records": res.counts.get("records", 0), "classes": res.classes})
-    cpus = {hw.name: cpu_label(dict(hw.capabilities or {}).get("cpu") or {}) for hw in ctx.db.hub_classes()}
+    classes = ctx.db.hub_classes()
+    cpus = {hw.name: cpu_label(dict(hw.capabilities or {}).get("cpu") or {}) for hw in classes}
+    codes = {hw.name: vector_code(hw.target) for hw in classes}
     for item in info:
         item["cpus"] = sorted({cpus[c] for c in item["classes"] if c in cpus})
+        item["vector_code"] = sorted({codes[c] for c in item["classes"] if c in codes})
+    mixed = sorted({c for item in info for c in item["vector_code"]})
+    if one_code and len(mixed) > 1:
+        raise MixedSources(f"the sources mix vector codes ({', '.join(mixed)}): train each shipped model on its own "
+                           "code's campaigns, or name --output")
     t0 = time.perf_counter()
     dataset.export(ctx.db, ctx.store)
     table = dataset.renormalise(dataset.load(ctx.db, ctx.store))
     print(f"featurised {table.num_rows} measurements ({time.perf_counter() - t0:.0f} s)", flush=True)
     return table, info
+
+
+class MixedSources(ValueError):
+    """The sources' classes are of more than one kind of vector code, and no --output was named."""
 
 
 def row(name: str, m: dict[str, Any]) -> str:
@@ -283,8 +301,8 @@ def mlp(train_t: Any, test_t: Any, epochs: int, hidden: int = 256, seed: int = 0
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sources", nargs="+", type=Path, help="hub bundles holding a campaign's measurements")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the model "
-                   "(default the package's tunefleet/data/costmodel/default.json)")
+    p.add_argument("--output", type=Path, default=None, help="where to write the model (default the package's "
+                   "shipped model for the sources' vector code: tunefleet/data/costmodel/avx2.json or default.json)")
     p.add_argument("--holdout-dims", default=",".join(map(str, DEFAULT_HOLDOUT_DIMS)),
                    help="hold out every workload with one of these tensor dimensions (comma-separated)")
     p.add_argument("--work-dir", type=Path, help="the scratch tunefleet home (default a temporary folder)")
@@ -299,6 +317,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def shipped_path_for(code: str) -> Path:
+    """The package's shipped model file for a vector code (``tunefleet.learning.pretrained.vector_code``)."""
+    from tunefleet.learning.pretrained import SHIPPED_AVX2_MODEL, SHIPPED_MODEL
+
+    return SHIPPED_AVX2_MODEL if code == "avx2" else SHIPPED_MODEL
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import tvm
@@ -311,7 +336,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     dims = {int(d) for d in args.holdout_dims.split(",") if d.strip()}
     with tempfile.TemporaryDirectory(prefix="tunefleet-pretrain-") as tmp:
-        table, sources = load_table(args.sources, args.work_dir or Path(tmp))
+        try:
+            table, sources = load_table(args.sources, args.work_dir or Path(tmp),
+                                        one_code=args.output is None and not args.evaluate_only)
+        except MixedSources as exc:
+            print(f"pretrain: {exc}", file=sys.stderr)
+            return 2
     split = cm.split_by_workload(table, heldout=cm.shape_holdout(table, dims))
     (objective, rounds, params), report = evaluate(*split, dims)
     if args.diagnose:
@@ -328,20 +358,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps({"chosen": label, "heldout": report, "sources": sources}, indent=1) + "\n")
     if args.evaluate_only:
         return 0
+    codes = sorted({c for s in sources for c in s["vector_code"]})
+    output = args.output or shipped_path_for(codes[0])
     model = cm.train(table, objective=objective, num_boost_round=rounds, params=params)
     newest = max(s["created_at"] for s in sources)
     model.meta.update({
         "created_at": newest,  # the newest source's: the same sources give the same metadata
         "tvm_version": str(tvm.__version__),
         "trained_on": {"rows": table.num_rows, "workloads": len(set(table["workload_hash"].to_pylist())),
-                       "cpus": sorted({c for s in sources for c in s["cpus"]}), "sources": sources},
+                       "cpus": sorted({c for s in sources for c in s["cpus"]}), "vector_code": codes,
+                       "sources": sources},
         "heldout": {**report["metrics"], "dims": report["dims"], "workloads": report["workloads"],
                     "rows": report["rows"], "baselines": report["baselines"]},
     })
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_bytes(model.to_bytes())
-    print(f"wrote {args.output}: {objective}, {table.num_rows} rows of {model.meta['trained_on']['workloads']} "
-          f"workloads ({args.output.stat().st_size / 1e6:.2f} MB), written {dt.datetime.now():%Y-%m-%d %H:%M}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(model.to_bytes())
+    print(f"wrote {output}: {objective}, {table.num_rows} rows of {model.meta['trained_on']['workloads']} "
+          f"workloads ({output.stat().st_size / 1e6:.2f} MB), written {dt.datetime.now():%Y-%m-%d %H:%M}")
     return 0
 
 

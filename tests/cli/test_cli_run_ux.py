@@ -173,11 +173,14 @@ def test_a_temporary_prefect_server_records_no_task_runs_and_a_real_one_is_left_
 def test_the_run_says_which_cost_model_warm_started_it(tmp_path: Path) -> None:
     from tunefleet.cli.run import _cost_model_line
     from tunefleet.config import load_settings
+    from tunefleet.learning.pretrained import vector_code
 
     db, _ = _seeded(tmp_path)
     tuned = {"shards_done": 4, "warm_start_dropped": 1}
     line = _cost_model_line(db, load_settings(home=tmp_path), "x86", tuned)
-    assert line.startswith("the one shipped with tunefleet (v0; ")
+    assert line.startswith("the one shipped with tunefleet (v0")
+    code = " for x86 AVX2 code" if vector_code(db.hardware_class("x86").target) == "avx2" else ""
+    assert f"(v0{code}, trained on AMD EPYC (family " in line  # which one, and the CPUs it learned from
     assert line.endswith("; dropped in 1 of 4 shard(s) whose measurements it misranked")
     off = load_settings(home=tmp_path, pretrained_cost_model=False)
     assert _cost_model_line(db, off, "x86", tuned).startswith("none (TUNEFLEET_PRETRAINED_COST_MODEL=false")

@@ -29,19 +29,39 @@ from tunefleet.learning.hub import DEFAULT_BUNDLE
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_shipped_model_loads_and_says_what_it_was_trained_on() -> None:
-    model = pretrained.shipped_model()
+@pytest.mark.parametrize("path", [pretrained.SHIPPED_MODEL, pretrained.SHIPPED_AVX2_MODEL], ids=lambda p: p.name)
+def test_the_shipped_model_loads_and_says_what_it_was_trained_on(path: Path) -> None:
+    model = pretrained.shipped_model(path)
     assert model.version == pretrained.SHIPPED_VERSION == 0 and model.cost_model_id is None
     assert model.objective in costmodel.OBJECTIVES
     on, held = model.meta["trained_on"], model.meta["heldout"]
     assert on["rows"] > 1000 and on["workloads"] > 50 and on["cpus"] and on["sources"]
+    # trained on its own kind of vector code only (bench/pretrain.py picks the file by it)
+    assert on["vector_code"] == ["avx2" if path == pretrained.SHIPPED_AVX2_MODEL else "default"]
     assert held["dims"] and held["workloads"] > 0
     # the guard held when it was written: it ranks the held-out families better than both baselines
     assert held["pairwise_accuracy"] > max(b["pairwise_accuracy"] for b in held["baselines"].values())
     scores = model.predict_features(costmodel.store_features([np.ones((3, 164), dtype=np.float32),
                                                               np.zeros((1, 164), dtype=np.float32)]))
     assert scores.shape == (2,) and np.isfinite(scores).all()
-    assert pretrained.shipped_summary()["trained_on"] == on
+    assert pretrained.shipped_summary(path)["trained_on"] == on
+
+
+def test_x86_avx2_code_gets_the_shipped_model_trained_on_avx2_code() -> None:
+    """Which shipped model serves a class follows its target's vector code, not the host's CPU."""
+    x86 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
+    for mcpu in ("haswell", "znver3"):  # the x86-avx2 class; an AVX2-only CPU's native class
+        assert pretrained.vector_code({**x86, "mcpu": mcpu}) == "avx2"
+        assert pretrained.shipped_path({**x86, "mcpu": mcpu}) == pretrained.SHIPPED_AVX2_MODEL
+    for mcpu in ("znver4", "skylake-avx512"):
+        assert pretrained.vector_code({**x86, "mcpu": mcpu}) == "default"
+        assert pretrained.shipped_path({**x86, "mcpu": mcpu}) == pretrained.SHIPPED_MODEL
+    for other in ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2},
+                  {"kind": "cuda", "arch": "sm_80"}):
+        assert pretrained.shipped_path(other) == pretrained.SHIPPED_MODEL
+    assert pretrained.shipped_path(None) == pretrained.SHIPPED_MODEL
+    assert pretrained.shipped_model(target={**x86, "mcpu": "haswell"}) is pretrained.shipped_model(
+        pretrained.SHIPPED_AVX2_MODEL) is not pretrained.shipped_model()
 
 
 def test_a_broken_shipped_model_is_one_line(tmp_path: Path) -> None:
@@ -58,9 +78,17 @@ def test_a_class_without_its_own_model_uses_the_shipped_one(engine, tmp_path: Pa
                                                            caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     _, db, store = engine
     assert db.current_cost_model(db.hardware_class("x86").id) is None
-    shipped = pretrained.shipped_model()
+    shipped = pretrained.shipped_model(target=db.hardware_class("x86").target)
     for st in (store, None):  # without an artifact store too: the shipped model needs none
         assert Tuner(db, "x86", store=st).cost_model(db) is shipped
+    # each class gets the shipped model of its vector code, whatever this host's CPU
+    for name, mcpu, path in (("zen4", "znver4", pretrained.SHIPPED_MODEL),
+                             ("haswell", "haswell", pretrained.SHIPPED_AVX2_MODEL)):
+        db.upsert_hardware_class(name, {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 2},
+                                 "x86")
+        assert require_model(db, store, name) is pretrained.shipped_model(path)
+    # (a Tuner refuses a class whose code this CPU cannot run: the AVX2 one runs on every x86 host here)
+    assert Tuner(db, "haswell", store=store).cost_model(db) is pretrained.shipped_model(pretrained.SHIPPED_AVX2_MODEL)
     assert Tuner(db, "x86", TuneOptions(pretrained_cost_model=False), store=store).cost_model(db) is None
     assert Tuner(db, "x86", TuneOptions(warm_start=False), store=store).cost_model(db) is None
     assert require_model(db, store, "x86") is shipped
@@ -69,6 +97,7 @@ def test_a_class_without_its_own_model_uses_the_shipped_one(engine, tmp_path: Pa
 
     # a broken installation: said once, then the shards tune without a model
     monkeypatch.setattr(pretrained, "SHIPPED_MODEL", tmp_path / "gone.json")
+    monkeypatch.setattr(pretrained, "SHIPPED_AVX2_MODEL", tmp_path / "gone.json")
     tuner = Tuner(db, "x86", store=store)
     with caplog.at_level(logging.WARNING, logger="tunefleet.engine"):
         assert tuner.cost_model(db) is None
@@ -114,6 +143,10 @@ def test_pretrain_trains_on_a_bundle_and_holds_out_a_shape_family(tmp_path: Path
     mlp = json.loads(report.read_text())["heldout"]["mlp"]  # the neural model's arm ran and scored the split
     assert mlp["epochs"] == 2 and 0.0 <= mlp["2"]["heldout"]["pairwise_accuracy"] <= 1.0 and "MLP 256x3, epoch 2" in printed
     model = costmodel.TrainedModel.from_bytes(out.read_bytes())
+    # the default bundle holds AVX2 (Zen 3) and AVX-512 records: refused without --output, before featurising
+    assert pretrain.main([str(DEFAULT_BUNDLE), "--work-dir", str(tmp_path / "mixed")]) == 2
+    assert "pretrain: the sources mix vector codes (avx2, default)" in capsys.readouterr().err
+    assert model.meta["trained_on"]["vector_code"] == ["avx2", "default"]
     held = json.loads(report.read_text())["heldout"]
     assert model.meta["heldout"]["dims"] == [768] and held["workloads"] == model.meta["heldout"]["workloads"] > 0
     assert model.meta["trained_on"]["rows"] == held["rows"] + held["train_rows"]

@@ -85,7 +85,7 @@ def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
              "objective": cm.metrics.get("objective"), "heldout": cm.metrics.get("heldout"),
              "reason": cm.metrics.get("reason"), "uri": cm.artifact_uri} for cm, hw in ctx.db.cost_models()]
     if settings.pretrained_cost_model:
-        data.append(_shipped_row())
+        data.extend(_shipped_rows())
     if args.json:
         print_json(data)
         return 0
@@ -96,22 +96,34 @@ def cmd_costmodel_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _shipped_row() -> dict[str, Any]:
-    """The shipped cost model as a row of `costmodel list`: version 0 of every class without its own."""
+def _shipped_rows() -> list[dict[str, Any]]:
+    """The shipped cost models as rows of `costmodel list`: version 0 of every class without its own,
+    one for x86 AVX2 code and one for every other class."""
     from tunefleet.errors import TunefleetError
-    from tunefleet.learning.pretrained import SHIPPED_MODEL, SHIPPED_VERSION, shipped_model, shipped_summary
+    from tunefleet.learning.pretrained import (
+        SHIPPED_AVX2_MODEL,
+        SHIPPED_MODEL,
+        SHIPPED_VERSION,
+        shipped_model,
+        shipped_summary,
+    )
 
-    row: dict[str, Any] = {"hardware": "(any without its own)", "version": SHIPPED_VERSION, "promoted": False,
-                           "shipped": True, "uri": SHIPPED_MODEL.as_uri()}
-    try:
-        model, summary = shipped_model(), shipped_summary()
-    except TunefleetError as exc:
-        return {**row, "created_at": None, "objective": None, "heldout": None, "reason": str(exc)}
-    on: Any = summary.get("trained_on") or {}
-    return {**row, "created_at": model.meta.get("created_at"), "objective": model.objective,
-            "heldout": summary.get("heldout"),
-            "reason": f"shipped with tunefleet: {on.get('rows', '?')} measurements of {on.get('workloads', '?')} "
-                      f"workloads on {', '.join(on.get('cpus') or ['?'])}"}
+    rows = []
+    for path, serves in ((SHIPPED_AVX2_MODEL, "(x86 AVX2 code, without its own)"),
+                         (SHIPPED_MODEL, "(any other without its own)")):
+        row: dict[str, Any] = {"hardware": serves, "version": SHIPPED_VERSION, "promoted": False, "shipped": True,
+                               "uri": path.as_uri()}
+        try:
+            model, summary = shipped_model(path), shipped_summary(path)
+        except TunefleetError as exc:
+            rows.append({**row, "created_at": None, "objective": None, "heldout": None, "reason": str(exc)})
+            continue
+        on: Any = summary.get("trained_on") or {}
+        rows.append({**row, "created_at": model.meta.get("created_at"), "objective": model.objective,
+                     "heldout": summary.get("heldout"),
+                     "reason": f"shipped with tunefleet: {on.get('rows', '?')} measurements of "
+                               f"{on.get('workloads', '?')} workloads on {', '.join(on.get('cpus') or ['?'])}"})
+    return rows
 
 
 def cmd_costmodel_promote(args: argparse.Namespace, settings: Settings) -> int:

@@ -110,12 +110,26 @@ def _cost_model_line(db: Database, settings: Settings, hardware: str, tuned: dic
     if own is not None:
         which = f"{hardware}'s own v{own.version}"
     elif settings.pretrained_cost_model:
-        which = "the one shipped with tunefleet (v0; TUNEFLEET_PRETRAINED_COST_MODEL=false turns it off)"
+        which = (f"the one shipped with tunefleet (v0{_shipped_for(db, hardware)}; "
+                 "TUNEFLEET_PRETRAINED_COST_MODEL=false turns it off)")
     else:
         return "none (TUNEFLEET_PRETRAINED_COST_MODEL=false and no model of the class: stock MetaSchedule start)"
     dropped = int(tuned.get("warm_start_dropped") or 0)
     return which + (f"; dropped in {dropped} of {tuned.get('shards_done', 0)} shard(s) whose measurements it misranked"
                     if dropped else "")
+
+
+def _shipped_for(db: Database, hardware: str) -> str:
+    """`` for x86 AVX2 code, trained on <CPUs>``: which shipped model serves the class (empty when unreadable)."""
+    from tunefleet.learning.pretrained import shipped_path, shipped_summary, vector_code
+
+    target = db.hardware_class(hardware).target
+    try:
+        on: Any = shipped_summary(shipped_path(target)).get("trained_on") or {}
+    except TunefleetError:
+        return ""  # a broken installation: the tuning log has said so
+    code = " for x86 AVX2 code" if vector_code(target) == "avx2" else ""
+    return f"{code}, trained on {', '.join(on.get('cpus') or ['?'])}"
 
 
 def _untuned_workloads(db: Database, model_id: int, hardware: str) -> list[str]:

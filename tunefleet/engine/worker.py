@@ -156,13 +156,14 @@ class Tuner:
         return self._model
 
     def _shipped(self) -> TrainedModel | None:
-        """The model shipped with tunefleet; a broken installation's is said once and not used."""
+        """The model shipped with tunefleet for the class's vector code; a broken installation's is said
+        once and not used."""
         if self._shipped_broken:
             return None
         from tunefleet.learning.pretrained import shipped_model
 
         try:
-            return shipped_model()
+            return shipped_model(target=self.target)
         except TunefleetError as exc:
             log.warning("tuning %s without a cost model: %s", self.hardware, str(exc).splitlines()[0])
             self._shipped_broken = True
