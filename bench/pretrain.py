@@ -317,18 +317,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def shipped_path_for(code: str) -> Path:
-    """The package's shipped model file for a vector code (``tunefleet.learning.pretrained.vector_code``)."""
-    from tunefleet.learning.pretrained import SHIPPED_AVX2_MODEL, SHIPPED_MODEL
-
-    return SHIPPED_AVX2_MODEL if code == "avx2" else SHIPPED_MODEL
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import tvm
 
     from tunefleet.learning import costmodel as cm
+    from tunefleet.learning.pretrained import model_file
 
     missing = [str(s) for s in args.sources if not s.is_file()]
     if missing:
@@ -359,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.evaluate_only:
         return 0
     codes = sorted({c for s in sources for c in s["vector_code"]})
-    output = args.output or shipped_path_for(codes[0])
+    output = args.output or model_file(codes[0])
     model = cm.train(table, objective=objective, num_boost_round=rounds, params=params)
     newest = max(s["created_at"] for s in sources)
     model.meta.update({

@@ -100,17 +100,11 @@ def _shipped_rows() -> list[dict[str, Any]]:
     """The shipped cost models as rows of `costmodel list`: version 0 of every class without its own,
     one for x86 AVX2 code and one for every other class."""
     from tunefleet.errors import TunefleetError
-    from tunefleet.learning.pretrained import (
-        SHIPPED_AVX2_MODEL,
-        SHIPPED_MODEL,
-        SHIPPED_VERSION,
-        shipped_model,
-        shipped_summary,
-    )
+    from tunefleet.learning.pretrained import SHIPPED_VERSION, model_file, shipped_model, shipped_summary
 
     rows = []
-    for path, serves in ((SHIPPED_AVX2_MODEL, "(x86 AVX2 code, without its own)"),
-                         (SHIPPED_MODEL, "(any other without its own)")):
+    for code, serves in (("avx2", "(x86 AVX2 code, without its own)"), ("default", "(any other without its own)")):
+        path = model_file(code)
         row: dict[str, Any] = {"hardware": serves, "version": SHIPPED_VERSION, "promoted": False, "shipped": True,
                                "uri": path.as_uri()}
         try:

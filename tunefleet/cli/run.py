@@ -121,15 +121,14 @@ def _cost_model_line(db: Database, settings: Settings, hardware: str, tuned: dic
 
 def _shipped_for(db: Database, hardware: str) -> str:
     """`` for x86 AVX2 code, trained on <CPUs>``: which shipped model serves the class (empty when unreadable)."""
-    from tunefleet.learning.pretrained import shipped_path, shipped_summary, vector_code
+    from tunefleet.learning.pretrained import model_file, shipped_summary, vector_code
 
-    target = db.hardware_class(hardware).target
+    code = vector_code(db.hardware_class(hardware).target)
     try:
-        on: Any = shipped_summary(shipped_path(target)).get("trained_on") or {}
+        on: Any = shipped_summary(model_file(code)).get("trained_on") or {}
     except TunefleetError:
         return ""  # a broken installation: the tuning log has said so
-    code = " for x86 AVX2 code" if vector_code(target) == "avx2" else ""
-    return f"{code}, trained on {', '.join(on.get('cpus') or ['?'])}"
+    return f"{' for x86 AVX2 code' if code == 'avx2' else ''}, trained on {', '.join(on.get('cpus') or ['?'])}"
 
 
 def _untuned_workloads(db: Database, model_id: int, hardware: str) -> list[str]:

@@ -75,9 +75,14 @@ def _vector_code(target_json: str) -> str:
     return "avx2" if has("avx2") and not has("avx512f") else "default"
 
 
+def model_file(code: str) -> Path:
+    """The file of the shipped model for a kind of vector code (:func:`vector_code`)."""
+    return SHIPPED_AVX2_MODEL if code == "avx2" else SHIPPED_MODEL
+
+
 def shipped_path(target: Mapping[str, Any] | None = None) -> Path:
     """The file of the shipped model that serves a class of this target (no target: the default one)."""
-    return SHIPPED_AVX2_MODEL if target is not None and vector_code(target) == "avx2" else SHIPPED_MODEL
+    return model_file(vector_code(target)) if target is not None else SHIPPED_MODEL
 
 
 def shipped_model(path: Path | None = None, *, target: Mapping[str, Any] | None = None) -> TrainedModel:
@@ -113,5 +118,5 @@ def shipped_summary(path: Path | None = None) -> dict[str, object]:
             if k in meta}
 
 
-__all__ = ["SHIPPED_AVX2_MODEL", "SHIPPED_MODEL", "SHIPPED_VERSION", "current_or_shipped", "shipped_model",
-           "shipped_path", "shipped_summary", "vector_code"]
+__all__ = ["SHIPPED_AVX2_MODEL", "SHIPPED_MODEL", "SHIPPED_VERSION", "current_or_shipped", "model_file",
+           "shipped_model", "shipped_path", "shipped_summary", "vector_code"]
