@@ -14,7 +14,7 @@ For a zoo model already tuned in ``--home``, each repeat runs, one after the oth
    (:func:`tunefleet.delivery.build.time_builds`); ``--via build`` runs ``tunefleet build MODEL
    --json -o ...`` instead (the same timing, without the run's flow around it);
 2. this script's ``--measure`` mode in a fresh subprocess: that library timed as
-   ``bench/versus_alternatives.py`` times it (its ``alternatives`` and ``measure_phase``: eager,
+   ``bench/versus_alternatives.py`` times it (its ``prepare_alternatives`` and ``measure_phase``: eager,
    ``torch.compile`` and onnxruntime in alternating rounds, on the class's cores).
 
 It prints every figure, the table's over the bench's for each runtime within a repeat (what
@@ -37,10 +37,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
 
 from versus_alternatives import (  # noqa: E402 - beside this file; light at import
-    alternatives,
     measure_phase,
     pin_threads,
-    torch_module,
+    prepare_alternatives,
+    tunefleet_command,
 )
 
 RUNTIMES = {"tuned": ("tuned_ms", "tunefleet tuned"), "eager": ("torch_ms", "torch eager"),
@@ -51,19 +51,12 @@ RUNTIMES = {"tuned": ("tuned_ms", "tunefleet tuned"), "eager": ("torch_ms", "tor
 def measure(library: str, model: str, threads: int, rounds: int) -> dict[str, Any]:
     """The bench's timing of ``library`` (a fresh process: call before numpy/TVM/torch load)."""
     pin_threads(threads)
-    import torch
-
     from tunefleet.models.zoo import build_zoo_model
 
-    zoo = build_zoo_model(model)
-    inputs_np = zoo.loaded.random_inputs(seed=0)
-    module, why_not = torch_module(zoo)
-    if module is None:
-        raise SystemExit(f"timing_agreement: {model}: {why_not}")
-    torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
-        calls, skipped, _ = alternatives(module, inputs_np, threads, Path(tmp) / f"{model}.onnx")
-        measured = measure_phase({"library": library}, inputs_np, calls, None, rounds)
+        inputs_np, calls, skipped, _, reference = prepare_alternatives(build_zoo_model(model), threads,
+                                                                       Path(tmp) / f"{model}.onnx")
+        measured = measure_phase({"library": library}, inputs_np, calls, reference, rounds)
     return {"latency": measured["latency"], "not_measured": skipped}
 
 
@@ -124,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     if args.home is not None:
         env["TUNEFLEET_HOME"] = str(args.home.expanduser().resolve())
-    tunefleet = str(Path(sys.executable).with_name("tunefleet"))
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     repeats: list[dict[str, Any]] = []
@@ -132,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"repeat-{i}"
         out.mkdir(exist_ok=True)
         if args.via == "run":
-            command = [tunefleet, "run", "--model", args.model, "--hardware", args.hardware, "--trials", "1", "--json",
+            command = [*tunefleet_command(), "run", "--model", args.model, "--hardware", args.hardware, "--trials", "1", "--json",
                        "-o", str(out)]
         else:
-            command = [tunefleet, "build", args.model, "--hardware", args.hardware, "--json",
+            command = [*tunefleet_command(), "build", args.model, "--hardware", args.hardware, "--json",
                        "-o", str(out / f"{args.model}-{args.hardware}.so")]
         built = subprocess.run(command, check=False, env=env, capture_output=True, text=True)
         if built.returncode != 0:
@@ -144,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(built.stdout)
         report = result["builds"][0] if args.via == "run" else result
         library = report["output"]
+        planned = sum(int(p.get("new_trials") or 0) for p in result.get("planned") or [])
+        if planned:  # the table then follows a tuning run in the same process, not a bare build
+            print(f"repeat {i}: warning: the run tuned {planned} trial(s) before its table", flush=True)
         threads = int(report.get("threads") or 2)
         timed = subprocess.run([sys.executable, __file__, args.model, "--measure", str(library), "--threads", str(threads),
                                 "--rounds", str(rounds)], check=False, env=env, capture_output=True, text=True)

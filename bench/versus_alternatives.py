@@ -336,6 +336,33 @@ def alternatives(module: Any, inputs_np: list[Any], threads: int, onnx_path: Pat
     return calls, skipped, setup
 
 
+def prepare_alternatives(zoo: Any, threads: int, onnx_path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str],
+                                                                           dict[str, float], list[Any] | None]:
+    """For a zoo model: (its inputs, the alternatives' calls, name -> why not measured, setup
+    seconds, eager's outputs to check the others against), torch on ``threads`` threads and one
+    inter-op thread. ``bench/timing_agreement.py`` prepares its timing the same way."""
+    inputs_np = zoo.loaded.random_inputs(seed=0)
+    module, why_not = torch_module(zoo)
+    if module is None:
+        return inputs_np, {}, dict.fromkeys(ALTERNATIVES, why_not or "no PyTorch module"), {}, None
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # building the zoo model already started torch's inter-op pool
+        pass
+    print(f"preparing the alternatives (torch {torch.__version__}: eager, torch.compile, onnxruntime) ...", flush=True)
+    alt_calls, skipped, setup = alternatives(module, inputs_np, threads, onnx_path)
+    reference = None
+    try:
+        reference = _outputs(alt_calls["torch eager"]())
+    except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
+        del alt_calls["torch eager"]
+        skipped["torch eager"] = _reason(exc)
+    return inputs_np, alt_calls, skipped, setup, reference
+
+
 def measure_phase(phase: dict[str, Any], inputs_np: list[Any], alt_calls: dict[str, Any], reference: list[Any] | None,
                   rounds: int, compare: dict[str, str] | None = None) -> dict[str, Any]:
     """Time the phase's tuned library alternating with the ``compare`` libraries (label -> path)
@@ -552,28 +579,7 @@ def main(argv: list[str] | None = None) -> int:
 
     zoo = build_zoo_model(args.model, **{k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len")
                                          if getattr(args, k) is not None})
-    inputs_np = zoo.loaded.random_inputs(seed=0)
-    module, why_not = torch_module(zoo)
-    alt_calls: dict[str, Any] = {}
-    setup: dict[str, float] = {}
-    reference = None
-    if module is None:
-        skipped = dict.fromkeys(ALTERNATIVES, why_not or "no PyTorch module")
-    else:
-        import torch
-
-        torch.set_num_threads(threads)
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:  # building the zoo model already started torch's inter-op pool
-            pass
-        print(f"preparing the alternatives (torch {torch.__version__}: eager, torch.compile, onnxruntime) ...", flush=True)
-        alt_calls, skipped, setup = alternatives(module, inputs_np, threads, work / f"{args.model}.onnx")
-        try:
-            reference = _outputs(alt_calls["torch eager"]())
-        except Exception as exc:  # noqa: BLE001 - reported as a "not measured" row
-            del alt_calls["torch eager"]
-            skipped["torch eager"] = _reason(exc)
+    inputs_np, alt_calls, skipped, setup, reference = prepare_alternatives(zoo, threads, work / f"{args.model}.onnx")
     out["setup_s"] = setup
     out["not_measured"] = skipped
     out["versions"] = _versions()
