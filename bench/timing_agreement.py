@@ -120,14 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     repeats: list[dict[str, Any]] = []
+    cli = tunefleet_command()
     for i in range(1, args.repeats + 1):
         out = work / f"repeat-{i}"
         out.mkdir(exist_ok=True)
         if args.via == "run":
-            command = [*tunefleet_command(), "run", "--model", args.model, "--hardware", args.hardware, "--trials", "1", "--json",
+            command = [*cli, "run", "--model", args.model, "--hardware", args.hardware, "--trials", "1", "--json",
                        "-o", str(out)]
         else:
-            command = [*tunefleet_command(), "build", args.model, "--hardware", args.hardware, "--json",
+            command = [*cli, "build", args.model, "--hardware", args.hardware, "--json",
                        "-o", str(out / f"{args.model}-{args.hardware}.so")]
         built = subprocess.run(command, check=False, env=env, capture_output=True, text=True)
         if built.returncode != 0:

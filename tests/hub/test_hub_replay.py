@@ -78,9 +78,9 @@ def test_a_bundle_tuned_on_x86_seeds_x86_avx2_in_a_new_database(make_home: Any, 
 
     # A budget too short for a round of search (the build's reserve alone is longer) on a class
     # that never measured the model: each workload measures its default and the hub's 2 best, no more.
-    # The clock stands still: the replay round's own deadline is an estimate of its shards' time,
-    # which a slow CI machine overran (the third shard was cut), and what this checks is which
-    # schedules the round measures, not how fast the machine is.
+    # The clock stands still, past the 1 s budget: the replay round's own deadline is an estimate
+    # of its shards' time, which a slow CI machine overran (the third shard was cut), and what this
+    # checks is which schedules the round measures, not how fast the machine is.
     api.extract(dst, model, "x86")
     x86 = db.hardware_class("x86")
     options = dst.options(trials_per_iter=8, seed=0)
