@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tunefleet.budget import Budget, format_duration
@@ -126,9 +128,10 @@ def test_a_round_is_a_batch_per_workload_in_play_and_caps_one_workload() -> None
 
 
 def test_energy_aware_scores_per_joule() -> None:
-    cheap = _wl(1, [8e-3] + [4e-3] * 7, joules_per_trial=1.0)
-    costly = _wl(2, [8e-3] + [2e-3] * 7, weight=2, joules_per_trial=10.0)  # gains more, at 10x the energy
-    assert _split(allocate([cheap, costly], None, min_trials=8, batch=4)) == {2: 4, 1: 4}
+    cheap = _wl(1, [8e-3, 6e-3] + [4e-3] * 6, joules_per_trial=1.0)
+    costly = _wl(2, [8e-3, 6e-3] + [2e-3] * 6, weight=2, joules_per_trial=10.0)  # gains more, at 10x the energy
+    # the costly one's second batch is still worth more than the cheap one's first
+    assert _split(allocate([cheap, costly], None, min_trials=8, batch=4)) == {2: 8}
     assert _split(allocate([cheap, costly], 4, min_trials=8, batch=4)) == {2: 4}
     assert _split(allocate([cheap, costly], 4, min_trials=8, batch=4, energy_aware=True)) == {1: 4}
 
@@ -168,3 +171,21 @@ def test_a_workload_whose_first_round_beat_nothing_is_not_starved_before_its_win
     assert 1 not in _split(allocate([flat, *improving], None, min_trials=8, batch=8, window=16))
     # alone (no improving workload to take a rate from), it keeps the floor rate, as before
     assert _split(allocate([stuck], None, min_trials=8, batch=8, window=16)) == {1: 8}
+
+
+def test_a_heavy_workload_still_improving_is_not_starved_by_young_ones_first_steps() -> None:
+    """resnet18 on a slow CPU (docs/performance.md): after phase 1, the heaviest workload (called
+    twice, 136 trials, 25 % better over its last 128) against workloads that had only their minimum
+    of 8 trials, whose first searched candidates fell fast. Ranked by their improvement per trial,
+    the young ones took every batch of the next plans and the heavy one none; with each batch
+    valued by the drop it is expected to buy, a young one's second batch is worth less than the
+    heavy one's first."""
+    heavy = _wl(1, [200e-3, 4e-3, 3.5e-3, 3.3e-3, 3.2e-3, 3.1e-3, 3e-3, 2.987e-3]
+                + [2.987e-3 * (2.248 / 2.987) ** ((i + 1) / 128) for i in range(128)], weight=2)
+    young = [_wl(i, [160e-3, 4.61e-3, 3.5e-3, 2.8e-3, 2.2e-3, 1.9e-3, 1.66e-3, 1.66e-3]) for i in range(2, 12)]
+    split = _split(allocate([heavy, *young], None, min_trials=8, batch=64, window=128))
+    assert split.get(1, 0) >= 64
+    assert max(split.values()) <= 2 * 64  # no young one takes the round's cap of 4 batches either
+    # its exponent is fitted from its first searched candidate on, not from the default schedule
+    assert young[0].exponent(128) == pytest.approx(math.log(4.61 / 1.66) / math.log(8 / 2))
+    assert heavy.exponent(128) == pytest.approx(math.log(2.987 / 2.248) / math.log(136 / 8))

@@ -9,14 +9,19 @@ so the next trials go where they are expected to take the most off that sum. Eac
    its default schedule is single-threaded and unvectorised, so even a small workload needs one
    real search round before it is worth comparing; those whose default schedule is not measured
    yet come first (a shard's first trial measures it);
-2. the rest is handed out in whole search batches, proportional (D'Hondt) to each workload's
-   expected gain per trial: weight × best run time (its share of the model's latency) × its
-   relative improvement per trial over its last ``window`` trials (per joule when energy-aware).
-   A workload that stopped improving scores little and gets nothing while others still improve;
-   one whose best improved by at most ``epsilon`` over a full window has *plateaued* and leaves
-   the run, like one whose search space ran out or that plateau preemption stopped. One whose
-   search has not beaten its default schedule yet, in less than a window, scores the median rate
-   of those that improved (it has not shown what its search can do).
+2. the rest is handed out in whole search batches, each to the workload whose next batch is
+   expected to take the most off the model's latency (per joule when energy-aware): weight × the
+   drop of its best run time that batch buys, where a workload's best is taken to fall as a power
+   of its trials, ``best(t) ∝ t^-α``, ``α`` fitted over its last ``window`` trials. A search's
+   gains shrink as it goes on, so each further batch of a workload in the same plan is worth less
+   than the one before it (the greedy split is exact for such diminishing returns), and a young
+   workload's fast first steps buy it a batch or two, not the whole round. The window never
+   reaches back to the default schedule: that step (single-threaded and unvectorised to the first
+   tuned candidate) is not the search's pace. A workload that stopped improving gets nothing while
+   others still improve; one whose best improved by at most ``epsilon`` over a full window has
+   *plateaued* and leaves the run, like one whose search space ran out or that plateau preemption
+   stopped. One whose search has not beaten its default schedule yet, in less than a window, gets
+   the median exponent of those that improved (it has not shown what its search can do).
 
 A duration budget has no trial count: its rounds go on until the deadline
 (:mod:`tunefleet.planning.rounds`). Pure Python — no TVM, no database:
@@ -92,19 +97,22 @@ class WorkloadHistory:
         """Nothing measured successfully yet, its default schedule included."""
         return self.best_s is None
 
-    def recent_gain(self, window: int) -> tuple[float, int] | None:
-        """(relative improvement of the best, trials it took) over the last ``window`` trials.
-
-        A window reaching back before the first success starts at the first success (usually the
-        default schedule), so a young workload is judged optimistically by its first big step.
-        None before any success.
-        """
+    def best_so_far(self) -> list[float | None]:
+        """Its best run time after each of its trials (None before its first success)."""
         best: list[float | None] = []
         cur: float | None = None
         for x in self.run_s:
             if x is not None and (cur is None or x < cur):
                 cur = x
             best.append(cur)
+        return best
+
+    def recent_gain(self, window: int) -> tuple[float, int] | None:
+        """(relative improvement of the best, trials it took) over the last ``window`` trials: what
+        :meth:`plateaued` judges. A window reaching back before the first success starts at the
+        first success (usually the default schedule). None before any success."""
+        best = self.best_so_far()
+        cur = best[-1] if best else None
         if cur is None:
             return None
         k = min(window, len(best) - 1)
@@ -122,18 +130,22 @@ class WorkloadHistory:
         gain = self.recent_gain(window)
         return gain is not None and gain[1] >= window and gain[0] <= epsilon
 
-    def score(self, window: int, epsilon: float = DEFAULT_EPSILON, *, energy_aware: bool = False) -> float | None:
-        """Expected model-latency seconds one more trial takes off (per joule when energy-aware);
-        None before any success. An improvement of less than ``epsilon`` per window counts as
-        ``epsilon``, so a workload not plateaued yet keeps a small share."""
-        best, gain = self.best_s, self.recent_gain(window)
-        if best is None or gain is None:
+    def exponent(self, window: int) -> float | None:
+        """``α`` of the power law ``best(t) ∝ t^-α`` (t: its trials) fitted over its last ``window``
+        trials, from its first searched candidate on: the step from the trial before it, usually
+        the default schedule, is not the search's pace. None when no searched candidate ran or
+        nothing in the window beat what came before it: its search has not shown a pace
+        (:func:`_outlooks`)."""
+        best = self.best_so_far()
+        n = len(best)
+        searched = next((i for i in range(1, n) if self.run_s[i] is not None), None)
+        if searched is None:
             return None
-        rate = max(gain[0] / gain[1] if gain[1] else 0.0, epsilon / window)
-        value = self.weight * best * rate
-        if energy_aware and self.joules_per_trial:
-            value /= self.joules_per_trial
-        return value
+        start = max(n - 1 - window, searched)
+        ref, cur = best[start], best[-1]
+        if ref is None or cur is None or start == n - 1 or cur >= ref:
+            return None
+        return math.log(ref / cur) / math.log(n / (start + 1))
 
 
 @dataclass(frozen=True)
@@ -216,15 +228,20 @@ def allocate(
         left -= need
     granted = {g.workload_id for g in grants}
 
-    # 2. shares of the rest, by expected gain per trial, in whole batches. In rounds, a workload
+    # 2. shares of the rest, batch by batch to the largest expected gain. In rounds, a workload
     # given its minimum now or with open shards waits for their results before it competes.
     candidates = [w for w in in_play if not w.plateaued(window, epsilon) and (
         not rounds or (w.planned >= min_trials and w.workload_id not in granted and not w.outstanding))]
-    scores = {w.workload_id: w.score(window, epsilon, energy_aware=energy_aware) for w in candidates}
-    scores.update(_unproven(candidates, window, energy_aware))
-    if not rounds:
-        scores.update(_estimated(candidates, scores, window, epsilon, energy_aware))
-    candidates = [w for w in candidates if scores[w.workload_id] is not None]
+    minimums = {g.workload_id: g.trials for g in grants}
+    outlooks = _outlooks(candidates, window, minimums, estimate=not rounds)
+    candidates = [w for w in candidates if w.workload_id in outlooks]
+
+    def value(w: WorkloadHistory, k: int) -> float:
+        """Model-latency seconds its k-th batch of this plan is expected to take off (per joule)."""
+        o = outlooks[w.workload_id]
+        v = w.weight * _drop(o.best_s, max(o.alpha, _floor(o.start, window, epsilon)), o.start, k, batch)
+        return v / w.joules_per_trial if energy_aware and w.joules_per_trial else v
+
     size = min(left, len(candidates) * batch) if rounds else left
     steps: dict[int, int] = {w.workload_id: 0 for w in candidates}
     given: dict[int, int] = {w.workload_id: 0 for w in candidates}
@@ -232,13 +249,13 @@ def allocate(
         open_ = [w for w in candidates if not rounds or steps[w.workload_id] < max_batches]
         if not open_:
             break
-        pick = max(open_, key=lambda w: (scores[w.workload_id] / (1 + steps[w.workload_id]), -w.workload_id))
+        pick = max(open_, key=lambda w: (value(w, steps[w.workload_id] + 1), -w.workload_id))
         n = int(min(batch, size))
         given[pick.workload_id] += n
         steps[pick.workload_id] += 1
         size -= n
         left -= n
-    ranked = sorted((w for w in candidates if given[w.workload_id]), key=lambda w: -scores[w.workload_id])
+    ranked = sorted((w for w in candidates if given[w.workload_id]), key=lambda w: (-value(w, 1), w.workload_id))
     for i, w in enumerate(ranked):
         n, earlier = given[w.workload_id], next((g for g in grants if g.workload_id == w.workload_id), None)
         if earlier is None:
@@ -272,46 +289,58 @@ def _share_proxy(w: WorkloadHistory) -> float:
     return w.weight * best if best is not None else w.weight * max(w.flops, 0.0)
 
 
-def _unproven(candidates: Sequence[WorkloadHistory], window: int, energy_aware: bool) -> dict[int, float]:
-    """Scores of workloads whose search has found nothing faster than their first success (the
-    default schedule) in less than a full window of trials: scored at the median improvement rate
-    of the workloads that improved, not at the floor. Their first random candidates can all lose to
-    the default (mobilenet_v2's depthwise convolutions on AVX2 did), and at the floor rate they
-    would never get another batch while the others make their big first steps; a full window with
-    nothing better still makes them plateau."""
-    rates, unproven = [], []
-    for w in candidates:
-        gain = w.recent_gain(window)
-        if gain is None:  # nothing measured yet: no score either
-            continue
-        if gain[0] > 0 and gain[1]:
-            rates.append(gain[0] / gain[1])
-        elif gain[0] <= 0 and gain[1] < window:
-            unproven.append(w)
-    if not rates:
-        return {}
-    rate = statistics.median(rates)
-    out: dict[int, float] = {}
-    for w in unproven:
-        value = w.weight * w.best_s * rate  # type: ignore[operator]
-        out[w.workload_id] = value / w.joules_per_trial if energy_aware and w.joules_per_trial else value
-    return out
+@dataclass(frozen=True)
+class _Outlook:
+    """What the allocator expects of a workload's next batches: its best run time, which falls as
+    ``(t / start)^-alpha`` from its ``start`` trials on."""
+
+    best_s: float
+    alpha: float
+    start: int
 
 
-def _estimated(candidates: Sequence[WorkloadHistory], scores: dict[int, float | None], window: int, epsilon: float,
-               energy_aware: bool) -> dict[int, float]:
-    """Scores of workloads never measured successfully, for a one-shot plan: run time estimated
-    from FLOPs at the measured workloads' median seconds per FLOP, and their median improvement
-    rate (weight × FLOPs when nothing is measured)."""
-    measured = [w for w in candidates if scores[w.workload_id] is not None and w.flops > 0]
+def _drop(best_s: float, alpha: float, start: int, k: int, batch: int) -> float:
+    """Seconds the ``k``-th batch (k ≥ 1) from ``start`` trials takes off a best of ``best_s`` that
+    falls as ``(t / start)^-alpha``."""
+    n = max(1, start)
+    return best_s * ((n / (n + (k - 1) * batch)) ** alpha - (n / (n + k * batch)) ** alpha)
+
+
+def _floor(start: int, window: int, epsilon: float) -> float:
+    """The exponent at which a best falls by ``epsilon`` over the window after ``start`` trials:
+    the least a workload not plateaued yet is expected to gain, so it keeps a small share."""
+    return -math.log1p(-epsilon) / math.log1p(window / max(1, start))
+
+
+def _outlooks(candidates: Sequence[WorkloadHistory], window: int, minimums: dict[int, int], *,
+              estimate: bool) -> dict[int, _Outlook]:
+    """Each candidate's :class:`_Outlook`; those with nothing measured are left out, unless
+    ``estimate`` (a one-shot plan).
+
+    A workload whose search has not shown its pace — nothing better than its first searched
+    candidate (or than its default schedule) in less than a full window — gets the median exponent
+    of the workloads that improved, not 0: its first random candidates can all lose to the default
+    (mobilenet_v2's depthwise convolutions on AVX2 did), and at the floor it would never get another
+    batch while the others make their big first steps; a full window with nothing better still
+    makes it plateau. With ``estimate``, a workload never measured gets a run time estimated from
+    its FLOPs at the measured workloads' median seconds per FLOP (weight × FLOPs when nothing is
+    measured) and the median exponent too.
+    """
+    alphas = {w.workload_id: w.exponent(window) for w in candidates}
+    shown = [a for a in alphas.values() if a is not None]
+    median = statistics.median(shown) if shown else 0.0
+    measured = [w for w in candidates if w.best_s is not None and w.flops > 0]
     s_per_flop = statistics.median([w.best_s / w.flops for w in measured]) if measured else 1.0  # type: ignore[operator]
-    rates = [scores[w.workload_id] / (w.weight * w.best_s) for w in measured]  # type: ignore[operator]
-    rate = statistics.median(rates) if rates else epsilon / window
-    out: dict[int, float] = {}
+    out: dict[int, _Outlook] = {}
     for w in candidates:
-        if scores[w.workload_id] is None:
-            value = w.weight * max(w.flops, 1.0) * s_per_flop * rate
-            out[w.workload_id] = value / w.joules_per_trial if energy_aware and w.joules_per_trial else value
+        best = w.best_s
+        if best is None:
+            if not estimate:
+                continue
+            best = max(w.flops, 1.0) * s_per_flop
+        alpha = alphas[w.workload_id]
+        out[w.workload_id] = _Outlook(best, median if alpha is None else alpha,
+                                      w.planned + minimums.get(w.workload_id, 0))
     return out
 
 
