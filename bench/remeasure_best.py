@@ -1,0 +1,167 @@
+"""Does the best the tuner recorded hold up? Re-time each workload's best schedules, side by side.
+
+A workload's best schedule is the fastest of every candidate measured for it, each measured once
+(five repeats of one cold run). On a noisy machine the fastest of many noisy figures is lower
+than what that schedule runs at on average, and more so the more candidates were measured: the
+tuner can then report a workload faster than any of its schedules is, and a longer search can
+"improve" a workload by finding a luckier measurement rather than a faster schedule.
+
+This bench takes a tuned home's database and, for each workload of a model on a class, re-times
+in one process, serially, with the tuner's own evaluator (:func:`tunefleet.tvm.runner.make_runner`)
+the ``--top`` fastest schedules recorded and, with ``--before``, the fastest recorded before that
+time (e.g. the end of a run's first phase), in ``--rounds`` alternating rounds (every schedule
+once per round, so drift spreads over all of them). It prints, per workload, the recorded and the
+re-timed figures (the median of the rounds' means) and, summed over the model's workloads
+(weight x run time), what the recorded bests add up to against what they re-time at::
+
+    TUNEFLEET_HOME=<home> python bench/remeasure_best.py resnet18 --hardware x86-avx2 \\
+        --before "2026-11-30 08:30:00" --json remeasure.json
+
+Nothing is written to the database (nor a hub bundle imported on first use). Keep the machine quiet while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a model of the home (name, id or sha256 prefix)")
+    p.add_argument("--hardware", required=True, help="the hardware class")
+    p.add_argument("--top", type=int, default=2, help="re-time this many of the fastest recorded schedules (default 2)")
+    p.add_argument("--before", help="also re-time the fastest recorded before this UTC time (YYYY-MM-DD HH:MM:SS)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    p.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = p.parse_args(argv)
+    if args.top < 1 or args.rounds < 1:
+        p.error("--top and --rounds must be at least 1")
+    if args.before:
+        try:
+            args.before = dt.datetime.fromisoformat(args.before)
+        except ValueError:
+            p.error(f"--before: not a time: {args.before!r} (YYYY-MM-DD HH:MM:SS, UTC)")
+    return args
+
+
+def best_before(db: Any, workload_id: int, hardware_class_id: int, before: dt.datetime) -> Any | None:
+    """The fastest successful measurement committed before ``before`` (None if there is none)."""
+    from sqlalchemy import select
+
+    from tunefleet.db.tables import Measurement
+
+    t = Measurement.__table__
+    stmt = (select(t).where(t.c.workload_id == workload_id, t.c.hardware_class_id == hardware_class_id,
+                            t.c.mean_run_s.is_not(None), t.c.created_at < before)
+            .order_by(t.c.mean_run_s, t.c.id).limit(1))
+    with db.session() as s:
+        return s.execute(stmt).first()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tunefleet import api
+    from tunefleet.tvm.without_torch import import_tvm
+
+    import_tvm()  # without importing torch, as the tuner does
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet.tvm.builder import PersistentBuilder
+    from tunefleet.tvm.runner import make_runner
+    from tunefleet.tvm.targets import make_target
+    from tunefleet.tvm.threads import use_threads
+    from tunefleet.tvm.traces import candidate
+
+    os.environ.setdefault("TUNEFLEET_HUB", "off")  # read the home as it is: no bundle imported on first use
+    ctx = api.connect()
+    db = ctx.db
+    hw = db.hardware_class(args.hardware)
+    model = db.model(args.model)
+    target = make_target(hw.target)
+    threads = use_threads(int(hw.target.get("num-cores") or 1))
+    print(f"{model.name} on {hw.name} ({hw.target.get('mcpu', '?')}), {threads} TVM threads",
+          flush=True)
+
+    rows: list[dict[str, Any]] = []
+    for wl, weight in db.workloads(model.id, hw.id):
+        picks = [("best" if i == 0 else f"#{i + 1}", m) for i, m in enumerate(db.best_measurements(wl.id, hw.id, args.top))]
+        if args.before and (early := best_before(db, wl.id, hw.id, args.before)) is not None:
+            picks.append(("before", early))
+        mod = tvm.ir.load_json(wl.tir_json)
+        for label, m in picks:
+            rows.append({"workload": wl.name, "workload_id": wl.id, "weight": weight, "pick": label,
+                         "measurement_id": m.id, "recorded_s": m.mean_run_s, "recorded_secs": m.run_secs,
+                         "mode": m.measure_mode, "cand": candidate(mod, m.trace_json, m.args_info), "runs": []})
+    if not rows:
+        print("nothing measured for this model on this class", file=sys.stderr)
+        return 1
+
+    print(f"building {len(rows)} schedules", flush=True)
+    with PersistentBuilder(max_workers=threads) as builder:
+        built = builder.build([ms.builder.BuilderInput(r["cand"].sch.mod, target) for r in rows])
+    runner = make_runner(target)
+    for r, b in zip(rows, built):
+        r["artifact"] = b.artifact_path
+        if b.error_msg:
+            r["error"] = b.error_msg.strip().splitlines()[-1][:200]
+    ok = [r for r in rows if r["artifact"]]
+    print(f"built {len(ok)} of {len(rows)} schedules; timing them in {args.rounds} alternating rounds", flush=True)
+    for _ in range(args.rounds):
+        futures = runner.run([ms.runner.RunnerInput(r["artifact"], "cpu", r["cand"].args_info) for r in ok])
+        for r, f in zip(ok, futures):
+            res = f.result()
+            if res.error_msg is None:
+                r["runs"].append(statistics.fmean(float(x) for x in res.run_secs))
+            else:
+                r["error"] = res.error_msg.strip().splitlines()[-1][:200]
+
+    report = report_rows(rows)
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}")
+    ctx.close()
+    return 0
+
+
+def report_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out = []
+    for r in rows:
+        again = statistics.median(r["runs"]) if r["runs"] else None
+        out.append({k: r[k] for k in ("workload", "workload_id", "weight", "pick", "measurement_id", "recorded_s",
+                                      "recorded_secs", "mode")} | {"error": r.get("error")}
+                   | {"retimed_s": again, "retimed_rounds": r["runs"], "ratio": again / r["recorded_s"] if again else None})
+    sums: dict[str, dict[str, float]] = {}
+    for label in sorted({r["pick"] for r in out}):
+        picked = [r for r in out if r["pick"] == label and r["retimed_s"] is not None]
+        sums[label] = {"workloads": len(picked), "recorded_s": sum(r["weight"] * r["recorded_s"] for r in picked),
+                       "retimed_s": sum(r["weight"] * r["retimed_s"] for r in picked)}
+    return {"rows": out, "sums": sums}
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"\n{'workload':<40} {'w':>2} {'pick':>6} {'recorded ms':>11} {'re-timed ms':>11} {'ratio':>6}  rounds ms")
+    for r in report["rows"]:
+        again = "failed" if r["retimed_s"] is None else f"{r['retimed_s'] * 1e3:.3f}"
+        if r["error"]:
+            again = f"{again} ({r['error']})"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        rounds = " ".join(f"{x * 1e3:.3f}" for x in r["retimed_rounds"])
+        print(f"{r['workload'][:40]:<40} {r['weight']:>2} {r['pick']:>6} {r['recorded_s'] * 1e3:>11.3f} {again:>11} "
+              f"{ratio:>6}  {rounds}")
+    print("\nsummed over the model's workloads (weight x run time):")
+    for label, s in report["sums"].items():
+        print(f"  {label:>6}: recorded {s['recorded_s'] * 1e3:.2f} ms, re-timed {s['retimed_s'] * 1e3:.2f} ms "
+              f"({s['retimed_s'] / s['recorded_s']:.2f}x) over {s['workloads']} workloads")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
