@@ -159,6 +159,9 @@ def print_report(report: dict[str, Any]) -> None:
               f"{ratio:>6}  {rounds}")
     print("\nsummed over the model's workloads (weight x run time):")
     for label, s in report["sums"].items():
+        if not s["workloads"]:
+            print(f"  {label:>6}: nothing re-timed (every run failed: the errors are in the table)")
+            continue
         print(f"  {label:>6}: recorded {s['recorded_s'] * 1e3:.2f} ms, re-timed {s['retimed_s'] * 1e3:.2f} ms "
               f"({s['retimed_s'] / s['recorded_s']:.2f}x) over {s['workloads']} workloads")
 
