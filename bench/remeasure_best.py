@@ -51,20 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def best_before(db: Any, workload_id: int, hardware_class_id: int, before: dt.datetime) -> Any | None:
-    """The fastest successful measurement committed before ``before`` (None if there is none)."""
-    from sqlalchemy import select
-
-    from tunefleet.db.tables import Measurement
-
-    t = Measurement.__table__
-    stmt = (select(t).where(t.c.workload_id == workload_id, t.c.hardware_class_id == hardware_class_id,
-                            t.c.mean_run_s.is_not(None), t.c.created_at < before)
-            .order_by(t.c.mean_run_s, t.c.id).limit(1))
-    with db.session() as s:
-        return s.execute(stmt).first()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tunefleet import api
@@ -82,54 +68,61 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TUNEFLEET_HUB", "off")  # read the home as it is: no bundle imported on first use
     ctx = api.connect()
-    db = ctx.db
-    hw = db.hardware_class(args.hardware)
-    model = db.model(args.model)
-    target = make_target(hw.target)
-    threads = use_threads(int(hw.target.get("num-cores") or 1))
-    print(f"{model.name} on {hw.name} ({hw.target.get('mcpu', '?')}), {threads} TVM threads",
-          flush=True)
+    try:
+        db = ctx.db
+        hw = db.hardware_class(args.hardware)
+        model = db.model(args.model)
+        target = make_target(hw.target)
+        threads = use_threads(int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))))  # as the tuner
+        print(f"{model.name} on {hw.name} ({hw.target.get('mcpu', '?')}), {threads} TVM threads",
+              flush=True)
 
-    rows: list[dict[str, Any]] = []
-    for wl, weight in db.workloads(model.id, hw.id):
-        picks = [("best" if i == 0 else f"#{i + 1}", m) for i, m in enumerate(db.best_measurements(wl.id, hw.id, args.top))]
-        if args.before and (early := best_before(db, wl.id, hw.id, args.before)) is not None:
-            picks.append(("before", early))
-        mod = tvm.ir.load_json(wl.tir_json)
-        for label, m in picks:
-            rows.append({"workload": wl.name, "workload_id": wl.id, "weight": weight, "pick": label,
-                         "measurement_id": m.id, "recorded_s": m.mean_run_s, "recorded_secs": m.run_secs,
-                         "mode": m.measure_mode, "cand": candidate(mod, m.trace_json, m.args_info), "runs": []})
-    if not rows:
-        print("nothing measured for this model on this class", file=sys.stderr)
-        return 1
+        rows: list[dict[str, Any]] = []
+        for wl, weight in db.workloads(model.id, hw.id):
+            picks = [("best" if i == 0 else f"#{i + 1}", m) for i, m in enumerate(db.best_measurements(wl.id, hw.id, args.top))]
+            if args.before:
+                picks += [("before", m) for m in db.best_measurements(wl.id, hw.id, 1, before=args.before)]
+            mod = tvm.ir.load_json(wl.tir_json)
+            for label, m in picks:
+                rows.append({"workload": wl.name, "workload_id": wl.id, "weight": weight, "pick": label,
+                             "measurement_id": m.id, "recorded_s": m.mean_run_s, "recorded_secs": m.run_secs,
+                             "mode": m.measure_mode, "cand": candidate(mod, m.trace_json, m.args_info), "runs": []})
+        if not rows:
+            print("nothing measured for this model on this class", file=sys.stderr)
+            return 1
 
-    print(f"building {len(rows)} schedules", flush=True)
-    with PersistentBuilder(max_workers=threads) as builder:
-        built = builder.build([ms.builder.BuilderInput(r["cand"].sch.mod, target) for r in rows])
-    runner = make_runner(target)
-    for r, b in zip(rows, built):
-        r["artifact"] = b.artifact_path
-        if b.error_msg:
-            r["error"] = b.error_msg.strip().splitlines()[-1][:200]
-    ok = [r for r in rows if r["artifact"]]
-    print(f"built {len(ok)} of {len(rows)} schedules; timing them in {args.rounds} alternating rounds", flush=True)
-    for _ in range(args.rounds):
-        futures = runner.run([ms.runner.RunnerInput(r["artifact"], "cpu", r["cand"].args_info) for r in ok])
-        for r, f in zip(ok, futures):
-            res = f.result()
-            if res.error_msg is None:
-                r["runs"].append(statistics.fmean(float(x) for x in res.run_secs))
-            else:
-                r["error"] = res.error_msg.strip().splitlines()[-1][:200]
+        print(f"building {len(rows)} schedules", flush=True)
+        with PersistentBuilder(max_workers=threads) as builder:
+            built = builder.build([ms.builder.BuilderInput(r["cand"].sch.mod, target) for r in rows])
+        runner = make_runner(target)
+        for r, b in zip(rows, built):
+            r["artifact"] = b.artifact_path
+            if b.error_msg:
+                r["error"] = _last_line(b.error_msg)
+        ok = [r for r in rows if r["artifact"]]
+        print(f"built {len(ok)} of {len(rows)} schedules; timing them in {args.rounds} alternating rounds", flush=True)
+        for _ in range(args.rounds):
+            futures = runner.run([ms.runner.RunnerInput(r["artifact"], "cpu", r["cand"].args_info) for r in ok])
+            for r, f in zip(ok, futures):
+                res = f.result()
+                if res.error_msg is None:
+                    r["runs"].append(statistics.fmean(float(x) for x in res.run_secs))
+                else:
+                    r["error"] = _last_line(res.error_msg)
 
-    report = report_rows(rows)
-    print_report(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-        print(f"wrote {args.json}")
-    ctx.close()
+        report = report_rows(rows)
+        print_report(report)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+            print(f"wrote {args.json}")
+    finally:
+        ctx.close()
     return 0
+
+
+def _last_line(error: str) -> str:
+    """A TVM error's last line (where it says what went wrong), at most 200 characters."""
+    return error.strip().splitlines()[-1][:200]
 
 
 def report_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -123,12 +124,14 @@ class MeasurementsMixin(CatalogMixin):
             # returns only the rows actually inserted, so skipped duplicates are not counted.
             return len(s.execute(stmt.returning(Measurement.id), rows).all())
 
-    def best_measurements(self, workload: int | str, hardware: int | str, n: int = 5) -> list[Any]:
+    def best_measurements(self, workload: int | str, hardware: int | str, n: int = 5, *,
+                          before: dt.datetime | None = None) -> list[Any]:
         """The ``n`` fastest successful measurements of a workload on one hardware class.
 
-        ``workload`` is an id or a structural hash, ``hardware`` an id or a class name. One
-        query walking ``ix_measurements_best`` in order; rows are read-only records with the
-        columns of :class:`~tunefleet.db.tables.Measurement` as attributes.
+        ``workload`` is an id or a structural hash, ``hardware`` an id or a class name;
+        ``before`` (naive UTC, as stored) keeps only those committed earlier. One query walking
+        ``ix_measurements_best`` in order; rows are read-only records with the columns of
+        :class:`~tunefleet.db.tables.Measurement` as attributes.
         """
         hw_id = hardware if isinstance(hardware, int) else self._hardware_id(hardware)
         table = Measurement.__table__
@@ -140,7 +143,8 @@ class MeasurementsMixin(CatalogMixin):
             )
         stmt = (
             select(table)
-            .where(wl_filter, table.c.hardware_class_id == hw_id, table.c.mean_run_s.is_not(None))
+            .where(wl_filter, table.c.hardware_class_id == hw_id, table.c.mean_run_s.is_not(None),
+                   *([table.c.created_at < before] if before is not None else []))
             .order_by(table.c.mean_run_s, table.c.id)
             .limit(n)
         )

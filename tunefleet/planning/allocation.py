@@ -233,13 +233,13 @@ def allocate(
     candidates = [w for w in in_play if not w.plateaued(window, epsilon) and (
         not rounds or (w.planned >= min_trials and w.workload_id not in granted and not w.outstanding))]
     minimums = {g.workload_id: g.trials for g in grants}
-    outlooks = _outlooks(candidates, window, minimums, estimate=not rounds)
+    outlooks = _outlooks(candidates, window, epsilon, minimums, estimate=not rounds)
     candidates = [w for w in candidates if w.workload_id in outlooks]
 
     def value(w: WorkloadHistory, k: int) -> float:
         """Model-latency seconds its k-th batch of this plan is expected to take off (per joule)."""
         o = outlooks[w.workload_id]
-        v = w.weight * _drop(o.best_s, max(o.alpha, _floor(o.start, window, epsilon)), o.start, k, batch)
+        v = w.weight * _drop(o.best_s, o.alpha, o.start, k, batch)
         return v / w.joules_per_trial if energy_aware and w.joules_per_trial else v
 
     size = min(left, len(candidates) * batch) if rounds else left
@@ -292,7 +292,7 @@ def _share_proxy(w: WorkloadHistory) -> float:
 @dataclass(frozen=True)
 class _Outlook:
     """What the allocator expects of a workload's next batches: its best run time, which falls as
-    ``(t / start)^-alpha`` from its ``start`` trials on."""
+    ``(t / start)^-alpha`` from its ``start`` trials on (``start`` ≥ 1)."""
 
     best_s: float
     alpha: float
@@ -302,17 +302,16 @@ class _Outlook:
 def _drop(best_s: float, alpha: float, start: int, k: int, batch: int) -> float:
     """Seconds the ``k``-th batch (k ≥ 1) from ``start`` trials takes off a best of ``best_s`` that
     falls as ``(t / start)^-alpha``."""
-    n = max(1, start)
-    return best_s * ((n / (n + (k - 1) * batch)) ** alpha - (n / (n + k * batch)) ** alpha)
+    return best_s * ((start / (start + (k - 1) * batch)) ** alpha - (start / (start + k * batch)) ** alpha)
 
 
 def _floor(start: int, window: int, epsilon: float) -> float:
     """The exponent at which a best falls by ``epsilon`` over the window after ``start`` trials:
     the least a workload not plateaued yet is expected to gain, so it keeps a small share."""
-    return -math.log1p(-epsilon) / math.log1p(window / max(1, start))
+    return -math.log1p(-epsilon) / math.log1p(window / start)
 
 
-def _outlooks(candidates: Sequence[WorkloadHistory], window: int, minimums: dict[int, int], *,
+def _outlooks(candidates: Sequence[WorkloadHistory], window: int, epsilon: float, minimums: dict[int, int], *,
               estimate: bool) -> dict[int, _Outlook]:
     """Each candidate's :class:`_Outlook`; those with nothing measured are left out, unless
     ``estimate`` (a one-shot plan).
@@ -322,7 +321,7 @@ def _outlooks(candidates: Sequence[WorkloadHistory], window: int, minimums: dict
     of the workloads that improved, not 0: its first random candidates can all lose to the default
     (mobilenet_v2's depthwise convolutions on AVX2 did), and at the floor it would never get another
     batch while the others make their big first steps; a full window with nothing better still
-    makes it plateau. With ``estimate``, a workload never measured gets a run time estimated from
+    makes it plateau. No exponent is below :func:`_floor`'s. With ``estimate``, a workload never measured gets a run time estimated from
     its FLOPs at the measured workloads' median seconds per FLOP (weight × FLOPs when nothing is
     measured) and the median exponent too.
     """
@@ -338,9 +337,8 @@ def _outlooks(candidates: Sequence[WorkloadHistory], window: int, minimums: dict
             if not estimate:
                 continue
             best = max(w.flops, 1.0) * s_per_flop
-        alpha = alphas[w.workload_id]
-        out[w.workload_id] = _Outlook(best, median if alpha is None else alpha,
-                                      w.planned + minimums.get(w.workload_id, 0))
+        alpha, start = alphas[w.workload_id], max(1, w.planned + minimums.get(w.workload_id, 0))
+        out[w.workload_id] = _Outlook(best, max(median if alpha is None else alpha, _floor(start, window, epsilon)), start)
     return out
 
 

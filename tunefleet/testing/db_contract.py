@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import multiprocessing
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -830,6 +831,15 @@ class DatabaseContract(ShardCases, ReportCases):
         assert db.count_measurements(wl, hw) == 9
         assert db.count_measurements(wl, hw, errors=False) == 8
         assert [m.mean_run_s for m in db.best_measurements(wl, arm)] == [1e-9]
+
+    def test_best_before_a_time_leaves_out_later_measurements(self, seeded: tuple[Database, int, int, int]) -> None:
+        db, wl, hw, _ = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.010 - i * 0.001]) for i in range(3)])
+        time.sleep(0.02)  # the later batch gets later timestamps
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(10 + i), [0.001 - i * 1e-4]) for i in range(2)])
+        later = min(m.created_at for m in db.measurements() if m.mean_run_s is not None and m.mean_run_s < 0.002)
+        assert [round(m.mean_run_s, 6) for m in db.best_measurements(wl, hw, 5, before=later)] == [0.008, 0.009, 0.010]
+        assert [round(m.mean_run_s, 6) for m in db.best_measurements(wl, hw, 1)] == [0.0009]
 
     def test_error_measurement_has_null_mean(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
