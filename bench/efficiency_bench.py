@@ -359,8 +359,6 @@ def _latency_summary(runs: dict[int, dict[str, dict[str, Any]]], models: list[st
 
 
 def main() -> int:
-    import os
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="mlp,small-cnn")
     ap.add_argument("--trials", type=int, default=32, help="maximum trials per workload, every arm")
@@ -391,7 +389,8 @@ def main() -> int:
         settings = load_settings(home=Path(home))
     spec = builtin_classes(settings)[HW]["target"]
     target = make_target(spec)
-    threads = int(spec.get("num-cores") or len(os.sched_getaffinity(0)))
+    from tunefleet.tvm.threads import class_threads
+    threads = class_threads(spec)
     models = args.models.split(",")
     arms = args.arms.split(",")
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -226,7 +225,8 @@ def side_by_side(work: Path, arms: list[dict[str, Any]], rounds: int = 7,
     calls: dict[str, Any] = {arm["arm"]: tuned_runner(str(work / f"{arm['arm']}.so"), inputs_np) for arm in arms}
     calls.update({label: tuned_runner(path, inputs_np) for label, path in (compare or {}).items()})
     onnx_bytes = store.get_bytes(store.key_from_uri(model.artifact_uri)) if model.format == "onnx" else None
-    threads = int(db.hardware_class(HW).target.get("num-cores") or len(os.sched_getaffinity(0)))
+    from tunefleet.tvm.threads import class_threads
+    threads = class_threads(db.hardware_class(HW).target)
     alt, notes = alternatives.calls(inputs_np, threads, torch_module=loaded.torch_module, onnx_bytes=onnx_bytes)
     calls.update({k: v for k, v in alt.items() if k == "onnxruntime"})
     for note in notes if "onnxruntime" not in alt else []:

@@ -7,7 +7,7 @@ tuner can then report a workload faster than any of its schedules is, and a long
 "improve" a workload by finding a luckier measurement rather than a faster schedule.
 
 This bench takes a tuned home's database and, for each workload of a model on a class, re-times
-in one process, serially, with the tuner's own evaluator (:func:`tunefleet.tvm.runner.make_runner`)
+in one process, serially, with the tuner's own evaluator (:func:`tunefleet.delivery.confirm.retime`, as a build re-times)
 the ``--top`` fastest schedules recorded and, with ``--before``, the fastest recorded before that
 time (e.g. the end of a run's first phase), in ``--rounds`` alternating rounds (every schedule
 once per round, so drift spreads over all of them). It prints, per workload, the recorded and the
@@ -54,17 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tunefleet import api
-    from tunefleet.tvm.without_torch import import_tvm
-
-    import_tvm()  # without importing torch, as the tuner does
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from tunefleet.tvm.builder import PersistentBuilder
-    from tunefleet.tvm.runner import make_runner
-    from tunefleet.tvm.targets import make_target
-    from tunefleet.tvm.threads import use_threads
-    from tunefleet.tvm.traces import candidate
+    from tunefleet.delivery.confirm import retime
 
     os.environ.setdefault("TUNEFLEET_HUB", "off")  # read the home as it is: no bundle imported on first use
     ctx = api.connect()
@@ -72,44 +62,24 @@ def main(argv: list[str] | None = None) -> int:
         db = ctx.db
         hw = db.hardware_class(args.hardware)
         model = db.model(args.model)
-        target = make_target(hw.target)
-        threads = use_threads(int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))))  # as the tuner
-        print(f"{model.name} on {hw.name} ({hw.target.get('mcpu', '?')}), {threads} TVM threads",
-              flush=True)
-
+        print(f"{model.name} on {hw.name} ({hw.target.get('mcpu', '?')})", flush=True)
         rows: list[dict[str, Any]] = []
+        picks = []
         for wl, weight in db.workloads(model.id, hw.id):
-            picks = [("best" if i == 0 else f"#{i + 1}", m) for i, m in enumerate(db.best_measurements(wl.id, hw.id, args.top))]
+            mine = [("best" if i == 0 else f"#{i + 1}", m) for i, m in enumerate(db.best_measurements(wl.id, hw.id, args.top))]
             if args.before:
-                picks += [("before", m) for m in db.best_measurements(wl.id, hw.id, 1, before=args.before)]
-            mod = tvm.ir.load_json(wl.tir_json)
-            for label, m in picks:
+                mine += [("before", m) for m in db.best_measurements(wl.id, hw.id, 1, before=args.before)]
+            for label, m in mine:
+                picks.append((wl, m))
                 rows.append({"workload": wl.name, "workload_id": wl.id, "weight": weight, "pick": label,
                              "measurement_id": m.id, "recorded_s": m.mean_run_s, "recorded_secs": m.run_secs,
-                             "mode": m.measure_mode, "cand": candidate(mod, m.trace_json, m.args_info), "runs": []})
+                             "mode": m.measure_mode})
         if not rows:
             print("nothing measured for this model on this class", file=sys.stderr)
             return 1
-
-        print(f"building {len(rows)} schedules", flush=True)
-        with PersistentBuilder(max_workers=threads) as builder:
-            built = builder.build([ms.builder.BuilderInput(r["cand"].sch.mod, target) for r in rows])
-        runner = make_runner(target)
-        for r, b in zip(rows, built):
-            r["artifact"] = b.artifact_path
-            if b.error_msg:
-                r["error"] = _last_line(b.error_msg)
-        ok = [r for r in rows if r["artifact"]]
-        print(f"built {len(ok)} of {len(rows)} schedules; timing them in {args.rounds} alternating rounds", flush=True)
-        for _ in range(args.rounds):
-            futures = runner.run([ms.runner.RunnerInput(r["artifact"], "cpu", r["cand"].args_info) for r in ok])
-            for r, f in zip(ok, futures):
-                res = f.result()
-                if res.error_msg is None:
-                    r["runs"].append(statistics.fmean(float(x) for x in res.run_secs))
-                else:
-                    r["error"] = _last_line(res.error_msg)
-
+        print(f"building {len(rows)} schedules, then timing them in {args.rounds} alternating rounds", flush=True)
+        for r, t in zip(rows, retime(hw, picks, rounds=args.rounds)):  # the tuner's thread count and evaluator
+            r["runs"], r["error"] = t.runs, t.error
         report = report_rows(rows)
         print_report(report)
         if args.json:
@@ -120,15 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _last_line(error: str) -> str:
-    """A TVM error's last line (where it says what went wrong), at most 200 characters."""
-    return error.strip().splitlines()[-1][:200]
-
-
 def report_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = []
     for r in rows:
-        again = statistics.median(r["runs"]) if r["runs"] else None
+        again = statistics.median(r["runs"]) if r["runs"] and not r.get("error") else None
         out.append({k: r[k] for k in ("workload", "workload_id", "weight", "pick", "measurement_id", "recorded_s",
                                       "recorded_secs", "mode")} | {"error": r.get("error")}
                    | {"retimed_s": again, "retimed_rounds": r["runs"], "ratio": again / r["recorded_s"] if again else None})

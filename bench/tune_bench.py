@@ -17,7 +17,6 @@ with the same thread count. Prints what it measured; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -164,7 +163,8 @@ def main() -> int:
 
     spec = builtin_classes(load_settings())["x86"]["target"]
     target = make_target(spec)
-    threads = int(spec.get("num-cores") or len(os.sched_getaffinity(0)))
+    from tunefleet.tvm.threads import class_threads
+    threads = class_threads(spec)
     loaded = build_zoo_model(args.model).loaded
     results: dict[str, dict[str, float]] = {}
     for arm in args.arms.split(","):

@@ -156,7 +156,7 @@ def tune(hardware: str = "x86", max_shards: int | None = None, lease_s: float | 
     ctx = shared_context()
     knobs = ctx.options(**options)
     rounds, deadline = spend.tuning(hardware, batch=knobs.trials_per_iter, energy_aware=knobs.energy_aware,
-                                    reserve_builds=reserve_builds)
+                                    reserve_builds=reserve_builds, confirm_top=ctx.settings.confirm_top)
     loop = TuneLoop(hardware, max_shards=max_shards, rounds=rounds, deadline=deadline,
                     pending=lambda: pending_shards(hardware))
     with tags(hardware_tag(hardware)):

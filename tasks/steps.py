@@ -220,7 +220,7 @@ def build(model_id: int, hardware: str, output: str | None = None, zero_shot: bo
         path = output or os.path.join(scratch, "model.so")
         report = build_model(ctx.db, ctx.store, model, hardware, output=path, zero_shot=zero_shot,
                              top_k=5, verify=verify, tuner=tuner,
-                             pretrained=ctx.settings.pretrained_cost_model)
+                             pretrained=ctx.settings.pretrained_cost_model, confirm_top=ctx.settings.confirm_top)
         if os.path.exists(path):
             report.library_uri = store_library(ctx.store, path, model.name, hardware)
         if output is None:

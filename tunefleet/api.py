@@ -209,7 +209,7 @@ def tune_with_workers(ctx: Context, hardware: str, options: TuneOptions | None =
 
 def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str | Path | None = None,
           zero_shot: bool = False, top_k: int = 5, verify: Budget | int | str | None = None,
-          transfer: bool = False) -> BuildReport:
+          transfer: bool = False, confirm_top: int | None = None) -> BuildReport:
     """Compile a model with the best stored schedules and time it against the untuned build.
 
     Parameters
@@ -234,6 +234,10 @@ def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str 
         measured schedule. None: ``DEFAULT_VERIFY`` (90 s); 0: pure prediction.
     transfer : bool, optional
         Workloads still without a schedule use the most compatible class's best one.
+    confirm_top : int, optional
+        Re-time each workload's this many fastest schedules side by side here first and build with
+        the fastest re-timed one (:mod:`tunefleet.delivery.confirm`); None: the ``confirm_top``
+        setting (default 0: build with the fastest records).
 
     Returns
     -------
@@ -249,7 +253,8 @@ def build(ctx: Context, model: Model | int | str, hardware: str, *, output: str 
     if verify is not None:
         verify = parse_verify(verify)
     return build_model(db, store, _model(db, model), hardware, output=output, zero_shot=zero_shot, top_k=top_k,
-                       verify=verify, transfer=transfer, pretrained=ctx.settings.pretrained_cost_model)
+                       verify=verify, transfer=transfer, pretrained=ctx.settings.pretrained_cost_model,
+                       confirm_top=ctx.settings.confirm_top if confirm_top is None else confirm_top)
 
 
 def best(ctx: Context, workload: str, hardware: str, n: int = 1) -> list[BestSchedule]:

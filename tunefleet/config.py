@@ -149,6 +149,12 @@ class TuneKnobs(BaseModel):
         default=True,
         description="A class without a promoted cost model of its own warm-starts, filters and predicts with the one "
         "shipped with tunefleet (version 0, trained on the tuning campaign's measurements).")
+    confirm_top: int = Field(
+        default=0, ge=0, le=16,
+        description="Before a build, re-time each workload's this many fastest recorded schedules side by side on "
+        "the building node and build with the fastest re-timed one (0 or 1: build with the fastest record). Off by "
+        "default: on a noisy VM the records are lucky, but choosing among the top few by re-timing them did not "
+        "make the model measurably faster (docs/performance.md) and costs about a minute per build.")
     warm_start_min_agreement: float = Field(
         default=DEFAULT_MIN_AGREEMENT, ge=0, le=1,
         description="Drop the warm start in a shard once the cost model orders fewer than this share of pairs of "

@@ -292,11 +292,12 @@ def _detected_here(hw: HardwareClass) -> dict[str, Any] | None:
     if platform.machine() not in {"x86_64", "AMD64"}:
         return None
     from tunefleet.tvm.targets import host_cpu_target
+    from tunefleet.tvm.threads import class_threads
 
     target = host_cpu_target()
     if target == dict(hw.target):
         return None
-    cores = int(target.get("num-cores") or len(os.sched_getaffinity(0)))
+    cores = class_threads(target)
     return {"target": target, "capabilities": {**_capabilities("x86_64", cores, host_cpu_flags()), "detected": True}}
 
 

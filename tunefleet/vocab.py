@@ -94,6 +94,9 @@ TIMING_ROUNDS = 5
 TIMING_ROUND_S = 0.3
 """About how long each runtime is called per round of that timing, in seconds."""
 
+CONFIRM_ROUNDS = 3
+"""Alternating rounds that re-timing runs (each round: one measurement of five cold runs)."""
+
 STAGE_LOG_KEY = "tunefleet_stage"
 """A log record's attribute (``log.info(..., extra={STAGE_LOG_KEY: "building the tuned model"})``)
 that names the step a run has moved on to: ``tunefleet run``'s live line shows it."""

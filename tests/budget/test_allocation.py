@@ -8,8 +8,8 @@ import pytest
 
 from tunefleet.budget import Budget, format_duration
 from tunefleet.errors import ParameterError
-from tunefleet.planning.allocation import WorkloadHistory, allocate, build_reserve_s
-from tunefleet.vocab import UNTUNED_TIMING_S
+from tunefleet.planning.allocation import RUNNER_CALL_S, WorkloadHistory, allocate, build_reserve_s
+from tunefleet.vocab import CONFIRM_ROUNDS, UNTUNED_TIMING_S
 
 
 # -- the budget ---------------------------------------------------------------------------------
@@ -155,6 +155,17 @@ def test_build_reserve_grows_with_the_model_and_its_measured_latency() -> None:
     many = build_reserve_s([_wl(i, [], weight=1) for i in range(24)], compile_s=2.0)
     assert many > 1.2 * (24 * 2.0)
     assert build_reserve_s([]) == 0.0
+
+
+def test_build_reserve_keeps_time_for_re_timing_the_fastest_schedules() -> None:
+    """Each of ``confirm_top`` schedules per workload: half a candidate's compile (two builder
+    processes) and CONFIRM_ROUNDS runner calls, with 70 % more for the second pass, and the builder's start."""
+    model = [_wl(i, [1e-3], default_s=5e-3) for i in range(20)]
+    plain = build_reserve_s(model, compile_s=0.4)
+    assert build_reserve_s(model, compile_s=0.4, confirm_top=1) == plain  # one schedule: nothing to choose
+    extra = build_reserve_s(model, compile_s=0.4, confirm_top=3) - plain
+    per_schedule = 0.4 / 2 + CONFIRM_ROUNDS * (RUNNER_CALL_S + 5 * 1e-3)
+    assert extra == pytest.approx(1.2 * (10.0 + 1.7 * 3 * 20 * per_schedule))
 
 
 def test_a_workload_whose_first_round_beat_nothing_is_not_starved_before_its_window_is_full() -> None:

@@ -116,7 +116,8 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     with native_stderr_to(log_path), \
             console.status(f"building {model.name} for {args.hardware} with the best stored schedules"):
         report = api.build(ctx, model, args.hardware, output=args.output, zero_shot=args.zero_shot,
-                           top_k=args.top_k, verify=args.verify, transfer=args.transfer)
+                           top_k=args.top_k, verify=args.verify, transfer=args.transfer,
+                           confirm_top=args.confirm_top)
     if args.json:
         print_json(report.as_dict())
     else:
@@ -175,6 +176,9 @@ def _add_build(sub: Subparsers) -> None:
                     "0: pure prediction (default 90s)")
     bu.add_argument("--transfer", action="store_true",
                     help="workloads never measured on this class use the most compatible class's best schedule")
+    bu.add_argument("--confirm-top", type=at_least(0, "--confirm-top"), default=None, metavar="N",
+                    help="first re-time each workload's N fastest schedules side by side here and build with the "
+                    "fastest re-timed one (default TUNEFLEET_CONFIRM_TOP, 0: build with the fastest records)")
     bu.set_defaults(handler=cmd_build)
 
 

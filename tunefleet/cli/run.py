@@ -41,6 +41,9 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         # The flow's tasks and workers load their settings from the environment.
         os.environ["TUNEFLEET_HUB"] = "off"
         settings = settings.model_copy(update={"hub": "off"})
+    if args.confirm_top is not None:
+        os.environ["TUNEFLEET_CONFIRM_TOP"] = str(args.confirm_top)  # the build task loads its settings so
+        settings = settings.model_copy(update={"confirm_top": args.confirm_top})
     db = preflight_run(args, settings, _run_budget)
     spend = _run_budget(args, settings, started)
     budget = spend.budget
@@ -169,6 +172,9 @@ def _add_run(sub: Subparsers) -> None:
     run.add_argument("--no-hub", action="store_true",
                      help="do not import the hub bundle into this database (TUNEFLEET_HUB=off does the same); records "
                      "imported before still seed workloads new to the class (TUNEFLEET_TRANSFER=false stops that)")
+    run.add_argument("--confirm-top", type=at_least(0, "--confirm-top"), default=None, metavar="N",
+                     help="before the build, re-time each workload's N fastest schedules side by side and build with "
+                     "the fastest re-timed one (default TUNEFLEET_CONFIRM_TOP, 0: build with the fastest records)")
     run.add_argument("-o", "--output-dir", default=None, help="write the tuned library here as <model>-<class>.so")
     run.add_argument("--json", action="store_true",
                      help="print the steps' results as JSON on stdout (the log path and the live line go to stderr)")

@@ -44,7 +44,8 @@ class HubMixin(CatalogMixin):
     def hub_export_records(self, hardware_class_id: int, k: int, workload_ids: Iterable[int] | None = None
                            ) -> list[dict[str, Any]]:
         """The ``k`` fastest distinct successful schedules of every workload measured on a class
-        (or of ``workload_ids``), with their workload and the recipe the class extracted it under."""
+        (or of ``workload_ids``), ranked as :meth:`best_measurements` ranks them, with their
+        workload and the recipe the class extracted it under."""
         m = Measurement.__table__
         with self.session() as s:
             measured = select(m.c.workload_id).where(m.c.hardware_class_id == hardware_class_id,
@@ -57,23 +58,15 @@ class HubMixin(CatalogMixin):
             out: list[dict[str, Any]] = []
             for wl_id in sorted(ids):
                 wl = s.get(Workload, wl_id)
-                rows = s.execute(select(m).where(m.c.workload_id == wl_id, m.c.hardware_class_id == hardware_class_id,
-                                                 m.c.mean_run_s.is_not(None))
-                                 .order_by(m.c.mean_run_s, m.c.id).limit(4 * k)).all()
-                seen: set[str] = set()
-                for row in rows:
-                    if row.trace_sha256 in seen:
-                        continue
-                    seen.add(row.trace_sha256)
+                # ranked as a build ranks them: a re-timed schedule by its latest measurement
+                for rank, row in enumerate(self.best_measurements(wl_id, hardware_class_id, k)):  # type: ignore[attr-defined]
                     out.append({"workload_hash": wl.structural_hash, "workload_name": wl.name, "op_kind": wl.op_kind,
                                 "flops": float(wl.flops or 0.0), "tir_json": wl.tir_json,
-                                "recipe": recipes.get(wl_id, ""), "rank": len(seen) - 1,
+                                "recipe": recipes.get(wl_id, ""), "rank": rank,
                                 "trace_json": row.trace_json, "trace_sha256": row.trace_sha256,
                                 "args_info": row.args_info, "run_secs": [float(x) for x in row.run_secs or []],
                                 "mean_run_s": float(row.mean_run_s), "tvm_version": row.tvm_version,
                                 "measured_at": row.created_at})
-                    if len(seen) >= k:
-                        break
             return out
 
     def hub_import(self, *, sha256: str, source: str, format_version: int, tvm_version: str,

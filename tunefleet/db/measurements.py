@@ -129,9 +129,13 @@ class MeasurementsMixin(CatalogMixin):
         """The ``n`` fastest successful measurements of a workload on one hardware class.
 
         ``workload`` is an id or a structural hash, ``hardware`` an id or a class name;
-        ``before`` (naive UTC, as stored) keeps only those committed earlier. One query walking
-        ``ix_measurements_best`` in order; rows are read-only records with the columns of
-        :class:`~tunefleet.db.tables.Measurement` as attributes.
+        ``before`` (naive UTC, as stored) keeps only those committed earlier. A schedule measured
+        again (a later ``attempt``: a build's re-timing, :mod:`tunefleet.delivery.confirm`) is
+        ranked by its latest measurement only — a failed one leaves it out — since its first
+        figure was picked for being the fastest of many noisy ones. One query walking
+        ``ix_measurements_best`` in order (the later attempt looked up through the candidate's
+        unique key); rows are read-only records with the columns of
+        :class:`~tunefleet.db.tables.Measurement` as attributes (``attempt`` among them).
         """
         hw_id = hardware if isinstance(hardware, int) else self._hardware_id(hardware)
         table = Measurement.__table__
@@ -141,10 +145,18 @@ class MeasurementsMixin(CatalogMixin):
             wl_filter = table.c.workload_id == (
                 select(Workload.id).where(Workload.structural_hash == workload).scalar_subquery()
             )
+        when = [table.c.created_at < before] if before is not None else []
+        later = Measurement.__table__.alias("later")
+        superseded = (
+            select(later.c.id)
+            .where(later.c.workload_id == table.c.workload_id, later.c.hardware_class_id == table.c.hardware_class_id,
+                   later.c.trace_sha256 == table.c.trace_sha256, later.c.attempt > table.c.attempt,
+                   *([later.c.created_at < before] if before is not None else []))
+            .exists()
+        )
         stmt = (
             select(table)
-            .where(wl_filter, table.c.hardware_class_id == hw_id, table.c.mean_run_s.is_not(None),
-                   *([table.c.created_at < before] if before is not None else []))
+            .where(wl_filter, table.c.hardware_class_id == hw_id, table.c.mean_run_s.is_not(None), *when, ~superseded)
             .order_by(table.c.mean_run_s, table.c.id)
             .limit(n)
         )

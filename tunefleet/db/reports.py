@@ -149,7 +149,8 @@ class ReportsMixin(CatalogMixin):
         with self.session() as s:
             rows = s.execute(
                 select(m.c.id, m.c.workload_id, m.c.mean_run_s, m.c.error_kind, m.c.created_at)
-                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids))
+                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids),
+                       m.c.attempt == 0)  # tuning's trials: a build's re-timings are not
                 .order_by(m.c.id)
             ).all()
         return [TimelinePoint(int(i), int(w), mean, err, created) for i, w, mean, err, created in rows]
@@ -174,7 +175,7 @@ class ReportsMixin(CatalogMixin):
                 TuningState.workload_id.in_(ids))))
             rows = s.execute(
                 select(m.c.workload_id, m.c.mean_run_s, m.c.energy_j)
-                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids),
+                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids), m.c.attempt == 0,
                        (m.c.error_kind.is_(None)) | (m.c.error_kind != FILTERED))
                 .order_by(m.c.id)
             ).all()

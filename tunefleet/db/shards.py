@@ -272,7 +272,9 @@ class ShardsMixin(CatalogMixin):
             rows = s.execute(
                 select(m.c.workload_id, m.c.shard_id, m.c.mean_run_s, m.c.error_kind, m.c.energy_j, m.c.build_s,
                        m.c.trace_sha256, m.c.created_at)
-                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids)).order_by(m.c.id)
+                .where(m.c.hardware_class_id == hardware_class_id, m.c.workload_id.in_(ids),
+                       m.c.attempt == 0)  # a build's re-timing is no trial (tunefleet.delivery.confirm)
+                .order_by(m.c.id)
             ).all() if ids else []
             shards = s.execute(
                 select(Shard.id, Shard.workload_id, Shard.state, Shard.trials, Shard.history, Shard.created_at)

@@ -13,7 +13,6 @@ tuned build slower than the untuned one).
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import statistics
 import time
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tunefleet.delivery.best import transfer_lookup
 from tunefleet.delivery.timing import ROUNDS, estimate_s, time_alternating
 from tunefleet.errors import CorrectnessError, NotFoundError
+from tunefleet.tvm.threads import class_threads
 from tunefleet.vocab import STAGE_LOG_KEY, UNTUNED_TIMING_S
 
 if TYPE_CHECKING:
@@ -101,6 +101,9 @@ class BuildReport:
     """Fused functions built with a schedule from the database (the rest: default schedules)."""
     prepacked_weights: int = 0
     """Weight repackings moved out of the tuned kernels and run once at build time."""
+    confirmed: dict[str, Any] | None = None
+    """What re-timing the fastest schedules before the build did
+    (:class:`tunefleet.delivery.confirm.Confirmation`; None: not re-timed)."""
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -245,6 +248,7 @@ def resolve(
     verify: Budget | int | None = None,
     tuner: Any = None,
     pretrained: bool = True,
+    confirm_top: int = 0,
 ) -> Resolved:
     """Load a stored model, find its workloads under the class's recipe and count what the
     database holds for them; start the build's report.
@@ -271,6 +275,11 @@ def resolve(
         Passed to ``predict_workloads`` (``zero_shot``).
     pretrained : bool
         Without a promoted cost model of the class, predict with the shipped one (``zero_shot``).
+    confirm_top : int
+        Before the bests are counted, re-time each workload's this many fastest schedules side by
+        side on this node, so the build takes the fastest re-timed one
+        (:func:`tunefleet.delivery.confirm.confirm_bests`; below 2, or a class this host cannot
+        run: nothing re-timed).
 
     Returns
     -------
@@ -309,6 +318,20 @@ def resolve(
         heaviest = sorted(weights, key=lambda i: -flops[i] * weights[i])  # verification's budget goes there first
         zs = predict_workloads(db, store, hardware, heaviest, top_k=top_k, verify=verify, tuner=tuner,
                                model=cost_model, weights=weights)
+    calls: dict[int, int] = {}
+    for w in found:
+        try:
+            wl_id = db.workload(w.structural_hash).id
+        except NotFoundError:
+            continue
+        calls[wl_id] = calls.get(wl_id, 0) + int(w.weight)
+    confirmation = None
+    if confirm_top >= 2 and _host_can_run(target, hw):
+        from tunefleet.delivery.confirm import confirm_bests
+
+        _stage(f"re-timing the {confirm_top} fastest schedules of each workload side by side",
+               "re-timing the fastest schedules")
+        confirmation = confirm_bests(db, hw, calls, top=confirm_top)
     tuned, bests, ids = 0, set(), []
     for w in found:
         try:
@@ -322,8 +345,11 @@ def resolve(
             bests.add((wl_id, top[0].trace_sha256))
     predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
     report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
-                         threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))),
+                         threads=class_threads(hw.target),
                          predicted_workloads=predicted, recipe=recipe.name)
+    if confirmation is not None:
+        report.confirmed = confirmation.as_dict()
+        report.notes.append(confirmation.summary())
     if zs is not None:
         report.zero_shot_s_per_task = zs.seconds_per_task
         report.verified = sum(w.verified for w in zs.workloads)
@@ -667,6 +693,7 @@ def build_model(
     tuner: Any = None,
     transfer: bool = False,
     pretrained: bool = True,
+    confirm_top: int = 0,
 ) -> BuildReport:
     """Compile a model with the best stored schedules, under the class's recipe and the others
     (:func:`other_recipes`); check them against the untuned build; time them and, with
@@ -705,6 +732,8 @@ def build_model(
         Zero-shot predictions (see :func:`resolve`).
     transfer : bool
         Borrow schedules from compatible classes (see :func:`compile_tuned`).
+    confirm_top : int
+        Re-time each workload's this many fastest schedules first (see :func:`resolve`).
 
     Returns
     -------
@@ -716,7 +745,7 @@ def build_model(
         The tuned build's outputs disagree with the untuned build's.
     """
     resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner,
-                       pretrained=pretrained)
+                       pretrained=pretrained, confirm_top=confirm_top)
     report = resolved.report
     if not _host_can_run(resolved.target, resolved.hardware):
         compile_tuned(db, resolved, output=output, transfer=transfer)

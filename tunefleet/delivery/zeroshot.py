@@ -21,13 +21,13 @@ Re-running is idempotent: a workload the current model already predicted is not 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tunefleet.errors import NotSupportedError, TunefleetError
+from tunefleet.tvm.threads import class_threads
 
 if TYPE_CHECKING:
     from tunefleet.budget import Budget
@@ -383,7 +383,7 @@ def _context(wl: Workload, hw: HardwareClass, *, population: int, generations: i
     from tunefleet.tvm.targets import make_target
 
     import_tensor_intrinsics()
-    threads = num_threads or int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+    threads = num_threads or class_threads(hw.target)
     return ms.TuneContext(
         tvm.ir.load_json(wl.tir_json), target=make_target(hw.target), space_generator="post-order-apply",
         search_strategy=ms.search_strategy.EvolutionarySearch(

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from tunefleet.tvm.ffi_errors import keeps_failure
+from tunefleet.tvm.threads import class_threads
 from tunefleet.tvm.traces import candidate, mean_run_s, trace_sha256_of
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ def measure_traces(
         return 0
     ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply",
                          search_strategy=FixedCandidates(cands), task_name=wl.name,
-                         num_threads=int(hw.target.get("num-cores") or len(os.sched_getaffinity(0))))
+                         num_threads=class_threads(hw.target))
     callback = CommitCallback(CandidateCommitter(db, wl.id, hw.id, target=target_fingerprint(target)),
                               build_seconds=getattr(builder, "pop_build_time", None),
                               annotate=ShardAccountant(db, hw, wl).annotate)

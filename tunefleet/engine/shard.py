@@ -15,7 +15,6 @@ error (a lost lease or database connection: not the shard's fault; the caller re
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from tunefleet.planning.rounds import Deadline
 from tunefleet.errors import DatabaseError, NodeFaultError, TransientError, WorkerStartError
 from tunefleet.planning.shard_queue import LeaseLostError
 from tunefleet.tvm.ffi_errors import collect_failures
+from tunefleet.tvm.threads import class_threads
 
 if TYPE_CHECKING:
     from tunefleet.learning.costmodel import TrainedModel
@@ -138,7 +138,7 @@ class ShardRun:
         self.hw = db.hardware_class(shard.hardware_class_id)
         self.wl = db.workload(shard.workload_id)
         self.target = make_target(self.hw.target)
-        self.threads = self.kit.num_threads or int(self.hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+        self.threads = self.kit.num_threads or class_threads(self.hw.target)
         done_before = db.count_measurements(shard_id=shard.id)
         self.remaining = shard.trials - done_before
         if done_before and self.remaining > 0:

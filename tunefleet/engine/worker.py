@@ -28,6 +28,7 @@ from tunefleet.errors import NodeFaultError, TransientError, TunefleetError, Wor
 from tunefleet.planning import shard_queue
 from tunefleet.planning.rounds import Deadline, Rounds, RoundsState
 from tunefleet.planning.shard_queue import Backoff, LeaseLostError
+from tunefleet.tvm.threads import class_threads
 from tunefleet.vocab import LEASED, PENDING, TRANSIENT_RETRIES
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class Tuner:
 
         hw = claim_for_this_cpu(db, hardware)
         self.hardware, self.hardware_class_id, self.target = hw.name, hw.id, dict(hw.target)
-        self.threads = int(hw.target.get("num-cores") or len(os.sched_getaffinity(0)))
+        self.threads = class_threads(hw.target)
         self.options = options or TuneOptions()
         self.store = store
         self._own_builder = builder is None

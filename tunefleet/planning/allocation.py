@@ -36,7 +36,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tunefleet.vocab import TIMING_ROUND_S, TIMING_ROUNDS, UNTUNED_TIMING_S
+from tunefleet.vocab import CONFIRM_ROUNDS, TIMING_ROUND_S, TIMING_ROUNDS, UNTUNED_TIMING_S
 
 DEFAULT_MIN_TRIALS = 8
 """The default schedule plus one search round of 7 candidates. At the old flat default of 8
@@ -342,10 +342,19 @@ def _outlooks(candidates: Sequence[WorkloadHistory], window: int, epsilon: float
     return out
 
 
-def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | None = None) -> float:
+RUNNER_CALL_S = 0.1
+"""The local runner's overhead per measurement beyond the kernel's own runs (sending it to the
+runner process, allocating its arguments): what a build's re-timing pays per schedule and round."""
+
+
+def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | None = None,
+                    confirm_top: int = 0) -> float:
     """Seconds to keep for building the model after tuning (``tunefleet run``'s last step).
 
-    The build loads and re-extracts the model, compiles it four times (the class's recipe, the two
+    The build loads and re-extracts the model, re-times ``confirm_top`` schedules of each workload
+    side by side (each compiled, then :data:`~tunefleet.vocab.CONFIRM_ROUNDS` measurements of five
+    runs and the runner's overhead; about 70 % as many again in a second pass:
+    :mod:`tunefleet.delivery.confirm`), compiles it four times (the class's recipe, the two
     other recipes it is compared with, untuned), checks the outputs and times the three tuned builds,
     PyTorch eager and onnxruntime side by side (:data:`~tunefleet.vocab.TIMING_ROUNDS` rounds of
     about :data:`~tunefleet.vocab.TIMING_ROUND_S` s each, at least 5 calls a round, after a
@@ -367,6 +376,9 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     tuned = sum(bests) * n / len(bests) if bests else untuned
     load = 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
     compile_ = 4 * n * (compile_s if compile_s is not None else 0.5)
+    if confirm_top >= 2:  # compiled on two builder processes; then each round's runner call
+        per_schedule = (compile_s if compile_s is not None else 0.5) / 2 + CONFIRM_ROUNDS * (RUNNER_CALL_S + 5 * tuned / n)
+        compile_ += 10.0 + 1.7 * confirm_top * n * per_schedule  # 10 s: the builder processes' start
     # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
     # more call); five runtimes alternating (the alternatives taken as fast as the tuned build),
     # each warmed up for about 3 calls.

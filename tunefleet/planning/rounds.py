@@ -96,6 +96,7 @@ class RoundsState:
     budget: Budget
     started_at: float
     reserve_builds: int = 0
+    confirm_top: int = 0
     min_trials: int = DEFAULT_MIN_TRIALS
     batch: int = 64
     energy_aware: bool = False
@@ -114,7 +115,7 @@ class Rounds:
     ``started_at`` (seconds since the epoch) starts the budget's clock: a duration budget's
     tuning ends ``seconds`` later, less the time ``reserve_builds`` builds of the model after it
     need (:func:`tunefleet.planning.allocation.build_reserve_s`, refreshed every round; 0 for a ``tune``
-    that builds nothing). Trials are counted from ``started_at`` on. Build them from a request
+    that builds nothing), ``confirm_top`` schedules per workload re-timed by each build first. Trials are counted from ``started_at`` on. Build them from a request
     with :meth:`tunefleet.planning.spend.Spend.tuning`.
     """
 
@@ -123,6 +124,7 @@ class Rounds:
     budget: Budget
     started_at: float = field(default_factory=time.time)
     reserve_builds: int = 0
+    confirm_top: int = 0
     min_trials: int = DEFAULT_MIN_TRIALS
     batch: int = 64
     energy_aware: bool = False
@@ -152,7 +154,7 @@ class Rounds:
             # Before the first round: the build's reserve moves the deadline, and a first round
             # that cannot end before it would measure a shard or two and be cancelled.
             dry = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, dry=True,
-                             min_trials=self.min_trials, batch=self.batch)
+                             min_trials=self.min_trials, batch=self.batch, confirm_top=self.confirm_top)
             self._reserve(dry.build_reserve_s)
             need, left = first_round_s([g.trials for g in dry.plan.grants]), self.deadline.left_s()
             if 0 < left < need and (replayed := self._replay(db, f"{DEADLINE}: {left:.0f}s left, less than a "
@@ -163,7 +165,7 @@ class Rounds:
         if self.spent is not None and self._stalled(db):
             return 0
         res = plan_round(db, self.hardware, self.model_ids, self.budget, self.since, min_trials=self.min_trials,
-                         batch=self.batch, energy_aware=self.energy_aware,
+                         batch=self.batch, energy_aware=self.energy_aware, confirm_top=self.confirm_top,
                          time_left_s=self.deadline.left_s() if self.deadline is not None else None)
         self.rounds, self.spent = res.round, res.spent
         self._reserve(res.build_reserve_s)
@@ -252,7 +254,8 @@ class Rounds:
     def state(self) -> RoundsState:
         """Where these rounds stand, to rebuild them elsewhere (:meth:`resume`)."""
         return RoundsState(self.hardware, tuple(self.model_ids), self.budget, self.started_at,
-                           reserve_builds=self.reserve_builds, min_trials=self.min_trials, batch=self.batch,
+                           reserve_builds=self.reserve_builds, confirm_top=self.confirm_top,
+                           min_trials=self.min_trials, batch=self.batch,
                            energy_aware=self.energy_aware, rounds=self.rounds, stopped=self.stopped,
                            reserve_s=self.reserve_s, spent=self.spent,
                            deadline_at=self.deadline.at if self.deadline is not None else None)
@@ -261,7 +264,8 @@ class Rounds:
     def resume(cls, state: RoundsState, *, clock: Callable[[], float] = time.time) -> Rounds:
         """The rounds a :class:`RoundsState` describes, in this process."""
         rounds = cls(state.hardware, list(state.model_ids), state.budget, started_at=state.started_at,
-                     reserve_builds=state.reserve_builds, min_trials=state.min_trials, batch=state.batch,
+                     reserve_builds=state.reserve_builds, confirm_top=state.confirm_top,
+                     min_trials=state.min_trials, batch=state.batch,
                      energy_aware=state.energy_aware, clock=clock)
         rounds.update(state)
         return rounds
@@ -308,7 +312,7 @@ class RoundResult:
 def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Budget, since: dt.datetime, *,
                min_trials: int = DEFAULT_MIN_TRIALS, batch: int = 64, energy_aware: bool = False,
                rounds: bool = True, shard_trials: int | None = None, max_leases: int = 3,
-               dry: bool = False, time_left_s: float | None = None) -> RoundResult:
+               dry: bool = False, time_left_s: float | None = None, confirm_top: int = 0) -> RoundResult:
     """Plan the next round of ``budget`` over the workloads of ``model_ids`` on a class: the shards.
 
     The trials a budget has left are its trials minus those committed on the models' workloads
@@ -322,7 +326,8 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
     round would be (or why there is none). ``time_left_s`` (a wall-time budget's time to its
     deadline) caps the round at the trials that fit at the pace so far (wall seconds per trial
     committed since the first one, shard starts included), so that the time left is split by the
-    allocator rather than taken by whichever shards lease first.
+    allocator rather than taken by whichever shards lease first. ``confirm_top``: the build after
+    tuning re-times that many schedules per workload first (its reserve counts them).
     """
     hw = db.hardware_class(hardware)
     with db.planning(hw.id):  # a concurrent planner of the class waits, then counts these shards
@@ -340,7 +345,8 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
             plan = RoundPlan((), f"deadline: about {fit} trial(s) fit in the {time_left_s:.0f}s left, "
                                  "not enough for another round")
         builds = [r.build_s for r in view.rows if r.build_s is not None]
-        reserve = build_reserve_s(workloads, compile_s=sum(builds) / len(builds) if builds else None)
+        reserve = build_reserve_s(workloads, compile_s=sum(builds) / len(builds) if builds else None,
+                                  confirm_top=confirm_top)
         number = view.rounds + 1
         created: list[Shard] = []
         if plan.grants and not dry:

@@ -149,10 +149,11 @@ class Spend:
         return None if self.budget is None or self.budget.seconds is None else self.started_at + self.budget.seconds
 
     def tuning(self, hardware: str, *, batch: int = 64, energy_aware: bool = False, reserve_builds: int = 0,
-               min_trials: int = DEFAULT_MIN_TRIALS,
+               confirm_top: int = 0, min_trials: int = DEFAULT_MIN_TRIALS,
                clock: Callable[[], float] = time.time) -> tuple[Rounds | None, Deadline | None]:
         """A ``tune``'s rounds and deadline on ``hardware``: the rounds of the models' budget (with
-        their deadline, which keeps time for ``reserve_builds`` builds after tuning), or a bare
+        their deadline, which keeps time for ``reserve_builds`` builds after tuning, each re-timing
+        ``confirm_top`` schedules per workload first), or a bare
         deadline for a wall time alone, or neither (drain the queue).
 
         ``batch`` (trials per search batch) and ``energy_aware`` are the tuning options'; the
@@ -162,8 +163,8 @@ class Spend:
             return None, None
         if self.model_ids:
             rounds = Rounds(hardware, list(self.model_ids), self.budget, started_at=self.started_at,
-                            reserve_builds=reserve_builds, min_trials=min_trials, batch=batch,
-                            energy_aware=energy_aware, clock=clock)
+                            reserve_builds=reserve_builds, confirm_top=confirm_top, min_trials=min_trials,
+                            batch=batch, energy_aware=energy_aware, clock=clock)
             return rounds, rounds.deadline
         ends_at = self.ends_at
         return None, None if ends_at is None else Deadline(ends_at, clock=clock)

@@ -841,6 +841,22 @@ class DatabaseContract(ShardCases, ReportCases):
         assert [round(m.mean_run_s, 6) for m in db.best_measurements(wl, hw, 5, before=later)] == [0.008, 0.009, 0.010]
         assert [round(m.mean_run_s, 6) for m in db.best_measurements(wl, hw, 1)] == [0.0009]
 
+    def test_a_schedule_measured_again_ranks_by_its_latest_measurement(
+            self, seeded: tuple[Database, int, int, int]) -> None:
+        """A re-timed record (a later attempt) replaces its lucky first figure; a failed re-timing
+        leaves the schedule out; ``before`` sees the attempts committed before it only."""
+        db, wl, hw, _ = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.001 * (i + 1)]) for i in range(3)])
+        time.sleep(0.02)
+        first = db.measurements()[-1].created_at
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(0), [0.0025, 0.0027], repeat=1),
+                                NewMeasurement(wl, hw, _trace(1), None, repeat=1, error_kind="run", error_msg="boom")])
+        best = db.best_measurements(wl, hw, 5)
+        assert [(round(m.mean_run_s, 6), m.attempt) for m in best] == [(0.0026, 1), (0.003, 0)]
+        assert best[0].trace_sha256 == NewMeasurement(wl, hw, _trace(0)).trace_sha256
+        assert [round(m.mean_run_s, 6) for m in db.best_measurements(wl, hw, 5, before=first + dt.timedelta(
+            milliseconds=5))] == [0.001, 0.002, 0.003]
+
     def test_error_measurement_has_null_mean(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
         db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.1], error_kind="build", error_msg="boom")])

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 _THREAD_VAR = "TVM_NUM_THREADS"
 _BIG_CORES = 1  # TVM's threading::ThreadGroup::kBig, the mode its pool starts in
+
+
+def class_threads(target: Mapping[str, Any]) -> int:
+    """The threads a hardware class's code runs on: its target's ``num-cores``, else the cores this
+    process may use (``os.sched_getaffinity``: cgroup and taskset limits respected)."""
+    return int(target.get("num-cores") or len(os.sched_getaffinity(0)))
 
 
 def use_threads(threads: int) -> int:
