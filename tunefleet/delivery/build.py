@@ -332,13 +332,8 @@ def resolve(
         _stage(f"re-timing the {confirm_top} fastest schedules of each workload side by side",
                "re-timing the fastest schedules")
         confirmation = confirm_bests(db, hw, calls, top=confirm_top)
-    tuned, bests, ids = 0, set(), []
-    for w in found:
-        try:
-            wl_id = db.workload(w.structural_hash).id
-        except NotFoundError:
-            continue
-        ids.append(wl_id)
+    tuned, bests, ids = 0, set(), list(calls)
+    for wl_id in ids:
         top = db.best_measurements(wl_id, hw.id, 1)
         if top:
             tuned += 1

@@ -115,8 +115,9 @@ class Rounds:
     ``started_at`` (seconds since the epoch) starts the budget's clock: a duration budget's
     tuning ends ``seconds`` later, less the time ``reserve_builds`` builds of the model after it
     need (:func:`tunefleet.planning.allocation.build_reserve_s`, refreshed every round; 0 for a ``tune``
-    that builds nothing), ``confirm_top`` schedules per workload re-timed by each build first. Trials are counted from ``started_at`` on. Build them from a request
-    with :meth:`tunefleet.planning.spend.Spend.tuning`.
+    that builds nothing), each re-timing ``confirm_top`` schedules per workload first. Trials are
+    counted from ``started_at`` on. Build them from a request with
+    :meth:`tunefleet.planning.spend.Spend.tuning`.
     """
 
     hardware: str
