@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tunefleet.db.measurements import NewMeasurement
 from tunefleet.vocab import BUILD_ERROR, CONFIRM_ROUNDS, RUN_ERROR
 
 if TYPE_CHECKING:
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROUNDS = CONFIRM_ROUNDS
 PASSES = 2
 """Re-timing passes at most. After a pass, a workload's re-timed schedules can all fall behind a
 record below them that was not re-timed (the next lucky one): the next pass re-times its new top."""
@@ -66,7 +64,7 @@ class Confirmation:
     confirmed_s: float = 0.0
     """The same workloads' fastest schedules after re-timing, weight x run time summed."""
     seconds: float = 0.0
-    rounds: int = ROUNDS
+    rounds: int = CONFIRM_ROUNDS
     top: int = 0
     passes: int = 0
     """Passes run."""
@@ -99,11 +97,11 @@ class Retimed:
     error_kind: str | None = None  # BUILD_ERROR | RUN_ERROR | None
 
     @property
-    def median_s(self) -> float | None:
-        return statistics.median(self.runs) if self.runs and self.error is None else None
+    def failed(self) -> bool:
+        return self.error is not None or not self.runs
 
 
-def retime(hw: HardwareClass, rows: list[tuple[Any, Any]], *, rounds: int = ROUNDS,
+def retime(hw: HardwareClass, rows: list[tuple[Any, Any]], *, rounds: int = CONFIRM_ROUNDS,
            threads: int | None = None) -> list[Retimed]:
     """Build the given recorded schedules and time them in ``rounds`` alternating rounds with the
     tuner's evaluator (:func:`tunefleet.tvm.runner.make_runner`), serially, in this process's
@@ -157,7 +155,7 @@ def last_line(error: str) -> str:
 
 
 def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, top: int = 3,
-                  rounds: int = ROUNDS, passes: int = PASSES) -> Confirmation:
+                  rounds: int = CONFIRM_ROUNDS, passes: int = PASSES) -> Confirmation:
     """Re-time each workload's ``top`` fastest schedules on this node and commit the figures, so
     that the build takes the fastest re-timed one (see the module docstring).
 
@@ -166,8 +164,7 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
     class's code (the caller checks). A schedule whose re-timing fails to build or run is
     committed as that error, so it leaves the best; it is counted in ``failed``.
     """
-    import tvm
-
+    from tunefleet.tvm.commit import CandidateCommitter
     from tunefleet.tvm.targets import make_target, target_fingerprint
 
     started = time.monotonic()
@@ -175,6 +172,7 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
     if top < 2:
         return result
     fingerprint = target_fingerprint(make_target(hw.target))
+    workloads: dict[int, Any] = {}
     record: dict[int, tuple[str, float]] = {}  # each re-timed workload's fastest record, before any re-timing
     for _ in range(passes):
         todo = []
@@ -183,7 +181,9 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
             if len(best) < 2 or best[0].attempt > 0:
                 continue
             record.setdefault(wl_id, (best[0].trace_sha256, float(best[0].mean_run_s)))
-            wl = db.workload(wl_id)
+            if wl_id not in workloads:
+                workloads[wl_id] = db.workload(wl_id)
+            wl = workloads[wl_id]
             todo += [(wl, m) for m in best]
         if not todo:
             break
@@ -192,14 +192,12 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
         timed = retime(hw, todo, rounds=rounds)
         rows = []
         for (wl, m), t in zip(todo, timed):
-            failed = t.median_s is None
-            result.failed += failed
-            rows.append(NewMeasurement(
-                wl.id, hw.id, m.trace_json, None if failed else t.runs, args_info=m.args_info, repeat=m.attempt + 1,
-                error_kind=(t.error_kind or RUN_ERROR) if failed else None,
-                error_msg=(t.error or "no round ran") if failed else None,
-                measure_mode=f"{RETIMED_MODE}:{rounds}", tvm_version=tvm.__version__, target=fingerprint,
-                trace_sha256=m.trace_sha256))
+            result.failed += t.failed
+            rows.append(CandidateCommitter(db, wl.id, hw.id, target=fingerprint).row(
+                m.trace_json, None if t.failed else t.runs, args_info=m.args_info, repeat=m.attempt + 1,
+                error_kind=(t.error_kind or RUN_ERROR) if t.failed else None,
+                error_msg=(t.error or "no round ran") if t.failed else None,
+                measure_mode=f"{RETIMED_MODE}:{rounds}", trace_sha256=m.trace_sha256))
         db.commit_measurements(rows)
         result.schedules += len(todo)
         result.passes += 1
@@ -216,4 +214,4 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
     return result
 
 
-__all__ = ["Confirmation", "Retimed", "confirm_bests", "retime", "last_line", "ROUNDS", "RETIMED_MODE"]
+__all__ = ["Confirmation", "Retimed", "confirm_bests", "retime", "last_line", "PASSES", "RETIMED_MODE"]
