@@ -183,7 +183,8 @@ class ReportsMixin(CatalogMixin):
 
     def model_progress(self, model_id: int, hardware_class_id: int, since: dt.datetime) -> list[WorkloadProgress]:
         """Per workload of a model on one class: shards by state, trials planned and spent, rows
-        committed since ``since`` (and their errors), the best and the default schedule's run time,
+        committed since ``since`` (and their errors; first attempts only: a re-timing is no
+        candidate), the best and the default schedule's run time,
         and the budget rounds planned since ``since`` with their shards' states."""
         m = Measurement
         with self.session() as s:
@@ -206,7 +207,7 @@ class ReportsMixin(CatalogMixin):
             scope = (m.hardware_class_id == hardware_class_id, m.workload_id.in_(ids))
             recent = {wl: (int(n), int(e or 0)) for wl, n, e in s.execute(
                 select(m.workload_id, func.count(m.id), func.sum(case((m.error_kind.in_(["build", "run"]), 1), else_=0)))
-                .where(*scope, m.created_at >= since).group_by(m.workload_id))}
+                .where(*scope, m.created_at >= since, m.repeat == 0).group_by(m.workload_id))}
             best = dict(s.execute(select(m.workload_id, func.min(m.mean_run_s)).where(*scope)
                                   .group_by(m.workload_id)).all())
             default = dict(s.execute(select(m.workload_id, func.min(m.mean_run_s))

@@ -213,9 +213,9 @@ class Measurement(Base):
         ),
         Index("ix_measurements_best", "workload_id", "hardware_class_id", "mean_run_s"),
         Index("ix_measurements_shard_id", "shard_id"),
-        # What the live line counts each second (rows since the run started, and their errors)
-        # without reading the rows' traces (migration 0013).
-        Index("ix_measurements_recent", "hardware_class_id", "created_at", "workload_id", "error_kind"),
+        # What the live line counts each second (first attempts since the run started, and their
+        # errors) without reading the rows' traces (migrations 0013, 0014).
+        Index("ix_measurements_recent", "hardware_class_id", "created_at", "workload_id", "error_kind", "attempt"),
     )
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))

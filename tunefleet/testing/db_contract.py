@@ -260,6 +260,7 @@ class ReportCases:
             NewMeasurement(wl, hw, _trace(21), None, error_kind="build", error_msg="x", shard_id=a.id),
             NewMeasurement(wl, hw, _trace(22), None, error_kind=FILTERED, shard_id=b.id),
             NewMeasurement(wl, arm, _trace(23), [0.01]),  # another class: not counted
+            NewMeasurement(wl, hw, _trace(20), [0.12], repeat=1),  # a re-timing (build --confirm-top): no candidate
         ])
         (row,) = db.model_progress(model.id, hw, before)
         assert (row.workload_id, row.name, row.weight) == (wl, "dense", 2)
