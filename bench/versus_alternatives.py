@@ -32,7 +32,10 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
 3. Machine peak: fp32 BLAS sgemm (numpy float32 matmul, 2048^3 by default) on the same threads
    (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS are set before numpy is imported; the
    thread count OpenBLAS reports is printed), in GFLOP/s: the fastest of 10, measured after the
-   tuning run and again after each phase's timings, the faster kept.
+   tuning run and again after each phase's timings, the faster kept. Each timed runtime's
+   GFLOP/s on the model's nominal work (PyTorch's FLOP counter on the eager module: convolutions
+   and matrix products as direct products) as a share of that peak: a runtime near 1.0 has no
+   faster direct kernels left to find, only fewer multiplications (Winograd).
 4. The ten workloads with the largest latency share (weight x best mean run time on the class),
    read from the database: name, op kind, weight, best latency, share of the model's summed
    latency, GFLOP/s and fraction of the sgemm peak; and the tuning wall time, candidates measured
@@ -252,6 +255,44 @@ def torch_module(zoo: Any) -> tuple[Any, str | None]:
             return None, f"PyTorch is not installed ({INSTALL_HINT})"
         return _torch_mlp(zoo), None
     return None, f"zoo model {zoo.name} has no PyTorch module"
+
+
+def nominal_flops(zoo: Any, inputs_np: list[Any]) -> tuple[float | None, str | None]:
+    """(the model's floating-point operations per call as PyTorch's FLOP counter sees them, None),
+    or (None, why not). The counter counts convolutions and matrix products as direct products
+    (2 per multiply-add) and nothing else: the work every runtime has before any algorithm that
+    does fewer multiplications (Winograd), so a runtime's GFLOP/s on it against the sgemm peak
+    says how close to the machine's limit it runs."""
+    module, why_not = torch_module(zoo)
+    if module is None:
+        return None, why_not
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    try:
+        with torch.inference_mode(), counter:
+            module(*[torch.from_numpy(x) for x in inputs_np])
+    except Exception as exc:  # noqa: BLE001 - reported instead of the line
+        return None, _reason(exc)
+    return float(counter.get_total_flops()), None
+
+
+def print_nominal_work(phase: dict[str, Any], flops: float | None, why_not: str | None, peak_gflops: float) -> None:
+    """Each timed runtime's GFLOP/s on the model's nominal work (:func:`nominal_flops`) and its
+    share of the sgemm peak; kept in ``phase["nominal"]``."""
+    if flops is None:
+        print(f"\nnominal work: not counted: {why_not}")
+        return
+    rows = {name: {"gflops": flops / (r["ms"] * 1e-3) / 1e9} for name, r in phase["measure"]["latency"].items()}
+    for r in rows.values():
+        r["peak_fraction"] = r["gflops"] / peak_gflops
+    phase["nominal"] = {"flops": flops, "peak_gflops": peak_gflops, "runtimes": rows}
+    print(f"\nnominal work: {flops / 1e9:.3f} GFLOP per call (PyTorch's FLOP counter: convolutions and matrix "
+          f"products as direct products); at the sgemm peak of {peak_gflops:.1f} GFLOP/s that is "
+          f"{flops / peak_gflops / 1e6:.3f} ms")
+    print("  " + "; ".join(f"{name} {r['gflops']:.1f} GFLOP/s ({r['peak_fraction']:.2f} of the peak)"
+                           for name, r in rows.items()))
 
 
 def _outputs(out: Any) -> list[Any]:
@@ -580,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     zoo = build_zoo_model(args.model, **{k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len")
                                          if getattr(args, k) is not None})
     inputs_np, alt_calls, skipped, setup, reference = prepare_alternatives(zoo, threads, work / f"{args.model}.onnx")
+    flops, flops_why_not = nominal_flops(zoo, inputs_np)
+    out["nominal_flops"] = flops
     out["setup_s"] = setup
     out["not_measured"] = skipped
     out["versions"] = _versions()
@@ -605,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fp32 peak measured again after the timings: {again['gflops']:.1f} GFLOP/s "
                   f"(first {peak['gflops']:.1f})", flush=True)
             peak = out["sgemm"] = again
+        print_nominal_work(phase, flops, flops_why_not, peak["gflops"])
         report = workload_shares(db, phase["model_id"], args.hardware, peak["gflops"])
         phase["workload_report"] = report
         print_workloads(report, peak["gflops"], phase["measure"]["latency"]["tunefleet tuned"]["ms"])

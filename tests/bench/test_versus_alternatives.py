@@ -38,3 +38,26 @@ def test_compare_libraries_are_labelled_files_or_one_line_errors(tmp_path: Path,
         with pytest.raises(SystemExit):
             pretrained_bench.parse_args(["electra.onnx", "--compare", bad])
         assert said in capsys.readouterr().err
+
+
+def test_nominal_work_counts_the_model_s_products_and_each_runtime_s_share_of_the_peak(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The model's nominal FLOPs are its matrix products counted directly (mlp: three dense
+    layers), and each timed runtime's GFLOP/s on them is set against the sgemm peak."""
+    pytest.importorskip("torch")
+    from tunefleet.models.zoo import build_zoo_model
+
+    zoo = build_zoo_model("mlp")
+    inputs = zoo.loaded.random_inputs(seed=0)
+    flops, why_not = versus_alternatives.nominal_flops(zoo, inputs)
+    batch = inputs[0].shape[0]
+    assert why_not is None and flops == 2 * batch * (64 * 128 + 128 * 128 + 128 * 10)
+
+    phase = {"measure": {"latency": {"tunefleet tuned": {"ms": 0.5}, "onnxruntime": {"ms": 1.0}}}}
+    versus_alternatives.print_nominal_work(phase, 2e9, None, 8000.0)
+    runtimes = phase["nominal"]["runtimes"]
+    assert runtimes["tunefleet tuned"] == {"gflops": 4000.0, "peak_fraction": 0.5}
+    assert runtimes["onnxruntime"] == {"gflops": 2000.0, "peak_fraction": 0.25}
+    assert "2.000 GFLOP per call" in capsys.readouterr().out
+    versus_alternatives.print_nominal_work(phase := {}, None, "no PyTorch module", 8000.0)
+    assert "nominal" not in phase and "not counted: no PyTorch module" in capsys.readouterr().out
