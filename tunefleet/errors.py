@@ -97,3 +97,11 @@ class CorrectnessError(TunefleetError):
 def is_transient(exc: BaseException) -> bool:
     """True for failures worth retrying: connection problems and lease conflicts, never bad input."""
     return isinstance(exc, TransientError)
+
+
+def one_line(text: object, limit: int = 400) -> str:
+    """``text`` (a message, an exception) as one line of at most ``limit`` characters: what an
+    error message quotes from a library or a child process, whose own text may span lines. An
+    exception with no message is named by its type."""
+    line = " ".join(str(text).split()) or (type(text).__name__ if isinstance(text, BaseException) else "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from tunefleet.errors import ConflictError, NotFoundError, TunefleetError
+from tunefleet.errors import ConflictError, NotFoundError, TunefleetError, one_line
 from tunefleet.learning.artifacts import DATASET, unique_name
 from tunefleet.vocab import FILTERED
 
@@ -281,7 +281,7 @@ class _Featurizer:
                     record_from_row(m.trace_json, m.run_secs, m.target, m.args_info, workload).as_measure_candidate()
                 )
             except Exception as exc:  # TVM raises ValueError/RuntimeError/TypeError... for a bad trace
-                log.warning("measurement %d: cannot replay its trace, skipped: %s", m.id, _one_line(exc))
+                log.warning("measurement %d: cannot replay its trace, skipped: %s", m.id, one_line(exc))
                 candidates.append(None)
         good = [c for c in candidates if c is not None]
         try:
@@ -303,14 +303,9 @@ class _Featurizer:
             try:
                 out.append(self._extract(ctx, [cand])[0])
             except Exception as exc:  # noqa: PERF203 - isolate the candidate TVM cannot featurise
-                log.warning("measurement %d: PerStoreFeature failed, skipped: %s", m.id, _one_line(exc))
+                log.warning("measurement %d: PerStoreFeature failed, skipped: %s", m.id, one_line(exc))
                 out.append(None)
         return out
-
-
-def _one_line(exc: BaseException | str, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _features_array(matrices: Sequence[np.ndarray]) -> pa.Array:
@@ -544,7 +539,7 @@ def _export_class(
             if progress is not None:
                 progress(done, total)
     except OSError as exc:  # pyarrow reports filesystem failures as OSError
-        raise DatasetError(f"cannot write dataset file {key!r} to {location}: {_one_line(exc)}") from None
+        raise DatasetError(f"cannot write dataset file {key!r} to {location}: {one_line(exc)}") from None
     finally:
         if writer is not None:
             writer.close()
@@ -581,7 +576,7 @@ def _abandon(db: Database, fs: Any, base: str, dataset_id: int, version: int,
         registered = db.abandon_dataset(dataset_id)
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the export's own error
         log.warning("dataset export v%d failed, and the database cannot say whether it registered it (%s); "
-                    "its files stay: `tunefleet gc` deletes them if it did not", version, _one_line(exc))
+                    "its files stay: `tunefleet gc` deletes them if it did not", version, one_line(exc))
         return None
     if registered is not None:
         log.warning("dataset export v%d: the database registered it (its commit went through, the acknowledgement "
@@ -594,7 +589,7 @@ def _abandon(db: Database, fs: Any, base: str, dataset_id: int, version: int,
             pass  # never written (the failure came first)
         except Exception as exc:  # noqa: BLE001 - same: the original error is re-raised by the caller
             log.warning("dataset export v%d failed; could not remove %s (`tunefleet gc` will): %s", version, key,
-                        _one_line(exc))
+                        one_line(exc))
     return None
 
 
@@ -684,7 +679,7 @@ def load(
                     raise DatasetError(f"dataset file {where} is missing; its manifest lists it")
                 meta = pq.read_metadata(path, filesystem=fs)
             except (OSError, pa.ArrowException) as exc:
-                raise DatasetError(f"dataset file {where} is not a readable Parquet file: {_one_line(exc)}") from None
+                raise DatasetError(f"dataset file {where} is not a readable Parquet file: {one_line(exc)}") from None
             if meta.num_rows != int(entry["rows"]):
                 raise DatasetError(
                     f"dataset file {where} has {meta.num_rows} rows, its manifest says {entry['rows']}"
@@ -693,7 +688,7 @@ def load(
                 table = pads.dataset([path], schema=full, filesystem=fs, format="parquet", partitioning=partitioning,
                                      partition_base_dir=f"{base}/{key.rsplit(f'/{PARTITION}=', 1)[0]}").to_table()
             except (OSError, pa.ArrowException) as exc:
-                raise DatasetError(f"dataset file {where} cannot be read: {_one_line(exc)}") from None
+                raise DatasetError(f"dataset file {where} cannot be read: {one_line(exc)}") from None
             parts.append(table)
     if not parts:
         return full.empty_table()

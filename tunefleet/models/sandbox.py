@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunefleet.errors import NotSupportedError, TunefleetError
+from tunefleet.errors import NotSupportedError, TunefleetError, one_line
 
 if TYPE_CHECKING:
     from tunefleet.models.frontends import InputInfo, LoadedModel
@@ -166,8 +166,7 @@ _undumpable = _Undumpable()
 
 def _one_line(text: object, limit: int = _MAX_MESSAGE_CHARS) -> str:
     """A child's message as one bounded line of printable characters (it is untrusted text)."""
-    line = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return one_line("".join(ch if ch.isprintable() else " " for ch in str(text)), limit)
 
 
 def _signal_name(number: int) -> str:

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tunefleet.config import mask_url
-from tunefleet.errors import ArtifactStoreError, ArtifactStoreUnavailableError
+from tunefleet.errors import ArtifactStoreError, ArtifactStoreUnavailableError, one_line
 from tunefleet.store.base import CHUNK_SIZE, ArtifactStore, StoredObject, check_key, check_prefix
 
 if TYPE_CHECKING:
@@ -42,11 +42,6 @@ _CREDENTIAL_CODES = frozenset(
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NotFound", "ResourceNotFound"})
 _BUCKET_RACE_CODES = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 _CONNECTION_PREFIX = re.compile(r"^\w*Connection(?:Pool)?\(host=[^)]*\):\s*")
-
-
-def _one_line(text: object, limit: int = 400) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 class S3Store(ArtifactStore):
@@ -203,11 +198,11 @@ class S3Store(ArtifactStore):
         except (InvalidResponseError, ServerError, ParseError) as exc:
             raise ArtifactStoreUnavailableError(
                 f"S3 at {self.endpoint} gave an unexpected response when asked to {action}"
-                f"{'' if key is None else f' {key!r}'}: {_one_line(exc)}"
+                f"{'' if key is None else f' {key!r}'}: {one_line(exc)}"
             ) from None
         except TransportError as exc:
             reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
-            text = _CONNECTION_PREFIX.sub("", _one_line(reason))
+            text = _CONNECTION_PREFIX.sub("", one_line(reason))
             attempts = self.retries + 1
             raise ArtifactStoreUnavailableError(
                 f"cannot reach S3 at {self.endpoint} within {self.timeout_s:g}s "
@@ -215,7 +210,7 @@ class S3Store(ArtifactStore):
             ) from None
 
     def _s3_error(self, exc: S3Error, action: str, key: str | None) -> ArtifactStoreError:
-        detail = f"{exc.code}: {_one_line(exc.message)}"
+        detail = f"{exc.code}: {one_line(exc.message)}"
         if exc.code in _NOT_FOUND_CODES and key is not None:
             return self._not_found(key)
         if exc.code in _CREDENTIAL_CODES:
@@ -253,7 +248,7 @@ class S3Store(ArtifactStore):
                     part_size=part_size,
                 )
             except OSError as exc:  # the SDK raises IOError when the stream ends early
-                raise ArtifactStoreError(f"cannot store {key!r} in {self.location}: {_one_line(exc)}") from None
+                raise ArtifactStoreError(f"cannot store {key!r} in {self.location}: {one_line(exc)}") from None
         logger.debug("stored %s in %s", key, self.location)
         return self.uri(key)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from tvm.target import Target
 
-from tunefleet.errors import TunefleetError
+from tunefleet.errors import TunefleetError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +40,6 @@ __all__ = [
 
 class InvalidTargetError(TunefleetError):
     """A target specification that TVM (or tunefleet's own checks) rejects."""
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    """Collapse ``text`` to a single line of at most ``limit`` characters."""
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _parse_spec(spec: Mapping[str, Any] | str | Target) -> dict[str, Any] | str | Target:
@@ -67,12 +61,12 @@ def _parse_spec(spec: Mapping[str, Any] | str | Target) -> dict[str, Any] | str 
                 parsed = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise InvalidTargetError(
-                    f"Invalid target {_one_line(text, 120)!r}: not valid JSON ({exc.msg} at "
+                    f"Invalid target {one_line(text, 120)!r}: not valid JSON ({exc.msg} at "
                     f"column {exc.colno})."
                 ) from None
             if not isinstance(parsed, dict):
                 raise InvalidTargetError(
-                    f"Invalid target {_one_line(text, 120)!r}: the JSON must be an object."
+                    f"Invalid target {one_line(text, 120)!r}: the JSON must be an object."
                 )
             return parsed
         if any(ch.isspace() for ch in text) or text.startswith("-"):
@@ -145,7 +139,7 @@ def make_target(spec: Mapping[str, Any] | str | Target) -> Target:
             shown = json.dumps(parsed, sort_keys=True) if isinstance(parsed, dict) else parsed
             message = str(exc).split(". Target creation from", 1)[0]
             raise InvalidTargetError(
-                f"Invalid target {_one_line(str(shown), 160)}: {_one_line(message)}"
+                f"Invalid target {one_line(str(shown), 160)}: {one_line(message)}"
             ) from None
     if target.kind.name == "llvm":
         _check_llvm(target)
