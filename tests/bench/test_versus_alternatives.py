@@ -44,7 +44,6 @@ def test_nominal_work_counts_the_model_s_products_and_each_runtime_s_share_of_th
         capsys: pytest.CaptureFixture[str]) -> None:
     """The model's nominal FLOPs are its matrix products counted directly (mlp: three dense
     layers), and each timed runtime's GFLOP/s on them is set against the sgemm peak."""
-    pytest.importorskip("torch")
     from tunefleet.models.zoo import build_zoo_model
 
     zoo = build_zoo_model("mlp")
