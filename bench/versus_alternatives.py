@@ -284,9 +284,8 @@ def print_nominal_work(phase: dict[str, Any], flops: float | None, why_not: str 
     if flops is None:
         print(f"\nnominal work: not counted: {why_not}")
         return
-    rows = {name: {"gflops": flops / (r["ms"] * 1e-3) / 1e9} for name, r in phase["measure"]["latency"].items()}
-    for r in rows.values():
-        r["peak_fraction"] = r["gflops"] / peak_gflops
+    gflops = {name: flops / (r["ms"] * 1e-3) / 1e9 for name, r in phase["measure"]["latency"].items()}
+    rows = {name: {"gflops": g, "peak_fraction": g / peak_gflops} for name, g in gflops.items()}
     phase["nominal"] = {"flops": flops, "peak_gflops": peak_gflops, "runtimes": rows}
     print(f"\nnominal work: {flops / 1e9:.3f} GFLOP per call (PyTorch's FLOP counter: convolutions and matrix "
           f"products as direct products); at the sgemm peak of {peak_gflops:.1f} GFLOP/s that is "
