@@ -245,6 +245,7 @@ class Campaign:
     model_ids: list[int] = field(default_factory=list)
     workload_ids: set[int] = field(default_factory=set)
     candidates_before: int = 0
+    logged: bool = False  # the session log was started: its database opened
     shards: int = 0
     failed_shards: int = 0
     measured: int = 0
@@ -287,6 +288,7 @@ class Campaign:
 
     def log_session(self, *, ended: bool) -> None:
         write_session(self.home, self.session(ended=ended))
+        self.logged = True
 
     # -- 1-2: models
     def corpus_paths(self, families: str | None, limit: int | None) -> list[Path]:
@@ -594,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TunefleetError as exc:
         message = str(exc).splitlines()[0]
         print(f"campaign: error: {message}", file=sys.stderr, flush=True)
-        if campaign is not None and campaign.ctx is not None:
+        if campaign is not None and campaign.logged:  # not when the database itself would not open
             campaign.stopped = f"error: {message}"
             campaign.log_session(ended=True)
         return 2

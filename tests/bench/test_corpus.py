@@ -176,3 +176,20 @@ def test_a_campaign_run_again_resumes(tunefleet_home: Path, tmp_path: Path) -> N
     assert [s["candidates_added"] for s in sessions] == [4, 0]
     assert all(s["ended"] and s["cpu"] == campaign.cpu_model() for s in sessions)
     assert "2 run(s)" in second.stdout
+
+
+def test_a_campaign_on_an_outdated_database_says_so_in_one_line(tmp_path: Path) -> None:
+    from tunefleet.config import load_settings
+    from tunefleet.db import Database
+    from tunefleet.db.connection import downgrade
+
+    home = tmp_path / "campaign"
+    home.mkdir()
+    db = Database.from_settings(load_settings(home=home))
+    downgrade(db.engine, "0013")  # a home left by an older tunefleet
+    db.close()
+    result = _campaign(home)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "campaign: error: database schema is at revision 0013" in result.stderr
+    assert "Traceback" not in result.stderr  # the session log is not written for a database that did not open
+    assert not (home / campaign.SESSIONS_FILE).exists()
