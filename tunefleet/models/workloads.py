@@ -57,8 +57,6 @@ def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> 
     change = db.set_model_workloads(model.id, hw.id, recipe.name, weights)
     log.info("model %s on %s: %d workloads (%d new), recipe %s", model.name, hardware, len(found), new, recipe.name)
     if change.unlinked:
-        # The measurements stay stored: the build's comparison of other recipes (direct against
-        # Winograd, say) still builds with them.
         log.warning("model %s on %s: %d workload(s) of recipe %s unlinked: recipe %s does not tune them; their %d "
                     "measurement(s) stay stored, and the build's comparison of recipes still uses them",
                     model.name, hardware, len(change.unlinked), ", ".join(change.previous_recipes) or "?",
