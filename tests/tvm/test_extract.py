@@ -476,6 +476,31 @@ def test_winograd_leaves_other_convolutions_direct(cpu_target: Any, shape: tuple
     assert hashes == direct
 
 
+def test_winograd_transform_matrices_hold_tvms_values_nested_by_row() -> None:
+    """The data and inverse transforms are TVM's matrices, written as ``Select``s nested by row with
+    no zero entries: one comparison per condition, where TVM's chain tests row and column in each
+    of its entries (what the simplifier folds again in every candidate's build)."""
+    from tvm import te
+    from tvm.topi.nn.winograd_util import winograd_transform_matrices
+
+    from tunefleet.tvm.extract import _winograd_transforms
+
+    def values(tensor: Any) -> np.ndarray:
+        f = tvm.compile(te.create_prim_func([tensor]), target="llvm")
+        out = tvm.runtime.tensor(np.zeros([int(d) for d in tensor.shape], "float32"))
+        f(out)
+        return out.numpy()
+
+    ours = _winograd_transforms(4, 3, "float32")
+    theirs = winograd_transform_matrices(4, 3, "float32")[:2]
+    for mine, tvms in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(values(mine), values(tvms))
+        rows, cols = (int(d) for d in tvms.shape)
+        text, tvm_text = str(mine.op.body[0]), str(tvms.op.body[0])
+        assert text.count("Select") == np.count_nonzero(values(tvms)) + rows and " and " not in text
+        assert tvm_text.count("Select") == rows * cols and tvm_text.count(" and ") == rows * cols
+
+
 def test_winograd_is_refused_where_it_does_not_apply(cpu_target: Any) -> None:
     assert recipe_for(cpu_target, winograd=True).name == "nhwc+prepack+fastmath+fold+winograd"
     with pytest.raises(ConfigError, match="not supported: Winograd convolutions on a GPU"):

@@ -86,7 +86,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
 from tvm.topi.nn.utils import get_pad_tuple
-from tvm.topi.nn.winograd_util import winograd_transform_matrices
+from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points, winograd_transform_matrices
 from tvm.relax import pipeline as relax_pipeline
 from tvm.ir import IRModule
 from tvm.s_tir import meta_schedule as ms
@@ -441,6 +441,35 @@ def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
                       name="kernel_pack")
 
 
+def _sparse_const_matrix(matrix: np.ndarray, name: str) -> te.Tensor:
+    """``matrix`` as a compute of ``Select``s nested by row, its zero entries left out.
+
+    TVM's ``const_matrix`` chains one ``Select`` per entry (36 for ``B``, zeros included), and the
+    simplifier folds that chain again wherever the scheduled Winograd kernel inlines and unrolls it:
+    most of a candidate's build and trace replay. Row-nested and sparse, a chain is at most 6 + 6
+    conditions deep; the kernels compile to the same machine code."""
+    rows, cols = matrix.shape
+    dtype = str(matrix.dtype)
+
+    def entry(i: Any, j: Any) -> Any:
+        out = tirx.const(0.0, dtype)
+        for ii in range(rows):
+            row = tirx.const(0.0, dtype)
+            for jj in range(cols):
+                if matrix[ii][jj] != 0:
+                    row = tirx.Select(tirx.indexmod(j, cols) == jj, tirx.const(matrix[ii][jj], dtype), row)
+            out = tirx.Select(tirx.indexmod(i, rows) == ii, row, out)
+        return out
+
+    return te.compute(matrix.shape, entry, name=name, attrs={"const_matrix": True, "schedule_rule": "None"})
+
+
+def _winograd_transforms(m: int, r: int, dtype: str) -> tuple[te.Tensor, te.Tensor]:
+    """The inverse (``A``) and data (``B``) transform matrices of F(m x m, r x r), TVM's points."""
+    a_data, b_data, _ = _cook_toom_convolution(_interpolation_points(m + r - 2), m, r)
+    return _sparse_const_matrix(a_data.astype(dtype), "A"), _sparse_const_matrix(b_data.astype(dtype), "B")
+
+
 def _tile_transform(x: te.Tensor, matrix: te.Tensor, size: int, name: str, axes: list[str]) -> te.Tensor:
     """``M^T X M`` on each tile of ``x`` (``[alpha, alpha, P, C]``), ``size`` x ``size`` out: the
     data (``B``) and inverse (``A``) transforms, with TVM's block names and ``schedule_rule``
@@ -463,7 +492,7 @@ def _conv2d_winograd_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: list
     alpha, _, _, co = (int(d) for d in kernel_pack.shape)
     m = _WINOGRAD_TILE
     r = alpha - m + 1
-    a_mat, b_mat, _ = winograd_transform_matrices(m, r, out_dtype)
+    a_mat, b_mat = _winograd_transforms(m, r, out_dtype)
     pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, (r, r))
     out_h, out_w = h + pad_t + pad_b - r + 1, w + pad_l + pad_r - r + 1
     n_h, n_w = (out_h + m - 1) // m, (out_w + m - 1) // m
