@@ -10,6 +10,7 @@ from tunefleet.recipes import Recipe, recipe_for
 
 if TYPE_CHECKING:
     from tunefleet.db import Database
+    from tunefleet.db.catalog import LinkChange
     from tunefleet.db.tables import HardwareClass, Model
     from tunefleet.store import ArtifactStore
 
@@ -57,12 +58,22 @@ def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> 
     change = db.set_model_workloads(model.id, hw.id, recipe.name, weights)
     log.info("model %s on %s: %d workloads (%d new), recipe %s", model.name, hardware, len(found), new, recipe.name)
     if change.unlinked:
-        log.warning("model %s on %s: %d workload(s) of recipe %s unlinked: recipe %s does not tune them; their %d "
-                    "measurement(s) stay stored, and the build's comparison of recipes still uses them",
-                    model.name, hardware, len(change.unlinked), ", ".join(change.previous_recipes) or "?",
-                    recipe.name, change.unlinked_measured)
+        log.warning("%s", unlink_warning(model.name, hardware, recipe.name, change))
     return ExtractResult(model.id, hardware, len(found), new, sum(int(w.weight) for w in found), recipe.name,
                          len(change.unlinked), change.unlinked_measured)
+
+
+def unlink_warning(model: str, hardware: str, recipe: str, change: LinkChange) -> str:
+    """The line ``extract`` logs when a model's links to earlier workloads on a class are removed."""
+    head = f"model {model} on {hardware}: {len(change.unlinked)} workload(s)"
+    if change.previous_recipes:
+        return (f"{head} of recipe {', '.join(change.previous_recipes)} unlinked: recipe {recipe} does not tune them; "
+                f"their {change.unlinked_measured} measurement(s) stay stored, and the build's comparison of recipes "
+                "still uses them")
+    # the same recipe, other workloads: this version of tunefleet computes some operators differently
+    return (f"{head} unlinked: this tunefleet extracts them differently under the same recipe {recipe}, as new "
+            f"workloads tuned from the start (CHANGELOG.md says which); their {change.unlinked_measured} "
+            "measurement(s) stay stored, unused")
 
 
 def recipe_warning(db: Database, model_id: int, hardware: str) -> str | None:
