@@ -40,8 +40,8 @@ class Recipe:
     of running as workloads of their own."""
     winograd: bool = False
     """3x3 stride-1 float32 convolutions with at least ``WINOGRAD_MIN_CHANNELS`` input and output
-    channels computed as Winograd F(4x4, 3x3): fewer multiplications, their weights transformed
-    once at build time. NHWC only."""
+    channels and ``WINOGRAD_MIN_TILES`` output tiles computed as Winograd F(4x4, 3x3): fewer
+    multiplications, their weights transformed once at build time. NHWC only."""
 
     def __post_init__(self) -> None:
         if self.winograd and self.layout != "NHWC":
@@ -67,6 +67,10 @@ class Recipe:
 #: The fewest input and output channels for which a convolution is computed as Winograd: below,
 #: the transforms cost more than the multiplications they save.
 WINOGRAD_MIN_CHANNELS = 32
+#: The fewest 4x4 output tiles (over the batch) for which a convolution is computed as Winograd:
+#: each transformed weight, 4x the direct weights' bytes, is used once per tile, so with fewer
+#: tiles (resnet18's 7x7 maps: 4) the kernel streams its weights from memory in every call.
+WINOGRAD_MIN_TILES = 16
 
 
 _LAYOUT_NAMES = {"native": None, **{layout.lower(): layout for layout in LAYOUTS if layout != "native"}}

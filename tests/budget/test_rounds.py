@@ -164,8 +164,8 @@ def test_a_budget_too_short_for_a_round_measures_the_hub_s_schedules_only(db: tu
     assert rounds.reserve_s > 20  # the build's reserve alone is longer than the budget
     assert rounds.stopped == ("deadline: reached before the first round: 2 workload(s) measure the hub's "
                               "schedules only, 1 with none the first 2 candidates of a search")
-    assert rounds.deadline is not None and rounds.deadline.at == clock() + round_planning.first_round_s(
-        [1 + round_planning.REPLAY_SEEDS] * 3)
+    assert rounds.deadline is not None and rounds.deadline.at == clock() + round_planning.WORKER_START_S + (
+        round_planning.first_round_s([1 + round_planning.REPLAY_SEEDS] * 3))
     planned = sorted(shard_queue.list_shards(database), key=lambda s: -s.priority)
     by_weight_flops = sorted((wl for wl, _ in database.workloads(model)),
                              key=lambda wl: -dict((w.id, n) for w, n in database.workloads(model))[wl.id] * wl.flops)

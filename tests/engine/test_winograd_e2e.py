@@ -34,7 +34,7 @@ def test_a_winograd_class_tunes_and_builds_winograd_convolutions(tmp_path: Path)
 
     path = tmp_path / "block.onnx"
     block = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU())
-    torch.onnx.export(block, (torch.zeros(1, 32, 12, 12),), str(path), dynamo=False, input_names=["x"])
+    torch.onnx.export(block, (torch.zeros(1, 32, 16, 16),), str(path), dynamo=False, input_names=["x"])
     settings = load_settings(home=tmp_path / "home", hardware={"x86": {"winograd": True}})
     db = Database.from_settings(settings)
     seed_hardware_classes(db, settings)

@@ -462,6 +462,7 @@ def test_winograd_computes_the_qualifying_convolutions(cpu_target: Any) -> None:
     ((1, 16, 8, 8), (16, 16, 3, 3), 1),  # too few channels: the transforms would cost more
     ((1, 32, 8, 8), (32, 32, 1, 1), 1),  # 1x1
     ((1, 32, 8, 8), (32, 32, 3, 3), 2),  # strided
+    ((1, 32, 12, 12), (32, 32, 3, 3), 1),  # 9 output tiles: each transformed weight used 9 times a call
     (("n", 32, 8, 8), (32, 32, 3, 3), 1),  # a symbolic batch
 ])
 def test_winograd_leaves_other_convolutions_direct(cpu_target: Any, shape: tuple[Any, ...],

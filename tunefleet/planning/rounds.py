@@ -54,6 +54,9 @@ REPLAY_SEEDS = 2
 #: the run's summary says how long it took (docs/performance.md, the 2-minute run).
 SHARD_START_S = 4.0
 TRIAL_S = 0.5
+#: A worker's own start before its first shard (its builder and runner processes): a replay round
+#: of a workload or two, whose deadline is its shards' estimate, ended before its first batch.
+WORKER_START_S = 15.0
 
 
 def first_round_s(trials: Sequence[int]) -> float:
@@ -185,8 +188,9 @@ class Rounds:
         ones never measured their default and as many candidates of a search (of other shapes'
         schedules first, then the cost model's picks) — a default schedule left in a delivered
         model costs far more than two trials — in one round with a deadline of its own
-        (:func:`first_round_s` of its shards), and the rounds end. Only when the hub holds at
-        least half of those workloads (:func:`plan_replay_round`).
+        (below), and the rounds end. Only when the hub holds at
+        least half of those workloads (:func:`plan_replay_round`). The round's deadline is
+        :data:`WORKER_START_S` and :func:`first_round_s` of its shards from now.
         A budget too short to search still delivers the fleet's schedules, measured here, for
         a little more time than it allowed. The shards pending (0: nothing to replay, nothing
         planned)."""
@@ -195,7 +199,7 @@ class Rounds:
         if not res.shards:
             return 0
         assert self.deadline is not None
-        self.deadline.at = self.clock() + first_round_s([shard.trials for shard in res.shards])
+        self.deadline.at = self.clock() + WORKER_START_S + first_round_s([shard.trials for shard in res.shards])
         others = len(res.shards) - res.replayed
         self.stopped = (f"{why} before the first round: {res.replayed} workload(s) measure the hub's schedules only"
                         + (f", {others} with none the first {REPLAY_SEEDS} candidates of a search" if others else ""))

@@ -93,7 +93,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
-from tunefleet.recipes import WINOGRAD_MIN_CHANNELS, Recipe, recipe_for
+from tunefleet.recipes import WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_TILES, Recipe, recipe_for
 from tunefleet.tvm.targets import make_target
 from tunefleet.vocab import task_name_key
 
@@ -410,7 +410,7 @@ def _static_shape(expr: relax.Expr) -> list[int] | None:
 def _winograd_applies(call: relax.Call) -> bool:
     """Whether a ``relax.nn.conv2d`` is one the Winograd recipe computes as Winograd: NHWC data and
     output, OHWI weights, 3x3, stride and dilation 1, no groups, float32, static shapes, at least
-    ``WINOGRAD_MIN_CHANNELS`` channels in and out."""
+    ``WINOGRAD_MIN_CHANNELS`` channels in and out, and ``WINOGRAD_MIN_TILES`` output tiles."""
     attrs = call.attrs
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or attrs.data_layout))
     if layouts != ("NHWC", "OHWI", "NHWC") or int(attrs.groups) != 1:
@@ -424,7 +424,12 @@ def _winograd_applies(call: relax.Call) -> bool:
     if data_shape is None or weight_shape is None:
         return False
     co, kh, kw, ci = weight_shape
-    return (kh, kw) == (3, 3) and min(ci, co) >= WINOGRAD_MIN_CHANNELS
+    if (kh, kw) != (3, 3) or min(ci, co) < WINOGRAD_MIN_CHANNELS:
+        return False
+    n, h, w, _ = data_shape
+    pad_t, pad_l, pad_b, pad_r = get_pad_tuple([int(p) for p in attrs.padding], (kh, kw))
+    tiles = n * -(-(h + pad_t + pad_b - kh + 1) // _WINOGRAD_TILE) * -(-(w + pad_l + pad_r - kw + 1) // _WINOGRAD_TILE)
+    return tiles >= WINOGRAD_MIN_TILES
 
 
 def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
