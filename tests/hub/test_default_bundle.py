@@ -34,3 +34,23 @@ def test_a_new_database_imports_the_default_bundle_and_the_zoo_starts_from_it(ma
     hw = ctx.db.hardware_class("x86")
     report = hub.hub_report(ctx.db, [wl.id for wl, _ in ctx.db.workloads(model.id, hw.id)], hw.id)
     assert (report.workloads, report.from_hub) == (3, 3), "the bundle predates the current recipe: regenerate it"
+
+
+def test_resnet18_under_the_winograd_recipe_starts_from_the_bundle_s_winograd_records(tmp_path: Any) -> None:
+    """The bundle's Winograd records (one CPU's) match the Winograd workloads extraction writes now:
+    a change to the Winograd compute that leaves them stale fails here (carry them over with
+    bench/rekey_winograd.py, or regenerate the bundle)."""
+    from tunefleet.config import load_settings
+
+    ctx = api.connect(load_settings(home=tmp_path, hub="default", hardware={"x86": {"winograd": True}}))
+    try:
+        model = api.ingest(ctx, "resnet18").model
+        assert api.extract(ctx, model, "x86").recipe.endswith("+winograd")
+        hw = ctx.db.hardware_class("x86")
+        ids = [wl.id for wl, _ in ctx.db.workloads(model.id, hw.id)]
+        winograd = [wl for wl, _ in ctx.db.workloads(model.id, hw.id) if "conv2d_winograd" in wl.name]
+        assert len(winograd) == 6  # the 3x3 stride-1 convolutions of the 56, 28 and 14 stages
+        report = hub.hub_report(ctx.db, ids, hw.id)
+        assert (report.workloads, report.from_hub) == (len(ids), len(ids)), "regenerate or rekey the bundle"
+    finally:
+        ctx.close()

@@ -188,9 +188,8 @@ class Rounds:
         ones never measured their default and as many candidates of a search (of other shapes'
         schedules first, then the cost model's picks) — a default schedule left in a delivered
         model costs far more than two trials — in one round with a deadline of its own
-        (below), and the rounds end. Only when the hub holds at
-        least half of those workloads (:func:`plan_replay_round`). The round's deadline is
-        :data:`WORKER_START_S` and :func:`first_round_s` of its shards from now.
+        (:data:`WORKER_START_S` and :func:`first_round_s` of its shards from now), and the rounds
+        end. Only when the hub holds at least half of those workloads (:func:`plan_replay_round`).
         A budget too short to search still delivers the fleet's schedules, measured here, for
         a little more time than it allowed. The shards pending (0: nothing to replay, nothing
         planned)."""
