@@ -19,9 +19,9 @@ same name, after checking that:
    on the old and the new workload (so its stored run times hold).
 
 A record that fails a check stops the script (nothing written). Records of other targets (another
-CPU's class), and of Winograd workloads ``--models`` no longer has (resnet18's 7x7 stage since
-Winograd needs 16 output tiles), are left as they are and counted: run the script on that CPU. The bundle keeps its
-metadata (``created_at``, origin); its summary gains a ``rekeyed`` entry.
+CPU's class: run the script on that CPU), and of Winograd workloads ``--models`` no longer has
+(resnet18's 7x7 stage, since Winograd needs 16 output tiles), are left as they are and counted.
+The bundle keeps its metadata (``created_at``, origin); its summary gains a ``rekeyed`` entry.
 """
 
 from __future__ import annotations
@@ -31,33 +31,30 @@ import hashlib
 import json
 import os
 import re
-import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-WINOGRAD_HARDWARE = '{"x86": {"winograd": true}}'
-
-
 def extract_new(models: list[str], home: Path) -> tuple[str, dict[str, dict[str, Any]]]:
     """This machine's ``x86`` target (as a bundle writes it) and the Winograd workloads of ``models``
-    extracted under the Winograd recipe, by name."""
-    env = {**os.environ, "TUNEFLEET_HOME": str(home), "TUNEFLEET_HUB": "off", "TUNEFLEET_HARDWARE": WINOGRAD_HARDWARE}
-    cli = [sys.executable, "-m", "tunefleet.cli.app"]
-    for model in models:
-        for args in (["ingest", model], ["extract", model, "--hardware", "x86"]):
-            done = subprocess.run([*cli, *args], env=env, capture_output=True, text=True)
-            if done.returncode:
-                raise SystemExit(f"rekey: error: tunefleet {' '.join(args)} failed: {done.stderr.strip()[-500:]}")
-    con = sqlite3.connect(home / "tunefleet.db")
-    target = json.dumps(json.loads(con.execute("select target from hardware_classes where name='x86'").fetchone()[0]),
-                        sort_keys=True)
-    found = {name: {"hash": h, "tir_json": tir, "flops": flops} for name, h, tir, flops in con.execute(
-        "select name, structural_hash, tir_json, flops from workloads where name like '%conv2d_winograd%'")}
-    return target, found
+    extracted under the Winograd recipe in a new home, by name."""
+    from tunefleet import api
+    from tunefleet.config import load_settings
+
+    ctx = api.connect(load_settings(home=home, hub="off", hardware={"x86": {"winograd": True}}))
+    try:
+        hw = ctx.db.hardware_class("x86")
+        found = {}
+        for name in models:
+            model = api.ingest(ctx, name).model
+            api.extract(ctx, model, "x86")
+            found.update({wl.name: {"hash": wl.structural_hash, "tir_json": wl.tir_json, "flops": wl.flops}
+                          for wl, _ in ctx.db.workloads(model.id, hw.id) if "conv2d_winograd" in wl.name})
+        return json.dumps(hw.target, sort_keys=True), found
+    finally:
+        ctx.close()
 
 
 def args_of(mod: Any) -> str:

@@ -420,16 +420,13 @@ def _winograd_applies(call: relax.Call) -> bool:
     data, weight = call.args
     if {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)} != {"float32"}:
         return False
-    data_shape, weight_shape = _static_shape(data), _static_shape(weight)
-    if data_shape is None or weight_shape is None:
+    data_shape, weight_shape, out_shape = _static_shape(data), _static_shape(weight), _static_shape(call)
+    if data_shape is None or weight_shape is None or out_shape is None:
         return False
     co, kh, kw, ci = weight_shape
-    if (kh, kw) != (3, 3) or min(ci, co) < WINOGRAD_MIN_CHANNELS:
-        return False
-    n, h, w, _ = data_shape
-    pad_t, pad_l, pad_b, pad_r = get_pad_tuple([int(p) for p in attrs.padding], (kh, kw))
-    tiles = n * -(-(h + pad_t + pad_b - kh + 1) // _WINOGRAD_TILE) * -(-(w + pad_l + pad_r - kw + 1) // _WINOGRAD_TILE)
-    return tiles >= WINOGRAD_MIN_TILES
+    n, out_h, out_w, _ = out_shape
+    tiles = n * -(-out_h // _WINOGRAD_TILE) * -(-out_w // _WINOGRAD_TILE)
+    return (kh, kw) == (3, 3) and min(ci, co) >= WINOGRAD_MIN_CHANNELS and tiles >= WINOGRAD_MIN_TILES
 
 
 def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
