@@ -399,6 +399,11 @@ _WINOGRAD_TILE = 4
 """Output tile of the Winograd convolutions: F(4x4, 3x3), 6x6 input tiles (TVM's CPU choice)."""
 
 
+def _tiles_along(extent: int) -> int:
+    """How many output tiles of :data:`_WINOGRAD_TILE` cover ``extent`` outputs along one axis."""
+    return -(-extent // _WINOGRAD_TILE)
+
+
 def _static_shape(expr: relax.Expr) -> list[int] | None:
     shape = getattr(expr.ty, "shape", None)
     try:
@@ -425,7 +430,7 @@ def _winograd_applies(call: relax.Call) -> bool:
         return False
     co, kh, kw, ci = weight_shape
     n, out_h, out_w, _ = out_shape
-    tiles = n * -(-out_h // _WINOGRAD_TILE) * -(-out_w // _WINOGRAD_TILE)
+    tiles = n * _tiles_along(out_h) * _tiles_along(out_w)
     return (kh, kw) == (3, 3) and min(ci, co) >= WINOGRAD_MIN_CHANNELS and tiles >= WINOGRAD_MIN_TILES
 
 
@@ -497,7 +502,7 @@ def _conv2d_winograd_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: list
     a_mat, b_mat = _winograd_transforms(m, r, out_dtype)
     pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, (r, r))
     out_h, out_w = h + pad_t + pad_b - r + 1, w + pad_l + pad_r - r + 1
-    n_h, n_w = (out_h + m - 1) // m, (out_w + m - 1) // m
+    n_h, n_w = _tiles_along(out_h), _tiles_along(out_w)
     tiles = n * n_h * n_w
     # padded so that every tile, the last ones included, reads alpha x alpha values
     data_pad = topi.nn.pad(data, (0, pad_t, pad_l, 0),
