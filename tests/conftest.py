@@ -15,6 +15,7 @@ NO_HUB = {"TUNEFLEET_HUB": "off"}
 os.environ.update(NO_HUB)
 
 from tunefleet.testing.postgres import PostgresServer  # noqa: E402
+from tunefleet.testing.seaweedfs import SeaweedFSServer  # noqa: E402
 
 DB_BACKENDS = ["sqlite", "postgresql"]
 
@@ -58,6 +59,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pg_server() -> Iterator[PostgresServer]:
     """One real PostgreSQL cluster for the session; each test gets its own database."""
     with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def seaweedfs() -> Iterator[SeaweedFSServer]:
+    """One real S3 service (SeaweedFS) on loopback for the session, shared by every module
+    that uses S3 (each test makes its own bucket); never skipped."""
+    with SeaweedFSServer() as server:
         yield server
 
 

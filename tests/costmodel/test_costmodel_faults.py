@@ -36,11 +36,6 @@ def table() -> pa.Table:
     return synthetic()
 
 
-@pytest.fixture(scope="module")
-def seaweedfs() -> Iterator[SeaweedFSServer]:
-    with SeaweedFSServer() as server:
-        yield server
-
 
 class Blips:
     """A store whose reads of chosen keys can be made to fail once: a real outage on S3 (the

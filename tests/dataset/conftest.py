@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from tunefleet.testing.seaweedfs import SeaweedFSServer
 
 
 @dataclass
@@ -45,9 +43,3 @@ def mlp_workloads() -> list[MlpWorkload]:
                                ["[[],[]]", *dict.fromkeys(spaces)]))
     return out
 
-
-@pytest.fixture(scope="session")
-def seaweedfs() -> Iterator[SeaweedFSServer]:
-    """A real S3 service (SeaweedFS) on loopback for the session; never skipped."""
-    with SeaweedFSServer() as server:
-        yield server

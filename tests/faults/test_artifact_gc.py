@@ -35,11 +35,6 @@ GARBAGE = {  # a killed export's folder, a retrain that never committed
 ELSEWHERE = ["models/ab/ab12.onnx", "datasets.txt"]  # outside every kind's root: never touched
 
 
-@pytest.fixture(scope="module")
-def seaweedfs() -> Iterator[SeaweedFSServer]:
-    with SeaweedFSServer() as server:
-        yield server
-
 
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path) -> ArtifactStore:  # type: ignore[no-untyped-def]

@@ -6,7 +6,6 @@ server cannot start, the S3 tests error out; they are never skipped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,6 @@ import pytest
 from tunefleet.store import ArtifactStore, LocalStore, S3Store
 from tunefleet.testing.seaweedfs import SeaweedFSServer, unique_bucket_name
 
-
-@pytest.fixture(scope="session")
-def seaweedfs() -> Iterator[SeaweedFSServer]:
-    """A SeaweedFS S3 service on loopback for the whole session."""
-    with SeaweedFSServer() as server:
-        yield server
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -138,7 +138,10 @@ class SeaweedFSServer:
     startup_timeout_s
         How long :meth:`start` waits for an authenticated ``list_buckets`` to succeed.
     memory_limit
-        ``GOMEMLIMIT`` of the server process.
+        ``GOMEMLIMIT`` of the server process: a soft limit, so keep it well above the heap.
+        Every bucket created and deleted leaves some heap behind; once the heap nears the
+        limit, Go's collector runs without pause (a server that had seen 300 buckets come and
+        go used 18 % of a core idle under 256 MiB, 0.5 % under 4 GiB).
     weed
         Path of the ``weed`` binary; :func:`find_weed` by default.
 
@@ -161,7 +164,7 @@ class SeaweedFSServer:
         secret_key: str | None = None,
         workdir: str | os.PathLike[str] | None = None,
         startup_timeout_s: float = 60.0,
-        memory_limit: str = "256MiB",
+        memory_limit: str = "2GiB",
         weed: str | None = None,
     ) -> None:
         self.access_key = access_key
