@@ -12,7 +12,8 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
 
 1. Phase 1: ``tunefleet run --model MODEL --hardware HW --budget 15m --json --output-dir DIR`` (or
    ``--trials N`` instead of ``--budget``) in a subprocess, with the bench's own ``TUNEFLEET_HOME``
-   (``--home``; reusing it continues the same database). Phase 2 (``--more``, default ``60m``;
+   (``--home``; reusing it continues the same database; a second bench run on a home in use
+   stops at once, as its timings would skew each other). Phase 2 (``--more``, default ``60m``;
    ``--more 0`` skips it; ``--more-trials N`` passes ``--trials N`` instead) runs the same command
    again on the same database. Each phase's wall time is recorded and its JSON result parsed (the
    build's exported library ``output`` and the CLI's own ``tuned_ms``).
@@ -563,6 +564,21 @@ def parse_compare(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, st
     return compare
 
 
+def claim_home(home: Path) -> Any:
+    """The home's bench lock, taken without waiting: a second bench run on one home would tune the
+    same database while the first one times its libraries, and skew both (SystemExit if taken)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(home / ".bench.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SystemExit(f"not started: another bench run is using the home {home} (it holds {lock.lock_file}); "
+                         "two runs on one home tune one database and skew each other's timings: wait for it, "
+                         "or pass another --home") from None
+    return lock
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     coretype = args.blas_coretype or default_coretype(args.hardware)
@@ -571,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir.resolve()
     home = (args.home or work / f"home-{args.model}-{args.hardware}").resolve()
     home.mkdir(parents=True, exist_ok=True)
+    _home_lock = claim_home(home)  # held until this process exits
     child_env = {**os.environ, "TUNEFLEET_HOME": str(home)}  # the runs' environment: not this process's threads
     if args.hub is not None:
         child_env["TUNEFLEET_HUB"] = args.hub  # what a new database imports first (docs/hub.md)

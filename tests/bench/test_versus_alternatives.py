@@ -60,3 +60,25 @@ def test_nominal_work_counts_the_model_s_products_and_each_runtime_s_share_of_th
     assert "2.000 GFLOP per call" in capsys.readouterr().out
     versus_alternatives.print_nominal_work(phase := {}, None, "no PyTorch module", 8000.0)
     assert "nominal" not in phase and "not counted: no PyTorch module" in capsys.readouterr().out
+
+
+def test_a_second_bench_run_on_a_home_in_use_stops_with_one_line(tmp_path: Path) -> None:
+    """Another process holds the home: the bench does not start; once it let go, the home is free."""
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(versus_alternatives.__file__).parent)!r})
+        import versus_alternatives
+        versus_alternatives.claim_home(__import__("pathlib").Path({str(tmp_path)!r}))
+        print("claimed")
+    """)
+    held = versus_alternatives.claim_home(tmp_path)
+    second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert second.returncode == 1, second
+    assert "not started: another bench run is using the home" in second.stderr
+    assert "claimed" not in second.stdout
+    held.release()
+    again = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert (again.returncode, again.stdout.strip()) == (0, "claimed"), again
