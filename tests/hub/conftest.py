@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.dataset.conftest import mlp_workloads, seaweedfs  # noqa: F401  (fixtures shared with the dataset tests)
+from tests.dataset.conftest import mlp_workloads  # noqa: F401  (a fixture shared with the dataset tests)
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dataset.conftest import seaweedfs  # noqa: F401  (the session's S3 server)
 from tunefleet import api
 from tunefleet.testing.ports import free_port
+
 
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
