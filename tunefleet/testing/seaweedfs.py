@@ -140,8 +140,8 @@ class SeaweedFSServer:
     memory_limit
         ``GOMEMLIMIT`` of the server process: a soft limit, so keep it well above the heap.
         Every bucket created and deleted leaves some heap behind; once the heap nears the
-        limit, Go's collector runs without pause (a server that had seen 300 buckets come and
-        go used 18 % of a core idle under 256 MiB, 0.5 % under 4 GiB).
+        limit, Go's collector runs without pause and the idle server keeps a core busy (what
+        that cost the test suite: docs/performance.md, "Test suite").
     weed
         Path of the ``weed`` binary; :func:`find_weed` by default.
 
