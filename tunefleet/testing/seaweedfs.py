@@ -140,7 +140,7 @@ class SeaweedFSServer:
     memory_limit
         ``GOMEMLIMIT`` of the server process: a soft limit, so keep it well above the heap.
         Every bucket created and deleted leaves some heap behind; once the heap nears the
-        limit, Go's collector runs without pause and the idle server keeps a core busy (what
+        limit, Go's collector runs without pause, even while the server is idle (what
         that cost the test suite: docs/performance.md, "Test suite").
     weed
         Path of the ``weed`` binary; :func:`find_weed` by default.
