@@ -111,8 +111,8 @@ class Fleet:
         (the assertion then fails), but never before ``HANG_MIN_S``: a worker stopped while it
         searched or built meets the stopped runner only later. False if no worker could be
         stopped, or the stopped one ended meanwhile (try again later)."""
-        holders = {s.lease_owner.split(":")[1] for s in shard_queue.list_shards(db) if s.state == "leased" and s.lease_owner}
-        alive = [p for p in self.alive() if p is not spare and str(p.pid) in holders]
+        holders = self.lease_holders(db)
+        alive = [p for p in self.alive() if p is not spare and p.pid in holders]
         for proc in rng.sample(alive, len(alive)):
             try:
                 runners = [c for c in psutil.Process(proc.pid).children(recursive=True)
@@ -136,12 +136,17 @@ class Fleet:
             return proc.poll() is None
         return False
 
+    @staticmethod
+    def lease_holders(db: Database) -> set[int]:
+        """The pids that hold a lease (an owner is ``host:pid:token``, ``worker_owner``)."""
+        return {int(s.lease_owner.split(":")[1]) for s in shard_queue.list_shards(db)
+                if s.state == "leased" and s.lease_owner}
+
     def wait_for_lease(self, proc: subprocess.Popen[bytes], db: Database, timeout_s: float) -> bool:
         """Whether ``proc`` holds a lease within ``timeout_s`` (False as soon as it exits)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and proc.poll() is None:
-            if any(s.state == "leased" and s.lease_owner and s.lease_owner.split(":")[1] == str(proc.pid)
-                   for s in shard_queue.list_shards(db)):
+            if proc.pid in self.lease_holders(db):
                 return True
             time.sleep(0.2)
         return False
