@@ -322,8 +322,8 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
                 seen.update({m.id: m.trace_sha256 for m in polled})
                 if not open_shards:
                     break
-                if all(s.state == "pending" and s.not_before is not None and s.not_before > utcnow()
-                       for s in open_shards):
+                now = utcnow()  # the database's clock is this host's: one instant for every shard
+                if all(s.state == "pending" and s.not_before is not None and s.not_before > now for s in open_shards):
                     waited = polled_at - max(progressed_at, last_poll)
                     backoff_s += waited
                     progressed_at += waited
