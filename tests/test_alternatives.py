@@ -104,3 +104,28 @@ def test_a_sandboxed_model_file_says_why_neither_alternative_was_timed(tiny) -> 
     calls, notes = alternatives.calls(inputs, 1, no_module=why)
     assert calls == {}
     assert notes == [f"PyTorch eager latency not measured: {why}", f"onnxruntime latency not measured: {why}"]
+
+
+def test_the_exporters_warnings_go_to_the_log_once_each_not_to_the_terminal(tiny, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """torch warns while exporting some models (mobilenet_v2: a ``Slice`` it cannot
+    constant-fold); ``run`` printed those lines amid its live line."""
+    import warnings
+
+    import torch
+
+    _, inputs = tiny
+
+    class Warns(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(3):
+                warnings.warn("the exporter says something", UserWarning, stacklevel=1)
+            return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning that escapes export_onnx fails the test
+        with caplog.at_level("INFO", logger="tunefleet.delivery.alternatives"):
+            path = alternatives.export_onnx(Warns(), inputs, tmp_path / "w.onnx")
+    np.testing.assert_allclose(alternatives.onnxruntime_call(path, inputs, 1)()[0], inputs[0] * 2, rtol=1e-6)
+    said = [r.getMessage() for r in caplog.records if "the exporter says something" in r.getMessage()]
+    assert said == ["exporting the PyTorch module to ONNX for onnxruntime: UserWarning: the exporter says something"]

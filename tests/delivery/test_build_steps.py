@@ -270,6 +270,7 @@ def test_a_build_whose_layout_conversion_loses_is_not_delivered(fleet, tmp_path,
     assert report.delivered != "nhwc+prepack+fastmath+fold" and report.tuned_ms == report.builds_ms[report.delivered]
     assert report.recipe == "nhwc+prepack+fastmath+fold" and report.max_abs_diff is not None
     assert report.output == str(out) and out.stat().st_size > 0
+    assert "build" not in db.step_seconds([model.id], db.hardware_class("x86").id)  # not the build `run` makes
     if report.delivered == "untuned":
         assert any(n.startswith("delivered the UNTUNED build: every tuned build was slower") for n in report.notes)
     else:

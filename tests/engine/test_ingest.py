@@ -8,6 +8,7 @@ from tunefleet.db import Database
 from tunefleet.errors import NotFoundError, NotSupportedError
 from tunefleet.models.frontends import ModelFormatError
 from tunefleet.models.ingest import ingest, load_model
+from tunefleet.models.workloads import extract
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -114,7 +115,11 @@ def test_an_onnx_model_build_report_times_onnxruntime_on_it(engine, tmp_path) ->
     torch.onnx.export(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), (torch.zeros(1, 8),), str(path),
                       dynamo=False, input_names=["x"])
     model = ingest(db, store, str(path)).model
+    extract(db, store, model, "x86")
     report = build_model(db, store, model, "x86")
     assert report.tuned_ms is not None and report.onnxruntime_ms is not None and report.onnxruntime_ms > 0
     assert report.torch_ms is None
+    # how long extracting and this build (the one `run` makes) took: the next run's planner keeps that for them
+    took = db.step_seconds([model.id], db.hardware_class("x86").id)
+    assert set(took) == {"extract", "build"} and min(took.values()) > 0
     assert "no PyTorch module for this model: eager latency not measured" in report.notes

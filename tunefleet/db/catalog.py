@@ -187,6 +187,31 @@ class CatalogMixin(DatabaseBase):
         with self.session() as s:
             return list(s.scalars(select(Model).order_by(Model.id)))
 
+    def note_step_seconds(self, model_id: int, hardware_class_id: int, step: str, seconds: float) -> None:
+        """Remember how long a step of the model's pipeline on a class took here (``"extract"``,
+        ``"build"``): the last time of each, under the model's ``meta["seconds"]``. The planner
+        sizes the time it keeps for the build on them (:meth:`step_seconds`)."""
+        with self.session() as s:
+            model = s.get(Model, model_id)
+            if model is None:
+                raise NotFoundError(f"no model {model_id!r}; see `tunefleet models list`")
+            seconds_by_class = dict((model.meta or {}).get("seconds") or {})
+            seconds_by_class[str(hardware_class_id)] = {**seconds_by_class.get(str(hardware_class_id), {}),
+                                                        step: round(float(seconds), 3)}
+            model.meta = {**(model.meta or {}), "seconds": seconds_by_class}  # a new dict: the JSON column sees it
+
+    def step_seconds(self, model_ids: Iterable[int], hardware_class_id: int) -> dict[str, float]:
+        """Step -> the seconds it last took for all of ``model_ids`` on a class together (the sum),
+        for the steps every one of them has a time of (:meth:`note_step_seconds`)."""
+        ids = list(model_ids)
+        with self.session() as s:
+            metas = list(s.scalars(select(Model.meta).where(Model.id.in_(ids)))) if ids else []
+        per_model = [((m or {}).get("seconds") or {}).get(str(hardware_class_id), {}) for m in metas]
+        if not per_model or len(per_model) < len(set(ids)):
+            return {}
+        steps = set.intersection(*(set(p) for p in per_model))
+        return {step: sum(float(p[step]) for p in per_model) for step in sorted(steps)}
+
     # -- workloads ------------------------------------------------------------------------
     def add_workload(
         self, *, structural_hash: str, name: str, op_kind: str, flops: float, tir_json: str

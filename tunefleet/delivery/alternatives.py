@@ -15,6 +15,7 @@ figure. torch and onnxruntime are imported only here, only when used.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.delivery.timing import ROUNDS, time_alternating
+
+log = logging.getLogger(__name__)
 
 
 def median_ms(call: Callable[[], Any], *, rounds: int = ROUNDS) -> float:
@@ -50,13 +53,16 @@ def export_onnx(module: Any, inputs: Sequence[Any], path: Path) -> Path:
 
     The module is exported in eval mode; one that cannot switch modes (the module of a
     ``torch.export`` program, ingested from a ``.pt2`` file: its graph was fixed at export) is
-    exported as it is.
+    exported as it is. The exporter's warnings (e.g. on a ``Slice`` it cannot constant-fold) go to
+    the log, once each, not to the terminal: they concern the reference runtime's copy of the
+    model, not the user's build.
     """
     import torch
 
     args = tuple(torch.from_numpy(x) for x in inputs)
     names = [f"input{i}" for i in range(len(args))]
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every one recorded, whatever the caller's filters (deduplicated below)
         # dynamo=False is chosen (see above); torch warns that it is legacy.
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*legacy TorchScript-based ONNX")
         # The trace freezes shape checks in transformers' code into constants: fine for fixed-shape inputs.
@@ -69,6 +75,8 @@ def export_onnx(module: Any, inputs: Sequence[Any], path: Path) -> Path:
             warnings.filterwarnings("ignore", category=UserWarning, message=".*constant folding be turned off")
             torch.onnx.export(module, args, str(path), dynamo=False, input_names=names,
                               training=torch.onnx.TrainingMode.PRESERVE)
+    for text in dict.fromkeys(f"{w.category.__name__}: {str(w.message).strip()}" for w in caught):
+        log.info("exporting the PyTorch module to ONNX for onnxruntime: %s", text)
     return path
 
 

@@ -705,7 +705,8 @@ def build_model(
 
     The steps: :func:`resolve`, :func:`compile_tuned`, :func:`compile_others`, :func:`check`,
     :func:`time_builds`, :func:`deliver`; for a target this host cannot run, the class's recipe is
-    built (and exported) only.
+    built (and exported) only. A build that compared the alternatives notes how long it took on
+    the model (``Database.note_step_seconds``: the next ``run`` keeps that much time for it).
 
     Parameters
     ----------
@@ -739,6 +740,7 @@ def build_model(
     tunefleet.errors.CorrectnessError
         The tuned build's outputs disagree with the untuned build's.
     """
+    started = time.perf_counter()
     resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner,
                        pretrained=pretrained, confirm_top=confirm_top)
     report = resolved.report
@@ -756,6 +758,8 @@ def build_model(
     if note is not None:
         report.notes.append(note)
     deliver(resolved, checked, output=output)
+    if compare_torch and not zero_shot:  # the build `run` makes: the next run's planner keeps this much time for it
+        db.note_step_seconds(model.id, resolved.hardware.id, "build", time.perf_counter() - started)
     return report
 
 

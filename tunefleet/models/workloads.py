@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,11 +40,13 @@ def class_recipe(hw: HardwareClass) -> Recipe:
 
 def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> ExtractResult:
     """Extract the tuning tasks of a model for one hardware class under the class's recipe and
-    store the workloads once; the model's links to workloads of an earlier recipe are removed."""
+    store the workloads once; the model's links to workloads of an earlier recipe are removed.
+    How long loading and extracting took is noted on the model (``Database.note_step_seconds``)."""
     from tunefleet.models.ingest import load_model
     from tunefleet.tvm.extract import extract_workloads
     from tunefleet.tvm.targets import make_target
 
+    started = time.perf_counter()
     hw = db.hardware_class(hardware)
     recipe = class_recipe(hw)
     loaded = load_model(db, store, model)
@@ -56,6 +59,8 @@ def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> 
         new += int(created)
         weights[row.id] = weights.get(row.id, 0) + int(w.weight)
     change = db.set_model_workloads(model.id, hw.id, recipe.name, weights)
+    # the build loads and extracts the model again: the planner keeps this much time for it
+    db.note_step_seconds(model.id, hw.id, "extract", time.perf_counter() - started)
     log.info("model %s on %s: %d workloads (%d new), recipe %s", model.name, hardware, len(found), new, recipe.name)
     if change.unlinked:
         log.warning("%s", unlink_warning(model.name, hardware, recipe.name, change))

@@ -754,6 +754,26 @@ class DatabaseContract(ShardCases, ReportCases):
         with pytest.raises(NotFoundError):
             db.model("nope")
 
+    def test_a_models_step_times_are_kept_per_class_and_summed_over_models(self, db: Database) -> None:
+        a, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u",
+                            meta={"zoo": "a"})
+        b, _ = db.add_model(name="b", source="zoo", format="x", sha256="2" * 64, artifact_uri="u")
+        hw = db.upsert_hardware_class("x86", {"kind": "llvm"}, "x86").id
+        arm = db.upsert_hardware_class("arm", {"kind": "llvm"}, "arm").id
+        assert db.step_seconds([a.id], hw) == {}
+        db.note_step_seconds(a.id, hw, "extract", 20.5)
+        db.note_step_seconds(a.id, hw, "build", 150.0)
+        db.note_step_seconds(a.id, hw, "build", 140.25)  # the last time counts
+        db.note_step_seconds(b.id, hw, "extract", 10.0)
+        db.note_step_seconds(a.id, arm, "extract", 99.0)
+        assert db.step_seconds([a.id], hw) == {"extract": 20.5, "build": 140.25}
+        assert db.step_seconds([a.id, b.id], hw) == {"extract": 30.5}  # b was never built: no build time for both
+        assert db.step_seconds([a.id], arm) == {"extract": 99.0}
+        assert db.step_seconds([b.id], arm) == {} and db.step_seconds([], hw) == {}
+        assert db.model(a.id).meta["zoo"] == "a"  # what ingest keeps there stays
+        with pytest.raises(NotFoundError):
+            db.note_step_seconds(10**6, hw, "build", 1.0)
+
     def test_workload_stored_once_with_weights(self, db: Database) -> None:
         m1, _ = db.add_model(name="a", source="zoo", format="x", sha256="1" * 64, artifact_uri="u")
         m2, _ = db.add_model(name="b", source="zoo", format="x", sha256="2" * 64, artifact_uri="u")
