@@ -157,16 +157,23 @@ def test_build_reserve_grows_with_the_model_and_its_measured_latency() -> None:
     assert build_reserve_s([]) == 0.0
 
 
-def test_build_reserve_takes_the_measured_extraction_and_the_last_build_as_a_floor() -> None:
+def test_build_reserve_takes_the_measured_extraction_then_the_last_build() -> None:
     """mobilenet_v2 on a Zen 3 VM: 34 workloads, candidates built in 0.32 s, extracted in 26 s;
-    the build took 152 s where the estimate without those two measurements kept 89 s."""
+    its build took 152 s where the estimate without the extraction's time kept 89 s."""
     model = [_wl(i, [3e-4], default_s=7.6e-3) for i in range(34)]
     guessed = build_reserve_s(model, compile_s=0.32)
     measured = build_reserve_s(model, compile_s=0.32, extract_s=26.0)
-    assert measured - guessed == pytest.approx(1.2 * (26.0 - (5.0 + 0.25 * 34)))
-    assert measured > 1.2 * (26.0 + 7.5 * 34 * 0.32)  # the compiles, three candidate builds per workload and 1.5 x 3
-    assert build_reserve_s(model, compile_s=0.32, extract_s=26.0, last_build_s=152.4) == pytest.approx(1.1 * 152.4 + 5)
-    assert build_reserve_s(model, compile_s=0.32, extract_s=26.0, last_build_s=10.0) == measured  # a floor, no more
+    # the load is the extraction measured; each of the four compiles at least as long as it
+    assert measured - guessed == pytest.approx(1.2 * ((26.0 - (5.0 + 0.25 * 34)) + 4 * (26.0 - 34 * 0.32)))
+    assert measured > 152
+    # a slow candidate build (Winograd's) outweighs a quick extraction
+    assert build_reserve_s(model, compile_s=1.3, extract_s=10.0) > 1.2 * (10.0 + 4 * 34 * 1.3)
+    # built here before: that build, a fifth more and 5 s, whatever the estimate
+    assert build_reserve_s(model, compile_s=0.32, extract_s=26.0, last_build_s=127.0) == pytest.approx(1.2 * 127 + 5)
+    assert build_reserve_s(model, compile_s=0.32, extract_s=26.0, last_build_s=300.0) == pytest.approx(1.2 * 300 + 5)
+    with_confirm = build_reserve_s(model, compile_s=0.32, last_build_s=127.0, confirm_top=3)
+    assert with_confirm - (1.2 * 127 + 5) == pytest.approx(
+        build_reserve_s(model, compile_s=0.32, confirm_top=3) - guessed)  # the re-timing on top
 
 
 def test_build_reserve_keeps_time_for_re_timing_the_fastest_schedules() -> None:

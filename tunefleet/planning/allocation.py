@@ -355,24 +355,26 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     The build loads and re-extracts the model, re-times ``confirm_top`` schedules of each workload
     side by side (each compiled, then :data:`~tunefleet.vocab.CONFIRM_ROUNDS` measurements of five
     runs and the runner's overhead; about 70 % as many again in a second pass:
-    :mod:`tunefleet.delivery.confirm`), compiles it four times (the class's recipe with the stored
-    schedules, about three candidate builds per workload; the two other recipes it is compared
-    with and the untuned build, default schedules, about one and a half each), checks the outputs
-    and times the three tuned builds,
+    :mod:`tunefleet.delivery.confirm`), compiles it four times (the class's recipe, the two
+    other recipes it is compared with, untuned), checks the outputs and times the three tuned builds,
     PyTorch eager and onnxruntime side by side (:data:`~tunefleet.vocab.TIMING_ROUNDS` rounds of
     about :data:`~tunefleet.vocab.TIMING_ROUND_S` s each, at least 5 calls a round, after a
     warm-up; the untuned build alone for about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at
-    least one run). Measured where the
-    database knows it — the model's untuned (Σ weight × default run time) and tuned (Σ weight ×
-    best) latencies, the mean build time of one candidate (``compile_s``: it scales the compiles
-    to this machine), how long loading and extracting the model took here (``extract_s``, the
-    run's own extract step: the build repeats it) — and estimated where not (a workload whose
-    default is not measured yet counts like the measured ones on average; 0.5 s per compile; 5 s
-    and a quarter second per workload to load and extract). A fifth more and 5 s on top keep a
-    build that a shared machine slows within its reserve (the figures this was sized on:
-    docs/performance.md, "Figures that used to live in docstrings"). ``last_build_s``, how long the
-    model's last build on the class took here, is a floor (a tenth more and 5 s): the estimate
-    can miss a model's compiles, a measured build does not.
+    least one run).
+
+    Once the model has been built on the class on this machine, that build's time
+    (``last_build_s``) with a fifth more and 5 s is the reserve (the re-timing's on top): a
+    measured build is the best forecast of the next one. Before that, the reserve is estimated,
+    measured where the database knows it — the model's untuned (Σ weight × default run time) and
+    tuned (Σ weight × best) latencies, the mean build time of one candidate (``compile_s``), how
+    long loading and extracting the model took here (``extract_s``, the run's own extract step:
+    the build repeats it, and each of its compiles runs the same Relax passes before generating
+    code, so takes at least as long) — and guessed where not (a workload whose default is not
+    measured yet counts like the measured ones on average; 0.5 s per compile; 5 s and a quarter
+    second per workload to load and extract). Each compile takes the longer of the extraction's
+    time and one candidate build per workload. A fifth more and 5 s on top keep a build that a
+    shared machine slows within its reserve (the figures this was sized on: docs/performance.md,
+    "Figures that used to live in docstrings").
     """
     n = len(workloads)
     if n == 0:
@@ -381,16 +383,18 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     bests = [w.weight * w.best_s for w in workloads if w.best_s is not None]  # type: ignore[operator]
     untuned = sum(defaults) * n / len(defaults) if defaults else 0.0
     tuned = sum(bests) * n / len(bests) if bests else untuned
-    load = extract_s if extract_s is not None else 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
     per_compile = compile_s if compile_s is not None else 0.5
-    compile_ = (3.0 + 3 * 1.5) * n * per_compile
+    confirm = 0.0
     if confirm_top >= 2:  # compiled on two builder processes; then each round's runner call
         per_schedule = per_compile / 2 + CONFIRM_ROUNDS * (RUNNER_CALL_S + 5 * tuned / n)
-        compile_ += 10.0 + 1.7 * confirm_top * n * per_schedule  # 10 s: the builder processes' start
+        confirm = 10.0 + 1.7 * confirm_top * n * per_schedule  # 10 s: the builder processes' start
+    if last_build_s is not None:
+        return 1.2 * (last_build_s + confirm) + 5.0
+    load = extract_s if extract_s is not None else 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
+    compile_ = 4 * max(n * per_compile, extract_s or 0.0)
     # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
     # more call); five runtimes alternating (the alternatives taken as fast as the tuned build),
     # each warmed up for about 3 calls.
     per_runtime = TIMING_ROUNDS * max(TIMING_ROUND_S, 5 * tuned) + max(0.2, 3 * tuned)
     timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 5 * per_runtime + 3 * tuned
-    estimate = 1.2 * (load + compile_ + timing) + 5.0
-    return estimate if last_build_s is None else max(estimate, 1.1 * last_build_s + 5.0)
+    return 1.2 * (load + compile_ + confirm + timing) + 5.0
