@@ -24,7 +24,7 @@ from tunefleet.delivery.build import (
     resolve,
     time_builds,
 )
-from tunefleet.errors import CorrectnessError
+from tunefleet.errors import CorrectnessError, DatabaseUnavailableError
 from tunefleet.models.ingest import ingest
 from tunefleet.models.workloads import extract
 from tunefleet.store import LocalStore
@@ -310,3 +310,20 @@ def test_a_build_whose_first_call_is_far_slower_is_not_timed() -> None:
     assert set(resolved.report.builds_ms) == {"native", "untuned"}
     assert resolved.report.notes == ["the build under recipe native+fastmath+fold was not timed: its first call "
                                      "took 500.000 ms, 500x the fastest build's"]
+
+
+def test_a_build_whose_time_cannot_be_noted_is_delivered_all_the_same(fleet, monkeypatch,  # type: ignore[no-untyped-def]
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The build's time is a note for the next run's planning: a database gone at that moment
+    fails no build that was made, checked, timed and delivered."""
+    db, store = fleet
+    model = ingest(db, store, "mlp").model
+
+    def gone(*_: Any) -> None:
+        raise DatabaseUnavailableError("database unavailable: connection refused")
+
+    monkeypatch.setattr(db, "note_step_seconds", gone)
+    with caplog.at_level(logging.WARNING, logger="tunefleet.delivery.build"):
+        report = build_model(db, store, model, "x86", rounds=1)  # compares the alternatives: `run`'s build
+    assert report.delivered is not None and report.tuned_ms is not None
+    assert any("not noted for the next run's planning: database unavailable" in r.getMessage() for r in caplog.records)

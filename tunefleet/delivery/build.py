@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet.delivery.best import transfer_lookup
 from tunefleet.delivery.timing import ROUNDS, estimate_s, time_alternating
-from tunefleet.errors import CorrectnessError, NotFoundError
+from tunefleet.errors import CorrectnessError, DatabaseUnavailableError, NotFoundError
 from tunefleet.tvm.threads import class_threads
 from tunefleet.vocab import STAGE_LOG_KEY, UNTUNED_TIMING_S
 
@@ -759,7 +759,12 @@ def build_model(
         report.notes.append(note)
     deliver(resolved, checked, output=output)
     if compare_torch and not zero_shot:  # the build `run` makes: the next run's planner keeps this much time for it
-        db.note_step_seconds(model.id, resolved.hardware.id, "build", time.perf_counter() - started)
+        took = time.perf_counter() - started
+        try:
+            db.note_step_seconds(model.id, resolved.hardware.id, "build", took)
+        except DatabaseUnavailableError as exc:  # a bookkeeping note fails no delivered build
+            log.warning("build of %s for %s took %.0f s; not noted for the next run's planning: %s", model.name,
+                        resolved.hardware.name, took, exc)
     return report
 
 
