@@ -389,7 +389,7 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
         per_schedule = per_compile / 2 + CONFIRM_ROUNDS * (RUNNER_CALL_S + 5 * tuned / n)
         confirm = 10.0 + 1.7 * confirm_top * n * per_schedule  # 10 s: the builder processes' start
     if last_build_s is not None:
-        return 1.2 * (last_build_s + confirm) + 5.0
+        return _with_margin(last_build_s + confirm)
     load = extract_s if extract_s is not None else 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
     compile_ = 4 * max(n * per_compile, extract_s or 0.0)
     # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
@@ -397,4 +397,9 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     # each warmed up for about 3 calls.
     per_runtime = TIMING_ROUNDS * max(TIMING_ROUND_S, 5 * tuned) + max(0.2, 3 * tuned)
     timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 5 * per_runtime + 3 * tuned
-    return 1.2 * (load + compile_ + confirm + timing) + 5.0
+    return _with_margin(load + compile_ + confirm + timing)
+
+
+def _with_margin(seconds: float) -> float:
+    """A fifth more and 5 s: a build that a shared machine slows stays within its reserve."""
+    return 1.2 * seconds + 5.0
