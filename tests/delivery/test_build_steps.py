@@ -253,11 +253,60 @@ def test_other_recipes_are_the_frontend_layout_with_and_without_prepacking(fleet
                                                          "native+fastmath+fold"]
 
 
+def _measure_under_other_recipes(db: Database, store: LocalStore, model: Any, hardware: str) -> list[str]:
+    """Commit a measurement of the default schedule for every workload of the model under each
+    of the class's other recipes (what a hub or an earlier recipe leaves); their names."""
+    from tunefleet.delivery.build import other_recipes
+    from tunefleet.models.ingest import load_model
+    from tunefleet.tvm.extract import extract_workloads
+
+    resolved = resolve(db, store, model, hardware)
+    hw, loaded = db.hardware_class(hardware), load_model(db, store, model)
+    for recipe in other_recipes(resolved):
+        for w in extract_workloads(loaded.mod, resolved.target, params=loaded.params, recipe=recipe):
+            row, _ = db.add_workload(structural_hash=w.structural_hash, name=w.name, op_kind=w.op_kind,
+                                     flops=float(w.flops), tir_json=w.tir_json)
+            db.commit_measurements([NewMeasurement(row.id, hw.id, EMPTY_TRACE, [1e-5])])
+    return [r.name for r in other_recipes(resolved)]
+
+
+def test_a_recipe_without_a_stored_schedule_of_its_own_is_not_compiled(fleet) -> None:  # type: ignore[no-untyped-def]
+    """The class tunes under its own recipe: the others' builds would run their layout's kernels
+    on default schedules (the untuned build's part), so they are not compiled, and one note says
+    so — also when the class's schedules cover a workload they share (small-cnn's matmul is the
+    same under the class's recipe and the frontend's layout with prepacking); a recipe with a
+    stored schedule of its own is compiled."""
+    from tunefleet.delivery.build import compile_others
+
+    db, store = fleet
+    model = ingest(db, store, "small-cnn", image_size=16).model
+    extract(db, store, model, "x86")
+    hw = db.hardware_class("x86")
+    for wl, _ in db.workloads(model.id, hw.id):  # every workload of the class's recipe measured
+        db.commit_measurements([NewMeasurement(wl.id, hw.id, EMPTY_TRACE, [1e-5])])
+    skipped = ("not built under recipe native+prepack+fastmath+fold, native+fastmath+fold: no stored schedule of "
+               "its own (its kernels would run default schedules, which the untuned build stands for)")
+    fresh = resolve(db, store, model, "x86")
+    assert fresh.tuned == fresh.report.workloads
+    assert compile_others(db, fresh) == {} and fresh.report.notes == [skipped]
+    report = build_model(db, store, model, "x86", compare_torch=False, rounds=1)
+    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold", "untuned"} and skipped in report.notes
+
+    names = _measure_under_other_recipes(db, store, model, "x86")
+    again = resolve(db, store, model, "x86")
+    assert set(compile_others(db, again)) == set(names) and again.report.notes == []
+
+    names = _measure_under_other_recipes(db, store, model, "x86")
+    again = resolve(db, store, model, "x86")
+    assert set(compile_others(db, again)) == set(names) and again.report.notes == []
+
+
 def test_a_build_whose_layout_conversion_loses_is_not_delivered(fleet, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The class's recipe (NHWC) made slower than the others: the build under the frontend's
     layout is delivered, exported, and the report says which and why."""
     db, store = fleet
     model = ingest(db, store, "small-cnn", image_size=16).model
+    _measure_under_other_recipes(db, store, model, "x86")  # else they are not built (the test above)
     _slowed(monkeypatch, {"tuned"})
     # Every build runs default schedules here: a first call slowed by other load must not screen one
     # out (screening has a test of its own).

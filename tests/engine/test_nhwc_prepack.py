@@ -59,6 +59,10 @@ def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
     # Weights repacked once at build time: some kernel reads packed weights, and no repacking
     # is left in main (else it would run on every call).
     assert report.prepacked_weights >= 1
-    assert report.notes == []
+    # The class tuned its own recipe only: the others have no stored schedule and are not built.
+    assert report.notes == ["not built under recipe native+prepack+fastmath+fold, native+fastmath+fold: no stored "
+                            "schedule of its own (its kernels would run default schedules, which the untuned build "
+                            "stands for)"]
+    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold", "untuned"}
     db.close()
 

@@ -394,6 +394,59 @@ def test_fold_puts_batchnorm_relu_and_the_residual_add_in_the_convolutions(cpu_t
     _build_and_compare(block, cpu_target, params, folded, (1, 16, 8, 8))
 
 
+def test_a_build_folds_the_weights_once_for_every_recipe(cpu_target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within ``reusing_folded_weights`` (a build: its extraction and every recipe's compile),
+    BatchNorm is folded once per module and weights, and every recipe's workloads are the ones
+    it has alone — also after a layout conversion, whose rewrites must not touch the module they
+    were given. Outside the block nothing is kept."""
+    from tvm.script import relax as R
+
+    from tunefleet.tvm.extract import reusing_folded_weights
+
+    @tvm.script.ir_module
+    class Block:  # conv, BatchNorm, ReLU6 and a zero pad: what the NHWC conversion rewrites first
+        @R.function
+        def main(x: R.Tensor((1, 8, 8, 8), "float32"), w: R.Tensor((8, 8, 3, 3), "float32"),
+                 gamma: R.Tensor((8,), "float32"), beta: R.Tensor((8,), "float32"),
+                 mean: R.Tensor((8,), "float32"), var: R.Tensor((8,), "float32")) -> R.Tensor((1, 8, 7, 7), "float32"):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                a = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+                bn = R.nn.batch_norm(a, gamma, beta, mean, var, axis=1)
+                b = R.clip(bn[0], R.prim_value(0.0), R.prim_value(6.0))
+                c = R.nn.pad(b, [0, 0, 0, 0, 0, 1, 0, 1], "constant", 0.0)
+                d = R.nn.conv2d(c, w, strides=[2, 2])
+                R.output(d)
+            return d
+
+    rng = np.random.default_rng(0)
+    block = Block
+    params = {"w": rng.standard_normal((8, 8, 3, 3)).astype("float32"), "gamma": np.ones(8, "float32"),
+              "beta": np.zeros(8, "float32"), "mean": np.zeros(8, "float32"), "var": np.ones(8, "float32")}
+    recipes = [Recipe("NHWC", prepack=True, fold=True), Recipe(None, prepack=True, fold=True),
+               Recipe(None, fold=True), Recipe("NCHWc", fold=True)]
+    folds = []
+    real = relax.transform.FoldBatchnormToConv2D
+    monkeypatch.setattr(relax.transform, "FoldBatchnormToConv2D", lambda: (folds.append(1), real())[1])
+
+    def keys() -> list[list[str]]:
+        return [sorted(w.structural_hash for w in extract_workloads(block, cpu_target, params, recipe=r))
+                for r in recipes]
+
+    alone = keys()
+    assert len(folds) == len(recipes) and len({tuple(k) for k in alone}) == len(recipes)
+    folds.clear()
+    with reusing_folded_weights():
+        assert keys() == alone and keys() == alone
+        assert len(folds) == 1
+        other = {k: v.copy() for k, v in params.items()}  # other weights: folded again
+        extract_workloads(block, cpu_target, other, recipe=recipes[0])
+        assert len(folds) == 2
+    folds.clear()
+    keys()
+    assert len(folds) == len(recipes)
+
+
 def test_nchwc_keeps_activations_blocked_between_convolutions(cpu_target: Any) -> None:
     """Blocked NCHW[x]c: the convolutions become ``conv2d_NCHWc`` (TVM's own legalisation refuses
     blocked layouts), their outputs stay blocked (one layout transform into the chain, one out)

@@ -423,16 +423,20 @@ def compile_tuned(db: Database, resolved: Resolved, *, output: str | Path | None
     return built.executable
 
 
-def _build_under(db: Database, resolved: Resolved, recipe: Recipe, *, transfer: bool = False) -> tuple[Any, Any]:
+def _build_under(db: Database, resolved: Resolved, recipe: Recipe, *, transfer: bool = False,
+                 unless_only: set[int] | None = None) -> tuple[Any, Any]:
     """The model built under ``recipe`` with the class's stored schedules: (BuildResult, the
-    FleetDatabase it looked them up in)."""
+    FleetDatabase it looked them up in). With ``unless_only`` (workload ids), the BuildResult is
+    None, and nothing compiled, when the stored schedules found are all for those workloads."""
     from tunefleet.tvm.bridge import FleetDatabase
     from tunefleet.tvm.compile import build_with_database
 
     hardware, loaded = resolved.hardware.name, resolved.loaded
     fleet_db = FleetDatabase(db, hardware, with_predictions=resolved.zero_shot is not None,
                              transfer=transfer_lookup(db, hardware) if transfer else None)
-    return build_with_database(loaded.mod, resolved.target, fleet_db, params=loaded.params, recipe=recipe), fleet_db
+    build_if = None if unless_only is None else (lambda _hits: bool(fleet_db.answered - unless_only))
+    return build_with_database(loaded.mod, resolved.target, fleet_db, params=loaded.params, recipe=recipe,
+                               build_if=build_if), fleet_db
 
 
 def _export(executable: Any, output: str | Path, report: BuildReport) -> None:
@@ -489,20 +493,39 @@ def compile_others(db: Database, resolved: Resolved, *, transfer: bool = False) 
 
     A recipe the class did not tune for can still win on a model: a single convolution whose
     input and output transposes cost more than the NHWC kernel saves, or weights whose packing
-    was never tuned. :func:`deliver` keeps the fastest.
+    was never tuned. :func:`deliver` keeps the fastest. A recipe with no stored schedule of its
+    own — none, or only for workloads it shares with the class's recipe (a classifier's matmul) —
+    is not compiled (one note names them): it would run its layout's kernels on default
+    schedules, which the untuned build :func:`check` always makes stands for. That is the usual
+    case (a class tunes under its own recipe only), and code generation is one of a build's
+    largest steps.
 
     Returns
     -------
     dict of str to tvm.relax.VMExecutable
         The builds by recipe name.
     """
-    out = {}
+    own = set()
+    for w in resolved.found:
+        try:
+            own.add(db.workload(w.structural_hash).id)
+        except NotFoundError:
+            continue
+    out, skipped = {}, []
     for recipe in other_recipes(resolved):
         t0 = time.perf_counter()
-        built, _ = _build_under(db, resolved, recipe, transfer=transfer)
+        built, _ = _build_under(db, resolved, recipe, transfer=transfer, unless_only=own)
+        if built is None:
+            skipped.append(recipe.name)
+            log.info("build of %s under %s not made (%.1fs): no stored schedule of its own", resolved.model.name,
+                     recipe.name, time.perf_counter() - t0)
+            continue
         log.info("build of %s under %s in %.1fs (%d database hits)", resolved.model.name, recipe.name,
                  time.perf_counter() - t0, len(built.hits))
         out[recipe.name] = built.executable
+    if skipped:
+        resolved.report.notes.append(f"not built under recipe {', '.join(skipped)}: no stored schedule of its own "
+                                     "(its kernels would run default schedules, which the untuned build stands for)")
     return out
 
 
@@ -740,18 +763,21 @@ def build_model(
     tunefleet.errors.CorrectnessError
         The tuned build's outputs disagree with the untuned build's.
     """
+    from tunefleet.tvm.extract import reusing_folded_weights
+
     started = time.perf_counter()
-    resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner,
-                       pretrained=pretrained, confirm_top=confirm_top)
-    report = resolved.report
-    if not _host_can_run(resolved.target, resolved.hardware):
-        compile_tuned(db, resolved, output=output, transfer=transfer)
-        report.delivered = resolved.recipe.name
-        report.notes.append(f"not run: target {resolved.target.kind.name} {resolved.hardware.target} "
-                            "cannot run on this host (the class's recipe was built, not compared with others)")
-        return report
-    tuned_exec = compile_tuned(db, resolved, transfer=transfer)
-    others = compile_others(db, resolved, transfer=transfer)
+    with reusing_folded_weights():  # the extraction and every recipe's compile fold the weights once
+        resolved = resolve(db, store, model, hardware, zero_shot=zero_shot, top_k=top_k, verify=verify, tuner=tuner,
+                           pretrained=pretrained, confirm_top=confirm_top)
+        report = resolved.report
+        if not _host_can_run(resolved.target, resolved.hardware):
+            compile_tuned(db, resolved, output=output, transfer=transfer)
+            report.delivered = resolved.recipe.name
+            report.notes.append(f"not run: target {resolved.target.kind.name} {resolved.hardware.target} "
+                                "cannot run on this host (the class's recipe was built, not compared with others)")
+            return report
+        tuned_exec = compile_tuned(db, resolved, transfer=transfer)
+        others = compile_others(db, resolved, transfer=transfer)
     checked = check(resolved, tuned_exec, others)
     time_builds(store, resolved, checked, rounds=rounds, compare_torch=compare_torch)
     note = _cpu_note(resolved.hardware)

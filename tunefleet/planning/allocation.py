@@ -355,9 +355,10 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     The build loads and re-extracts the model, re-times ``confirm_top`` schedules of each workload
     side by side (each compiled, then :data:`~tunefleet.vocab.CONFIRM_ROUNDS` measurements of five
     runs and the runner's overhead; about 70 % as many again in a second pass:
-    :mod:`tunefleet.delivery.confirm`), compiles it four times (the class's recipe, the two
-    other recipes it is compared with, untuned), checks the outputs and times the three tuned builds,
-    PyTorch eager and onnxruntime side by side (:data:`~tunefleet.vocab.TIMING_ROUNDS` rounds of
+    :mod:`tunefleet.delivery.confirm`), compiles it twice (the class's recipe, untuned; the other
+    recipes it is compared with only with stored schedules of their own, which a class that tunes
+    its own recipe seldom has), checks the outputs, exports it for onnxruntime and times the tuned
+    build, PyTorch eager and onnxruntime side by side (:data:`~tunefleet.vocab.TIMING_ROUNDS` rounds of
     about :data:`~tunefleet.vocab.TIMING_ROUND_S` s each, at least 5 calls a round, after a
     warm-up; the untuned build alone for about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at
     least one run).
@@ -368,11 +369,12 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     measured where the database knows it — the model's untuned (Σ weight × default run time) and
     tuned (Σ weight × best) latencies, the mean build time of one candidate (``compile_s``), how
     long loading and extracting the model took here (``extract_s``, the run's own extract step:
-    the build repeats it, and each of its compiles runs the same Relax passes before generating
-    code, so takes at least as long) — and guessed where not (a workload whose default is not
-    measured yet counts like the measured ones on average; 0.5 s per compile; 5 s and a quarter
-    second per workload to load and extract). Each compile takes the longer of the extraction's
-    time and one candidate build per workload. A fifth more and 5 s on top keep a build that a
+    the build repeats it) — and guessed where not (a workload whose default is not measured yet
+    counts like the measured ones on average; 0.5 s per compile; 5 s and a quarter second per
+    workload to load and extract). Each compile takes the longer of half the extraction's time
+    (the Relax passes again, less the weights' folding, which the build does once) and one
+    candidate build per workload; exporting the model for onnxruntime and the runtimes' first
+    calls, as long as loading and extracting it. A fifth more and 5 s on top keep a build that a
     shared machine slows within its reserve (the figures this was sized on: docs/performance.md,
     "Figures that used to live in docstrings").
     """
@@ -391,13 +393,14 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     if last_build_s is not None:
         return _with_margin(last_build_s + confirm)
     load = extract_s if extract_s is not None else 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
-    compile_ = 4 * max(n * per_compile, extract_s or 0.0)
+    compile_ = 2 * max(n * per_compile, 0.5 * load)
+    setup = load  # the ONNX export, onnxruntime's session, every runtime's first calls
     # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
-    # more call); five runtimes alternating (the alternatives taken as fast as the tuned build),
+    # more call); three runtimes alternating (the alternatives taken as fast as the tuned build),
     # each warmed up for about 3 calls.
     per_runtime = TIMING_ROUNDS * max(TIMING_ROUND_S, 5 * tuned) + max(0.2, 3 * tuned)
-    timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 5 * per_runtime + 3 * tuned
-    return _with_margin(load + compile_ + confirm + timing)
+    timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 3 * per_runtime + tuned
+    return _with_margin(load + compile_ + setup + confirm + timing)
 
 
 def _with_margin(seconds: float) -> float:

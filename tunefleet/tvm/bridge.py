@@ -85,6 +85,8 @@ class FleetDatabase(ms.database.PyDatabase):
         self.transfer = transfer
         self.transferred: dict[int, Any] = {}
         """Workload id -> what ``transfer`` returned for it (or None)."""
+        self.answered: set[int] = set()
+        """Ids of the workloads ``get_top_k`` returned a record for."""
         self._ids: dict[str, int] = {}
 
     # -- workloads ------------------------------------------------------------------------
@@ -138,6 +140,12 @@ class FleetDatabase(ms.database.PyDatabase):
         wl_id = self._workload_id(workload.mod, create=False)
         if wl_id is None or top_k <= 0:
             return []
+        records = self._top_k(wl_id, workload, top_k)
+        if records:
+            self.answered.add(wl_id)
+        return records
+
+    def _top_k(self, wl_id: int, workload: Workload, top_k: int) -> list[TuningRecord]:
         rows = self.db.best_measurements(wl_id, self.hw.id, top_k)
         if not rows and self.with_predictions:
             preds = self.db.best_predictions(wl_id, self.hw.id, top_k)

@@ -24,7 +24,7 @@ TVM users can call it with any database (``ms.database.JSONDatabase`` from
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +112,8 @@ def build_with_database(
     params: Mapping[str, Any] | None = None,
     recipe: Recipe | None = None,
     func_name: str | None = None,
-) -> BuildResult:
+    build_if: Callable[[list[str]], bool] | None = None,
+) -> BuildResult | None:
     """Build a Relax model with a database's schedules (see the module docstring).
 
     Parameters
@@ -129,10 +130,14 @@ def build_with_database(
         The recipe the records were extracted under (default: :func:`recipe_for` the target).
     func_name : str, optional
         The Relax function ``params`` belong to.
+    build_if : callable, optional
+        Asked, once the database's schedules are applied and before the costly code generation,
+        with the names of the functions the database scheduled: False returns None, no build.
 
     Returns
     -------
-    BuildResult
+    BuildResult or None
+        None only when ``build_if`` said no.
     """
     target = make_target(target) if not isinstance(target, Target) else target
     recipe = recipe_for(target) if recipe is None else recipe
@@ -142,6 +147,8 @@ def build_with_database(
     with target, database, tvm.transform.PassContext(opt_level=3):
         applied = relax.transform.MetaScheduleApplyDatabase()(fused)
         hits = scheduled_functions(applied)
+        if build_if is not None and not build_if(hits):
+            return None
         prepacked = 0
         if recipe.prepack:
             applied = relax.transform.SplitLayoutRewritePreproc()(applied)

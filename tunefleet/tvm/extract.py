@@ -77,7 +77,9 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +111,7 @@ __all__ = [
     "prepare_for_tuning",
     "random_params",
     "recipe_for",
+    "reusing_folded_weights",
     "workload_hash",
 ]
 
@@ -347,18 +350,8 @@ def prepare_for_build(
     """
     target = make_target(target) if not isinstance(target, Target) else target
     recipe = recipe or Recipe()
-    if params:
-        mod = _bind_params(mod, params, func_name)
+    mod = _bound_and_decomposed(mod, target, params, func_name, recipe.fold)
     with target, tvm.transform.PassContext(opt_level=3):
-        if recipe.fold:  # BatchNorm's constants become the convolution's weights and a bias
-            mod = relax.transform.FoldBatchnormToConv2D()(mod)
-            mod = relax.transform.FoldConstant()(mod)
-        mod = relax.transform.DecomposeOpsForInference()(mod)
-        if recipe.fold:
-            # A decomposed BatchNorm not after a convolution leaves a tuple and a get-item between
-            # its output and the next op, and FuseOps does not fuse across them.
-            mod = relax.transform.CanonicalizeBindings()(mod)
-            mod = relax.transform.DeadCodeElimination()(mod)
         if recipe.layout == "NHWC":
             mod = _ready_for_layout_conversion(mod)
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
@@ -369,6 +362,55 @@ def prepare_for_build(
             # A tensor read by two blocked convolutions is transformed once, not once per reader.
             mod = relax.transform.EliminateCommonSubexpr()(mod)
         return mod
+
+
+_REUSE: ContextVar[list[tuple[Any, ...]] | None] = ContextVar("tunefleet_reuse_folded", default=None)
+
+
+@contextmanager
+def reusing_folded_weights() -> Iterator[None]:
+    """Within this block, :func:`prepare_for_build` binds, folds and decomposes each module once
+    and reuses the result for the next recipe of the same module (same object, same weights).
+
+    Folding BatchNorm into the weights evaluates every folded constant with TVM's
+    ``FoldConstant``, which compiles a small function for each: on a CNN it is most of a
+    recipe's preparation, and a build prepares one model under up to four recipes (its
+    extraction, the class's and the other recipes). Outside a block nothing is kept, so no
+    process holds a second copy of a model's weights for longer than one build.
+    """
+    token = _REUSE.set([])
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
+
+
+def _bound_and_decomposed(mod: IRModule, target: Target, params: Mapping[str, Any] | None, func_name: str | None,
+                          fold: bool) -> IRModule:
+    """``mod`` with ``params`` bound, BatchNorm folded (``fold``) and ``DecomposeOpsForInference``
+    run: the part of :func:`prepare_for_build` every recipe with the same ``fold`` shares."""
+    memo = _REUSE.get()
+    key = (func_name, str(target), fold)
+    if memo is not None:
+        for seen_mod, seen_params, seen_key, result in memo:
+            if seen_mod.same_as(mod) and seen_params is params and seen_key == key:
+                return result
+    source = mod
+    if params:
+        mod = _bind_params(mod, params, func_name)
+    with target, tvm.transform.PassContext(opt_level=3):
+        if fold:  # BatchNorm's constants become the convolution's weights and a bias
+            mod = relax.transform.FoldBatchnormToConv2D()(mod)
+            mod = relax.transform.FoldConstant()(mod)
+        mod = relax.transform.DecomposeOpsForInference()(mod)
+        if fold:
+            # A decomposed BatchNorm not after a convolution leaves a tuple and a get-item between
+            # its output and the next op, and FuseOps does not fuse across them.
+            mod = relax.transform.CanonicalizeBindings()(mod)
+            mod = relax.transform.DeadCodeElimination()(mod)
+    if memo is not None:  # the inputs are kept too: their identity is the key
+        memo.append((source, params, key, mod))
+    return mod
 
 
 def channel_block(target: Target) -> int:
@@ -582,6 +624,7 @@ def _ready_for_layout_conversion(mod: IRModule) -> IRModule:
             dilation=c.dilation, groups=c.groups, data_layout=c.data_layout,
             kernel_layout=c.kernel_layout, out_layout=c.out_layout, out_dtype=c.out_dtype)
 
+    mod = mod.clone()  # the caller's module stays as it was (a build reuses it for other recipes)
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             func = rewrite_call(conv, padded_conv, rewrite_call(clip, min_max, func))
