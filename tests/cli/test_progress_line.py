@@ -130,6 +130,21 @@ def test_a_new_round_starts_a_count_of_its_own_and_no_line_goes_back(cnn, tunefl
         [f"round 2: 0/{len(again)} workloads", f"round 2: 1/{len(again)} workloads"]
 
 
+def test_workloads_the_deadline_cancelled_are_not_counted_done(cnn, tunefleet_home):  # type: ignore[no-untyped-def]
+    """A wall-time budget's deadline cancels the round's shards not started: the line said
+    "round 1: 34/34 workloads" where 23 had been tuned; it names them apart."""
+    db, hw, model, _ = cnn
+    since = utcnow() - dt.timedelta(seconds=1)
+    first = plan_round(db, "x86", [model], Budget.parse("200"), since, min_trials=4, batch=4)
+    tuned, *rest = first.shards
+    _tune(db, hw, tuned.id, tuned.workload_id, tuned.trials, best_s=0.5)
+    assert sorted(db.cancel_shards([s.id for s in rest])) == sorted(s.id for s in rest)
+    snap = Snapshot.of(db.model_progress(model, hw, since))
+    assert (snap.workloads, snap.workloads_done, snap.cancelled) == (3, 1, 2)
+    assert snap.line(65, 30).startswith("round 1: 1/3 workloads (2 cancelled) | ")
+    assert snap.line(65, 30, None, "building the tuned model").startswith("building the tuned model (after round 1) | ")
+
+
 def test_the_speed_up_counts_every_workload_and_waits_until_each_has_a_run_time(cnn):  # type: ignore[no-untyped-def]
     db, hw, model, (conv, transpose, dense) = cnn  # called 1, 2 and 4 times
     since = utcnow() - dt.timedelta(seconds=1)

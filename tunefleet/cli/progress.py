@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tunefleet.delivery.timing import timing_now
-from tunefleet.vocab import LEASED, PENDING, STAGE_LOG_KEY
+from tunefleet.vocab import CANCELLED, LEASED, PENDING, STAGE_LOG_KEY
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,7 +45,7 @@ class Snapshot:
     workloads: int
     """Workloads in the current round (without rounds: the model's, or the queue's)."""
     workloads_done: int
-    """Those of them with no shard (of the round) pending or leased."""
+    """Those of them with no shard (of the round) pending or leased, and one that was not cancelled."""
     measured: int
     """Candidates committed since the run started (measured, errored or filtered)."""
     errors: int
@@ -58,6 +58,8 @@ class Snapshot:
     timed: tuple[int, int] | None = None
     """``(workloads with a measured run time, workloads of the model)`` while the estimate waits for
     the rest (None: the estimate is shown, or there is no model to estimate for)."""
+    cancelled: int = 0
+    """Workloads of the round whose every shard was cancelled (the deadline came first): not done."""
 
     @classmethod
     def of(cls, rows: list[WorkloadProgress], *, estimate: bool = True) -> Snapshot:
@@ -81,7 +83,8 @@ class Snapshot:
         current = max((n for r in rows for n in r.rounds), default=None)
         states = ([r.shards for r in rows] if current is None
                   else [r.rounds[current] for r in rows if current in r.rounds])
-        done = sum(1 for st in states if st and not (st.get(PENDING) or st.get(LEASED)))
+        settled = [st for st in states if st and not (st.get(PENDING) or st.get(LEASED))]
+        cancelled = sum(1 for st in settled if set(st) == {CANCELLED})
         ratio, timed = None, None
         if estimate:
             with_time, tuned, untuned = 0, 0.0, 0.0
@@ -94,8 +97,9 @@ class Snapshot:
                 timed = (with_time, len(rows))
             elif untuned > 0:
                 ratio = tuned / untuned
-        return cls(len(states), done, sum(r.measured_since for r in rows), sum(r.errors_since for r in rows),
-                   sum(max(0, r.trials - r.spent) for r in rows), ratio, current, timed)
+        return cls(len(states), len(settled) - cancelled, sum(r.measured_since for r in rows),
+                   sum(r.errors_since for r in rows), sum(max(0, r.trials - r.spent) for r in rows), ratio, current,
+                   timed, cancelled)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -110,6 +114,8 @@ class Snapshot:
         time: ``speed-up after every workload is measured (2/3)``); after the tuning, the ``stage``
         it is in: ``building the tuned model (after round 2) | ...``."""
         count = f"{self.workloads_done}/{self.workloads} workloads"
+        if self.cancelled:
+            count += f" ({self.cancelled} cancelled)"
         if stage:
             head = f"{stage} (after round {self.round})" if self.round else f"{stage} ({count} tuned)"
         else:
