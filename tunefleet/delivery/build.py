@@ -194,6 +194,8 @@ class Resolved:
         What zero-shot did, or None when the build is not zero-shot.
     report : BuildReport
         The report the later steps fill in.
+    workload_ids : frozenset of int
+        The stored ids of ``found``'s workloads.
     """
 
     model: Model
@@ -206,6 +208,7 @@ class Resolved:
     predicted: int
     zero_shot: ZeroShotResult | None
     report: BuildReport
+    workload_ids: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -353,7 +356,7 @@ def resolve(
         report.verify_budget, report.verify_s = zs.verify_budget, zs.verify_seconds
         report.propose_s = zs.search_seconds
     _hub_provenance(db, report, bests, ids, hw.id)
-    return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report)
+    return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report, frozenset(calls))
 
 
 def _hub_provenance(db: Database, report: BuildReport, bests: set[tuple[int, str]], workload_ids: list[int],
@@ -424,7 +427,7 @@ def compile_tuned(db: Database, resolved: Resolved, *, output: str | Path | None
 
 
 def _build_under(db: Database, resolved: Resolved, recipe: Recipe, *, transfer: bool = False,
-                 unless_only: set[int] | None = None) -> tuple[Any, Any]:
+                 unless_only: frozenset[int] | None = None) -> tuple[Any, Any]:
     """The model built under ``recipe`` with the class's stored schedules: (BuildResult, the
     FleetDatabase it looked them up in). With ``unless_only`` (workload ids), the BuildResult is
     None, and nothing compiled, when the stored schedules found are all for those workloads."""
@@ -505,16 +508,10 @@ def compile_others(db: Database, resolved: Resolved, *, transfer: bool = False) 
     dict of str to tvm.relax.VMExecutable
         The builds by recipe name.
     """
-    own = set()
-    for w in resolved.found:
-        try:
-            own.add(db.workload(w.structural_hash).id)
-        except NotFoundError:
-            continue
     out, skipped = {}, []
     for recipe in other_recipes(resolved):
         t0 = time.perf_counter()
-        built, _ = _build_under(db, resolved, recipe, transfer=transfer, unless_only=own)
+        built, _ = _build_under(db, resolved, recipe, transfer=transfer, unless_only=resolved.workload_ids)
         if built is None:
             skipped.append(recipe.name)
             log.info("build of %s under %s not made (%.1fs): no stored schedule of its own", resolved.model.name,
