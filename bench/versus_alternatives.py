@@ -327,19 +327,24 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
-def tuned_runner(library: str, inputs_np: list[Any]) -> Any:
-    """A zero-argument call of the exported tuned library on the inputs (TVM's native warnings
+def load_vm(library: str) -> Any:
+    """The exported tuned library in Relax's virtual machine on the CPU (TVM's native warnings
     while it loads go to ``tvm-native.log`` beside the library)."""
     import tvm
     from tvm import relax
 
     from tunefleet.tvm.native_log import native_stderr_to
 
-    dev = tvm.cpu()
     with native_stderr_to(Path(library).parent / "tvm-native.log"):
-        vm = relax.VirtualMachine(tvm.runtime.load_module(library), dev)
-    main = vm["main"]
-    inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
+        return relax.VirtualMachine(tvm.runtime.load_module(library), tvm.cpu())
+
+
+def tuned_runner(library: str, inputs_np: list[Any]) -> Any:
+    """A zero-argument call of the exported tuned library on the inputs."""
+    import tvm
+
+    main = load_vm(library)["main"]
+    inputs = [tvm.runtime.tensor(x, tvm.cpu()) for x in inputs_np]
     return lambda: main(*inputs)
 
 

@@ -80,18 +80,28 @@ def export_onnx(module: Any, inputs: Sequence[Any], path: Path) -> Path:
     return path
 
 
-def onnxruntime_call(onnx_model: Path | bytes, inputs: Sequence[Any], threads: int) -> Callable[[], Any]:
-    """A zero-argument call of an ONNX model (a file or its bytes) in onnxruntime on ``inputs``,
-    with every graph optimisation on ``threads`` intra-op threads (one inter-op thread, as a
-    latency-bound deployment runs it)."""
+def onnxruntime_session(onnx_model: Path | bytes, threads: int, *, profile_prefix: str | None = None) -> Any:
+    """An onnxruntime session of an ONNX model (a file or its bytes) with every graph optimisation
+    on ``threads`` intra-op threads (one inter-op thread, as a latency-bound deployment runs it);
+    with onnxruntime's own profiler on when ``profile_prefix`` names its output file's prefix
+    (``bench/op_by_op.py``)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, threads)
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
     source = str(onnx_model) if isinstance(onnx_model, Path) else onnx_model
-    sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_call(onnx_model: Path | bytes, inputs: Sequence[Any], threads: int) -> Callable[[], Any]:
+    """A zero-argument call of an ONNX model (a file or its bytes) in onnxruntime on ``inputs``,
+    in a session of :func:`onnxruntime_session`."""
+    sess = onnxruntime_session(onnx_model, threads)
     feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs, strict=True)}
     return lambda: sess.run(None, feeds)
 
