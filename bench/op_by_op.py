@@ -4,9 +4,11 @@ Usage::
 
     python bench/op_by_op.py mobilenet_v2 --library out/mobilenet-v2-x86-avx2.so
     python bench/op_by_op.py resnet18 --library LIB --threads 2 --calls 60 --json ops.json
+    python bench/op_by_op.py mobilenet_v2 --library scratch=A.so --library hub=B.so
 
 For a zoo model and a library tunefleet built for it (the file ``tunefleet run``/``build`` writes,
-or a bench phase's ``library``), on the same inputs and threads:
+or a bench phase's ``library``; several, each ``LABEL=PATH``, are measured in the same run), on the
+same inputs and threads:
 
 1. **tunefleet**: the library in Relax's virtual machine with an instrument that reads the clock
    before and after every kernel call (TVM 0.27's VM has no profiler of its own; the instrument
@@ -15,7 +17,7 @@ or a bench phase's ``library``), on the same inputs and threads:
    it, in a session of :func:`tunefleet.delivery.alternatives.onnxruntime_session` (the options
    ``run``'s table uses) with onnxruntime's own profiler on: every node's kernel time.
 
-The two run ``--calls`` calls each after warm-up, in alternating blocks of ten, and each kernel
+Each runtime makes ``--calls`` calls after warm-up, in alternating blocks of ten, and each kernel
 keeps its median. Convolutions are matched across the two runtimes by what they compute (input and output
 channels, input and output size, kernel: depthwise, 1x1 or kxk), whatever layout each runtime
 chose (NCHW, NHWC or blocked NCHWc); every other kernel is summed by kind on its own side. Then
@@ -44,11 +46,13 @@ from versus_alternatives import (  # noqa: E402 - beside this file; light at imp
     DEFAULT_THREADS,
     _cpu_model,
     load_vm,
+    parse_compare,
     pin_threads,
     torch_module,
     tuned_runner,
 )
 
+ORT = "onnxruntime"
 WARMUP_CALLS = 10
 BLOCK = 10
 """Calls of one runtime before the other's turn."""
@@ -62,8 +66,9 @@ BLOCKS = (1, 4, 8, 16)
 
 def activation(shape: list[int], runtime: str) -> tuple[int, int, int] | None:
     """(channels, height, width) of a batch-1 activation, whatever its layout: 5-D is blocked NCHWc
-    (``[N, C/b, H, W, b]``); 4-D is NCHW for onnxruntime and, for tunefleet, NHWC unless the last
-    two dimensions are the square ones (NCHW). None for any other shape."""
+    (``[N, C/b, H, W, b]``); 4-D is NCHW for onnxruntime and, for a tunefleet library (any other
+    ``runtime``), NHWC unless the last two dimensions are the square ones (NCHW). None for any
+    other shape."""
     if len(shape) == 5:
         return shape[1] * shape[4], shape[2], shape[3]
     if len(shape) != 4:
@@ -162,8 +167,9 @@ def per_kernel(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def summarise(kernels: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Convolutions matched by what they compute, the rest by kind, per runtime: ``{"convs":
-    [{"key", runtime: {"calls", "ms"}, ..., "ratio"}], "kinds": {runtime: {kind: {"calls", "ms"}}},
-    "total_ms": {runtime: ms}}``; ``ratio`` is tunefleet over onnxruntime where both have the key."""
+    [{"key", runtime: {"calls", "ms"}, ..., "ratio": {runtime: ms / onnxruntime's ms}}], "kinds":
+    {runtime: {kind: {"calls", "ms"}}}, "total_ms": {runtime: ms}}``; a ratio for every runtime
+    but onnxruntime that has the key where onnxruntime has it too."""
     convs: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     kinds: dict[str, dict[str, dict[str, float]]] = {}
     totals = {}
@@ -179,10 +185,9 @@ def summarise(kernels: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             entry["ms"] += r["ms"]
     rows = []
     for key, sides in convs.items():
-        row: dict[str, Any] = {"key": key, **sides}
-        if "tunefleet" in sides and "onnxruntime" in sides and sides["onnxruntime"]["ms"] > 0:
-            row["ratio"] = sides["tunefleet"]["ms"] / sides["onnxruntime"]["ms"]
-        rows.append(row)
+        theirs = sides.get(ORT, {}).get("ms", 0.0)
+        ratio = {name: side["ms"] / theirs for name, side in sides.items() if name != ORT and theirs > 0}
+        rows.append({"key": key, **sides, "ratio": ratio})
     rows.sort(key=lambda r: -max(r.get(s, {}).get("ms", 0.0) for s in kernels))
     return {"convs": rows, "kinds": kinds, "total_ms": totals}
 
@@ -230,10 +235,10 @@ def instrumented_tvm(library: str, inputs_np: list[Any]) -> tuple[Any, list[list
     return call, runs
 
 
-def profile_side_by_side(library: str, onnx_path: Path, inputs_np: list[Any], threads: int, calls: int,
-                         work: Path) -> dict[str, list[dict[str, Any]]]:
-    """Both runtimes' kernels, ``calls`` calls each after :data:`WARMUP_CALLS`, in alternating
-    blocks of :data:`BLOCK` calls.
+def profile_side_by_side(libraries: dict[str, str], onnx_path: Path, inputs_np: list[Any], threads: int,
+                         calls: int, work: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every library's kernels (label -> path) and onnxruntime's, ``calls`` calls each after
+    :data:`WARMUP_CALLS`, in alternating blocks of :data:`BLOCK` calls.
 
     Blocks, not one call of each in turn: onnxruntime's threads spin for a while after a run, and
     a TVM kernel whose parallel loop shares a core with them waits for the scheduler (the first
@@ -242,52 +247,63 @@ def profile_side_by_side(library: str, onnx_path: Path, inputs_np: list[Any], th
     """
     from tunefleet.delivery.alternatives import onnxruntime_session
 
-    tvm_call, tvm_runs = instrumented_tvm(library, inputs_np)
+    tvm = {label: instrumented_tvm(path, inputs_np) for label, path in libraries.items()}
     sess = onnxruntime_session(onnx_path, threads, profile_prefix=str(work / "onnxruntime-profile"))
     feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs_np, strict=True)}
     for _ in range(WARMUP_CALLS):
-        tvm_call()
+        for call, _ in tvm.values():
+            call()
         sess.run(None, feeds)
-    del tvm_runs[:]
+    for _, runs in tvm.values():
+        del runs[:]
     done = 0
     while done < calls:
         block = min(BLOCK, calls - done)
-        for _ in range(block):
-            tvm_call()
+        for call, _ in tvm.values():
+            for _ in range(block):
+                call()
         for _ in range(block):
             sess.run(None, feeds)
         done += block
     events = json.loads(Path(sess.end_profiling()).read_text())
-    return {"tunefleet": per_kernel(tvm_runs), "onnxruntime": per_kernel(ort_kernels(events, WARMUP_CALLS))}
+    return {**{label: per_kernel(runs) for label, (_, runs) in tvm.items()},
+            ORT: per_kernel(ort_kernels(events, WARMUP_CALLS))}
 
 
 # -- printing ---------------------------------------------------------------------------------------
 
 def print_report(summary: dict[str, Any], whole: dict[str, dict[str, Any]]) -> None:
-    sides = ("tunefleet", "onnxruntime")
-    print("\nconvolutions, matched by what they compute (ms summed over their calls; the median call of each):")
-    print(f"{'convolution':<40} {'calls':>7} {'tunefleet':>10} {'onnxruntime':>12} {'ratio':>7}")
+    """The convolutions' table, the other kernels by kind, and the whole calls (``whole``: each
+    runtime's :func:`~tunefleet.delivery.timing.time_alternating` figure)."""
+    sides = list(summary["total_ms"])
+    ours = [s for s in sides if s != ORT]
+    width = max(12, *(len(s) + 2 for s in sides))
+    print("\nconvolutions, matched by what they compute (ms summed over their calls; the median call of each;"
+          " ratio: over onnxruntime's):")
+    print(f"{'convolution':<40} {'calls':>7}" + "".join(f"{s:>{width}}" for s in sides)
+          + "".join(f"{'ratio ' + s:>{width + 6}}" for s in ours))
     for row in summary["convs"]:
-        calls = "/".join(str(int(row[s]["calls"])) if s in row else "-" for s in sides)
-        ms = [f"{row[s]['ms']:.3f}" if s in row else "-" for s in sides]
-        ratio = f"{row['ratio']:.2f}" if "ratio" in row else "-"
-        print(f"{row['key']:<40} {calls:>7} {ms[0]:>10} {ms[1]:>12} {ratio:>7}")
-    matched = [r for r in summary["convs"] if "ratio" in r]
+        calls = str(int(next(row[s]["calls"] for s in sides if s in row)))
+        ms = "".join(f"{row[s]['ms']:>{width}.3f}" if s in row else f"{'-':>{width}}" for s in sides)
+        ratios = "".join(f"{row['ratio'][s]:>{width + 6}.2f}" if s in row["ratio"] else f"{'-':>{width + 6}}"
+                         for s in ours)
+        print(f"{row['key']:<40} {calls:>7}{ms}{ratios}")
     conv_ms = {s: sum(r[s]["ms"] for r in summary["convs"] if s in r) for s in sides}
-    matched_ms = {s: sum(r[s]["ms"] for r in matched) for s in sides}
-    print(f"{'all convolutions':<40} {'':>7} {conv_ms['tunefleet']:>10.3f} {conv_ms['onnxruntime']:>12.3f}"
-          f" {conv_ms['tunefleet'] / conv_ms['onnxruntime'] if conv_ms['onnxruntime'] else float('nan'):>7.2f}")
-    print(f"{'  of them matched on both sides':<40} {len(matched):>7} {matched_ms['tunefleet']:>10.3f}"
-          f" {matched_ms['onnxruntime']:>12.3f}")
+    unmatched = [r["key"] for r in summary["convs"] if any(s not in r for s in sides)]
+    print(f"{'all convolutions':<40} {'':>7}" + "".join(f"{conv_ms[s]:>{width}.3f}" for s in sides)
+          + "".join(f"{conv_ms[s] / conv_ms[ORT] if conv_ms.get(ORT) else float('nan'):>{width + 6}.2f}" for s in ours))
+    print(f"  {len(summary['convs']) - len(unmatched)} of {len(summary['convs'])} convolutions found on every side"
+          + (f"; not: {', '.join(unmatched)}" if unmatched else ""))
     for side in sides:
         print(f"\n{side}: every other kernel, by kind (ms summed over its calls)")
         for kind, entry in sorted(summary["kinds"][side].items(), key=lambda kv: -kv[1]["ms"]):
             print(f"  {kind:<38} {int(entry['calls']):>5} calls {entry['ms']:>9.3f}")
-    print("\nwhole call (ms) | kernels summed, instrumented or profiled | plain call, alternating rounds")
-    for side, label in zip(sides, ("tunefleet tuned", "onnxruntime"), strict=True):
-        print(f"  {side:<12} {summary['total_ms'][side]:>10.3f} | {whole[label]['ms']:>10.3f}")
-    print(f"  tunefleet / onnxruntime: kernels {summary['total_ms']['tunefleet'] / summary['total_ms']['onnxruntime']:.2f}x,"
-          f" plain calls {whole['tunefleet tuned']['ms'] / whole['onnxruntime']['ms']:.2f}x")
+    print("\nwhole call (ms) | kernels summed, instrumented or profiled | plain call, alternating rounds | "
+          "over onnxruntime's: kernels, plain")
+    for side in sides:
+        kernels, plain = summary["total_ms"][side], whole[side]["ms"]
+        over = (f"{kernels / summary['total_ms'][ORT]:.2f}x, {plain / whole[ORT]['ms']:.2f}x" if side != ORT else "")
+        print(f"  {side:<{width}} {kernels:>10.3f} | {plain:>10.3f} | {over}")
 
 
 # -- main --------------------------------------------------------------------------------------------
@@ -295,7 +311,8 @@ def print_report(summary: dict[str, Any], whole: dict[str, dict[str, Any]]) -> N
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="a zoo model: resnet18, mobilenet_v2, ...")
-    ap.add_argument("--library", required=True, help="the library tunefleet built for it")
+    ap.add_argument("--library", action="append", required=True, metavar="[LABEL=]PATH",
+                    help="the library tunefleet built for it; repeat with LABEL=PATH to measure several in one run")
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     ap.add_argument("--calls", type=int, default=50, help="profiled calls of each runtime (after warm-up)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of the plain calls")
@@ -303,9 +320,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.calls < 1:
         ap.error("--calls must be at least 1")
-    if not Path(args.library).is_file():
-        ap.error(f"--library {args.library}: no such file")
+    args.libraries = parse_libraries(ap, args.library)
     return args
+
+
+def parse_libraries(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    """``--library`` values -> label -> path: one plain path is ``tunefleet``; several need labels."""
+    if len(items) == 1 and "=" not in items[0]:
+        items = [f"tunefleet={items[0]}"]
+    return parse_compare(ap, items, "--library", taken=(ORT,))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,18 +347,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    print(f"{args.model}: {args.library} against onnxruntime on {args.threads} threads, {_cpu_model()}", flush=True)
+    print(f"{args.model}: {', '.join(f'{k} ({v})' for k, v in args.libraries.items())} against onnxruntime on "
+          f"{args.threads} threads, {_cpu_model()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="tunefleet-op-by-op-") as tmp:
         work = Path(tmp)
         onnx_path = alt.export_onnx(module, inputs_np, work / f"{args.model}.onnx")
-        kernels = profile_side_by_side(args.library, onnx_path, inputs_np, args.threads, args.calls, work)
-        whole = time_alternating({"tunefleet tuned": tuned_runner(args.library, inputs_np),
-                                  "onnxruntime": alt.onnxruntime_call(onnx_path, inputs_np, args.threads)}, args.rounds)
+        kernels = profile_side_by_side(args.libraries, onnx_path, inputs_np, args.threads, args.calls, work)
+        whole = time_alternating({**{label: tuned_runner(path, inputs_np) for label, path in args.libraries.items()},
+                                  ORT: alt.onnxruntime_call(onnx_path, inputs_np, args.threads)}, args.rounds)
     summary = summarise(kernels)
     print_report(summary, whole)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"model": args.model, "library": args.library, "threads": args.threads,
+        args.json.write_text(json.dumps({"model": args.model, "libraries": args.libraries, "threads": args.threads,
                                          "processor": _cpu_model(), "calls": args.calls, "kernels": kernels,
                                          "summary": summary, "whole_ms": {k: v["ms"] for k, v in whole.items()}},
                                         indent=2))

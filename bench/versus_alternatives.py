@@ -555,16 +555,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def parse_compare(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
-    """``--compare LABEL=LIBRARY`` values as label -> library path; a malformed one or a missing
-    file is the parser's one-line error."""
-    compare = {}
+def parse_compare(ap: argparse.ArgumentParser, items: list[str], option: str = "--compare",
+                  taken: tuple[str, ...] = ()) -> dict[str, str]:
+    """``--compare LABEL=LIBRARY`` values (``option``'s) as label -> library path; a malformed one,
+    a label given twice or in ``taken``, or a missing file is the parser's one-line error."""
+    compare: dict[str, str] = {}
     for item in items:
         label, sep, library = item.partition("=")
         if not sep or not label:
-            ap.error(f"--compare takes LABEL=LIBRARY, got {item!r}")
+            ap.error(f"{option} takes LABEL=LIBRARY, got {item!r}")
+        if label in compare or label in taken:
+            ap.error(f"{option} {label}: the label is taken")
         if not Path(library).is_file():
-            ap.error(f"--compare {label}: no such library {library}")
+            ap.error(f"{option} {label}: no such library {library}")
         compare[label] = library
     return compare
 

@@ -85,7 +85,7 @@ def test_convolutions_are_matched_and_the_rest_summed_by_kind() -> None:
     (row,) = summary["convs"]
     assert row["key"] == "dw3x3 96->96 56x56->56x56"
     assert row["tunefleet"] == {"calls": 2, "ms": 3.0} and row["onnxruntime"] == {"calls": 2, "ms": 3.0}
-    assert row["ratio"] == pytest.approx(1.0)
+    assert row["ratio"] == {"tunefleet": pytest.approx(1.0)}
     assert summary["kinds"]["tunefleet"] == {"transpose": {"calls": 1, "ms": 0.5}}
     assert summary["kinds"]["onnxruntime"] == {"ReorderOutput": {"calls": 1, "ms": 0.25}}
     assert summary["total_ms"] == {"tunefleet": 3.5, "onnxruntime": 3.25}
@@ -115,11 +115,37 @@ def test_a_real_onnxruntime_profile_gives_every_node_of_every_run(tmp_path: Path
     assert op_by_op.conv_key(convs[0]["shapes"], convs[0]["out"], "onnxruntime") == "3x3 8->16 16x16->16x16"
 
 
+def test_several_libraries_are_measured_under_their_labels(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    a.write_bytes(b"")
+    b.write_bytes(b"")
+    assert op_by_op.parse_args(["m", "--library", str(a)]).libraries == {"tunefleet": str(a)}
+    assert op_by_op.parse_args(["m", "--library", f"scratch={a}", "--library", f"hub={b}"]).libraries == {
+        "scratch": str(a), "hub": str(b)}
+    for argv, error in ([f"{a}", f"{b}"], "--library takes LABEL=LIBRARY"), \
+                       ([f"x={a}", f"x={b}"], "--library x: the label is taken"), \
+                       ([f"onnxruntime={a}"], "--library onnxruntime: the label is taken"):
+        with pytest.raises(SystemExit):
+            op_by_op.parse_args(["m", *[w for item in argv for w in ("--library", item)]])
+        assert error in capsys.readouterr().err
+
+
+def test_convolutions_of_several_libraries_each_get_their_ratio() -> None:
+    conv = {"name": "c", "kind": "conv2d", "shapes": [[1, 7, 7, 320], [320 * 1280]], "out": [1, 7, 7, 1280]}
+    ort = {"name": "c", "kind": "Conv", "shapes": [[1, 320, 7, 7], [1280, 320, 1, 1]], "out": [1, 1280, 7, 7]}
+    summary = op_by_op.summarise({"scratch": [{**conv, "ms": 0.6}], "hub": [{**conv, "ms": 0.5}],
+                                  "onnxruntime": [{**ort, "ms": 0.4}]})
+    (row,) = summary["convs"]
+    assert row["key"] == "1x1 320->1280 7x7->7x7"
+    assert row["ratio"] == {"scratch": pytest.approx(1.5), "hub": pytest.approx(1.25)}
+
+
 def test_calls_below_one_and_a_missing_library_are_the_parser_s_errors(capsys: pytest.CaptureFixture[str],
                                                                         tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         op_by_op.parse_args(["mobilenet_v2", "--library", str(tmp_path / "none.so")])
-    assert "no such file" in capsys.readouterr().err
+    assert "no such library" in capsys.readouterr().err
     lib = tmp_path / "lib.so"
     lib.write_bytes(b"")
     with pytest.raises(SystemExit):
