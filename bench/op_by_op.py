@@ -18,13 +18,13 @@ same inputs and threads:
    ``run``'s table uses) with onnxruntime's own profiler on: every node's kernel time.
 
 Each runtime makes ``--calls`` calls after warm-up, in alternating blocks of ten, and each kernel
-keeps its median. Convolutions are matched across the two runtimes by what they compute (input and output
-channels, input and output size, kernel: depthwise, 1x1 or kxk), whatever layout each runtime
-chose (NCHW, NHWC or blocked NCHWc); every other kernel is summed by kind on its own side. Then
-both whole calls, without instrument or profiler, in alternating rounds
+keeps its median. Convolutions are matched across the runtimes by what they compute (input and
+output channels, input and output size, kernel: depthwise, 1x1 or kxk), whatever layout each
+runtime chose (NCHW, NHWC or blocked NCHWc); every other kernel is summed by kind on its own side.
+Then the whole calls, without instrument or profiler, in alternating rounds
 (:func:`tunefleet.delivery.timing.time_alternating`). Prints one row per convolution (summed over
-its calls: ms each side and the ratio) and the kinds; ``--json`` writes it all. Asserts nothing
-about speed.
+its calls: ms on each side and each library's ratio to onnxruntime's) and the kinds; ``--json``
+writes it all. Asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def activation(shape: list[int], runtime: str) -> tuple[int, int, int] | None:
         return shape[1] * shape[4], shape[2], shape[3]
     if len(shape) != 4:
         return None
-    if runtime == "onnxruntime":
+    if runtime == ORT:
         return shape[1], shape[2], shape[3]
     if shape[2] == shape[3] and shape[1] != shape[2]:  # [N, C, H, W] with a square map
         return shape[1], shape[2], shape[3]
