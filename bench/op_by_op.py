@@ -153,6 +153,11 @@ def ort_kernels(events: list[dict[str, Any]], skip_runs: int) -> list[list[dict[
     return out[skip_runs:]
 
 
+def profile_events(sess: Any) -> list[dict[str, Any]]:
+    """End a profiling session's profile and read its events (onnxruntime writes them as a JSON list)."""
+    return json.loads(Path(sess.end_profiling()).read_text())
+
+
 # -- side by side ----------------------------------------------------------------------------------
 
 def per_kernel(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -245,11 +250,11 @@ def profile_side_by_side(libraries: dict[str, str], onnx_path: Path, inputs_np: 
     layers of the next call ran up to 40x slower so). A block's first calls may still be slowed,
     which each kernel's median over the calls leaves out.
     """
-    from tunefleet.delivery.alternatives import onnxruntime_session
+    from tunefleet.delivery.alternatives import onnxruntime_feeds, onnxruntime_session
 
     tvm = {label: instrumented_tvm(path, inputs_np) for label, path in libraries.items()}
     sess = onnxruntime_session(onnx_path, threads, profile_prefix=str(work / "onnxruntime-profile"))
-    feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs_np, strict=True)}
+    feeds = onnxruntime_feeds(sess, inputs_np)
     for _ in range(WARMUP_CALLS):
         for call, _ in tvm.values():
             call()
@@ -265,9 +270,8 @@ def profile_side_by_side(libraries: dict[str, str], onnx_path: Path, inputs_np: 
         for _ in range(block):
             sess.run(None, feeds)
         done += block
-    events = json.loads(Path(sess.end_profiling()).read_text())
     return {**{label: per_kernel(runs) for label, (_, runs) in tvm.items()},
-            ORT: per_kernel(ort_kernels(events, WARMUP_CALLS))}
+            ORT: per_kernel(ort_kernels(profile_events(sess), WARMUP_CALLS))}
 
 
 # -- printing ---------------------------------------------------------------------------------------

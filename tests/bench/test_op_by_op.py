@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -108,7 +107,7 @@ def test_a_real_onnxruntime_profile_gives_every_node_of_every_run(tmp_path: Path
     sess = onnxruntime_session(path, 1, profile_prefix=str(tmp_path / "prof"))
     for _ in range(4):
         sess.run(None, {"x": np.ones((1, 8, 16, 16), np.float32)})
-    runs = op_by_op.ort_kernels(json.loads(Path(sess.end_profiling()).read_text()), skip_runs=1)
+    runs = op_by_op.ort_kernels(op_by_op.profile_events(sess), skip_runs=1)
     assert len(runs) == 3
     convs = [k for k in runs[0] if op_by_op.is_conv(k["kind"])]
     assert len(convs) == 1  # a Conv, fused with the Sigmoid or not

@@ -102,8 +102,13 @@ def onnxruntime_call(onnx_model: Path | bytes, inputs: Sequence[Any], threads: i
     """A zero-argument call of an ONNX model (a file or its bytes) in onnxruntime on ``inputs``,
     in a session of :func:`onnxruntime_session`."""
     sess = onnxruntime_session(onnx_model, threads)
-    feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs, strict=True)}
+    feeds = onnxruntime_feeds(sess, inputs)
     return lambda: sess.run(None, feeds)
+
+
+def onnxruntime_feeds(sess: Any, inputs: Sequence[Any]) -> dict[str, Any]:
+    """A session's inputs by name, in the order of ``inputs``."""
+    return {i.name: x for i, x in zip(sess.get_inputs(), inputs, strict=True)}
 
 
 _LABELS = {"torch": "PyTorch eager", "onnxruntime": "onnxruntime"}
