@@ -26,6 +26,7 @@ from tunefleet.context import shared_context
 from tunefleet.errors import NotSupportedError, ParameterError, TunefleetError
 from tunefleet.flows import step_flows
 from tunefleet.flows.step_flows import artifact_key, check_hardware, check_positive, tune_options
+from tunefleet.models.kept import keeping_models
 from tunefleet.planning.spend import RUN, Spend
 
 
@@ -103,35 +104,37 @@ def pipeline(
             except NotSupportedError as exc:
                 raise NotSupportedError(f"{exc}; or run the pipeline with tune_on='deployments'") from None
 
-    ingested = step_flows.ingest(models, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
-    model_ids = [m["model_id"] for m in ingested]
-    extracted = step_flows.extract(model_ids, hardware)
-    if parsed is None:
-        planned = step_flows.plan(hardware, trials=trials, model_ids=model_ids, shard_trials=shard_trials)
-        if tune_on == "deployments":
-            tuned = tune_through_deployments(hardware, tune_params)
+    # Each model is loaded and extracted once: the build takes the extract step's (tunefleet.models.kept).
+    with keeping_models():
+        ingested = step_flows.ingest(models, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
+        model_ids = [m["model_id"] for m in ingested]
+        extracted = step_flows.extract(model_ids, hardware)
+        if parsed is None:
+            planned = step_flows.plan(hardware, trials=trials, model_ids=model_ids, shard_trials=shard_trials)
+            if tune_on == "deployments":
+                tuned = tune_through_deployments(hardware, tune_params)
+            else:
+                tuned = {hw: step_flows.tune(hardware=hw, **tune_params) for hw in hardware}
         else:
-            tuned = {hw: step_flows.tune(hardware=hw, **tune_params) for hw in hardware}
-    else:
-        builds_after = len(hardware) if build else 0
-        if tune_on == "deployments":  # the classes tune at once, and every build follows them
-            tuned = tune_through_deployments(hardware, {**tune_params, "budget": str(parsed), "model_ids": model_ids,
-                                                        "started_at": started, "reserve_builds": builds_after})
-        else:
-            tuned = {}
-            for i, hw in enumerate(hardware):  # one after another: a wall time is shared out as it goes
-                share = spend.share_for(i, len(hardware))
-                tuned[hw] = step_flows.tune(hardware=hw, budget=str(share.budget), model_ids=model_ids,
-                                            started_at=share.started_at, reserve_builds=1 if build else 0,
-                                            **tune_params)
-        planned = [_rounds_planned(hw, tuned[hw], extracted) for hw in hardware]
-    if tune_on == "here":  # the build times the model next: no tuning worker process may run beside it
-        for hw in hardware:
-            shared_context().tuner(hw).close()
-    energy = step_flows.account(model_ids, hardware)
-    build_started = time.time()
-    builds = step_flows.build(model_ids, hardware, output_dir=output_dir) if build else []
-    build_s = time.time() - build_started
+            builds_after = len(hardware) if build else 0
+            if tune_on == "deployments":  # the classes tune at once, and every build follows them
+                tuned = tune_through_deployments(hardware, {**tune_params, "budget": str(parsed), "model_ids": model_ids,
+                                                            "started_at": started, "reserve_builds": builds_after})
+            else:
+                tuned = {}
+                for i, hw in enumerate(hardware):  # one after another: a wall time is shared out as it goes
+                    share = spend.share_for(i, len(hardware))
+                    tuned[hw] = step_flows.tune(hardware=hw, budget=str(share.budget), model_ids=model_ids,
+                                                started_at=share.started_at, reserve_builds=1 if build else 0,
+                                                **tune_params)
+            planned = [_rounds_planned(hw, tuned[hw], extracted) for hw in hardware]
+        if tune_on == "here":  # the build times the model next: no tuning worker process may run beside it
+            for hw in hardware:
+                shared_context().tuner(hw).close()
+        energy = step_flows.account(model_ids, hardware)
+        build_started = time.time()
+        builds = step_flows.build(model_ids, hardware, output_dir=output_dir) if build else []
+        build_s = time.time() - build_started
 
     rows = []
     for m in ingested:

@@ -174,6 +174,10 @@ def test_build_reserve_takes_the_measured_extraction_then_the_last_build() -> No
     # built here before: that build, a fifth more and 5 s, whatever the estimate
     assert build_reserve_s(model, compile_s=0.32, extract_s=26.0, last_build_s=127.0) == pytest.approx(1.2 * 127 + 5)
     assert build_reserve_s(model, compile_s=0.32, extract_s=26.0, last_build_s=300.0) == pytest.approx(1.2 * 300 + 5)
+    # a pipeline's build takes the model its extract step kept: no load, the rest as estimated
+    assert measured - build_reserve_s(model, compile_s=0.32, extract_s=26.0, kept=True) == pytest.approx(1.2 * 26.0)
+    assert build_reserve_s(model, compile_s=0.32, extract_s=26.0, last_build_s=127.0, kept=True) == \
+        pytest.approx(1.2 * 127 + 5)  # a measured build is measured the way it runs
     with_confirm = build_reserve_s(model, compile_s=0.32, last_build_s=127.0, confirm_top=3)
     assert with_confirm - (1.2 * 127 + 5) == pytest.approx(
         build_reserve_s(model, compile_s=0.32, confirm_top=3) - guessed)  # the re-timing on top

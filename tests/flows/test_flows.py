@@ -113,12 +113,24 @@ def test_flow_parameters_are_checked_before_any_work(flow_env) -> None:  # type:
 
 
 @pytest.mark.slow
-def test_pipeline_tunes_once_and_records_a_summary_artifact(flow_env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_pipeline_tunes_once_and_records_a_summary_artifact(flow_env, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    import tunefleet.models.ingest
+    import tunefleet.tvm.extract
+
+    calls = {"load_model": 0, "extract_workloads": 0}
+    for module, name in [(tunefleet.models.ingest, "load_model"), (tunefleet.tvm.extract, "extract_workloads")]:
+        def counting(*args, _real=getattr(module, name), _name=name, **kwargs):  # type: ignore[no-untyped-def]
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counting)
     first = pipeline(models=["mlp"], hardware=["x86"], trials=4, trials_per_iter=4, seed=0,
                      output_dir=str(tmp_path / "out"))
+    # the extract step took the ingest step's import, and the build the extract step's workloads
+    assert calls == {"load_model": 0, "extract_workloads": 1}
     tuned = first["tuned"]["x86"]
     assert first["planned"][0]["new_shards"] == 3
     assert tuned["shards_done"] == 3 and tuned["shards_failed"] == 0 and tuned["measured"] >= 3

@@ -439,6 +439,9 @@ def test_a_build_folds_the_weights_once_for_every_recipe(cpu_target: Any, monkey
     with reusing_folded_weights():
         assert keys() == alone and keys() == alone
         assert len(folds) == 1
+        with reusing_folded_weights():  # a build inside a pipeline run's block: the pipeline's folds
+            assert keys() == alone
+        assert len(folds) == 1
         other = {k: v.copy() for k, v in params.items()}  # other weights: folded again
         extract_workloads(block, cpu_target, other, recipe=recipes[0])
         assert len(folds) == 2

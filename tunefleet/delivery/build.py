@@ -196,6 +196,9 @@ class Resolved:
         The report the later steps fill in.
     workload_ids : frozenset of int
         The stored ids of ``found``'s workloads.
+    load_s : float
+        Seconds spent loading and extracting the model (about 0 when a pipeline kept it:
+        :mod:`tunefleet.models.kept`).
     """
 
     model: Model
@@ -209,6 +212,7 @@ class Resolved:
     zero_shot: ZeroShotResult | None
     report: BuildReport
     workload_ids: frozenset[int] = frozenset()
+    load_s: float = 0.0
 
 
 @dataclass
@@ -293,9 +297,8 @@ def resolve(
     tunefleet.errors.NotSupportedError
         ``zero_shot`` and the class has no current cost model (before any other work).
     """
-    from tunefleet.models.ingest import load_model
+    from tunefleet.models.kept import extracted
     from tunefleet.models.workloads import class_recipe
-    from tunefleet.tvm.extract import extract_workloads
     from tunefleet.tvm.targets import make_target
 
     hw = db.hardware_class(hardware)
@@ -306,8 +309,9 @@ def resolve(
         from tunefleet.delivery.zeroshot import predict_workloads, require_model
 
         cost_model = require_model(db, store, hardware, pretrained=pretrained)  # before any work: one line if none
-    loaded = load_model(db, store, model)
-    found = extract_workloads(loaded.mod, target, params=loaded.params, recipe=recipe)
+    loading = time.perf_counter()
+    loaded, found = extracted(db, store, model, target, recipe)  # a pipeline's extract step's, when it kept them
+    load_s = time.perf_counter() - loading
     zs = None
     if zero_shot:
         weights: dict[int, int] = {}
@@ -356,7 +360,7 @@ def resolve(
         report.verify_budget, report.verify_s = zs.verify_budget, zs.verify_seconds
         report.propose_s = zs.search_seconds
     _hub_provenance(db, report, bests, ids, hw.id)
-    return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report, frozenset(calls))
+    return Resolved(model, hw, target, recipe, loaded, found, tuned, predicted, zs, report, frozenset(calls), load_s)
 
 
 def _hub_provenance(db: Database, report: BuildReport, bests: set[tuple[int, str]], workload_ids: list[int],
@@ -726,7 +730,8 @@ def build_model(
     The steps: :func:`resolve`, :func:`compile_tuned`, :func:`compile_others`, :func:`check`,
     :func:`time_builds`, :func:`deliver`; for a target this host cannot run, the class's recipe is
     built (and exported) only. A build that compared the alternatives notes how long it took on
-    the model (``Database.note_step_seconds``: the next ``run`` keeps that much time for it).
+    the model, loading and extracting it left out (``Database.note_step_seconds``: the next
+    ``run`` keeps that much time for it; its build takes the model its extract step kept).
 
     Parameters
     ----------
@@ -782,7 +787,8 @@ def build_model(
         report.notes.append(note)
     deliver(resolved, checked, output=output)
     if compare_torch and not zero_shot:  # the build `run` makes: the next run's planner keeps this much time for it
-        took = time.perf_counter() - started
+        # less loading and extracting the model, which the build of a run takes from its extract step
+        took = time.perf_counter() - started - resolved.load_s
         try:
             db.note_step_seconds(model.id, resolved.hardware.id, "build", took)
         except DatabaseUnavailableError as exc:  # a bookkeeping note fails no delivered build

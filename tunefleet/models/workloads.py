@@ -42,15 +42,13 @@ def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> 
     """Extract the tuning tasks of a model for one hardware class under the class's recipe and
     store the workloads once; the model's links to workloads of an earlier recipe are removed.
     How long loading and extracting took is noted on the model (``Database.note_step_seconds``)."""
-    from tunefleet.models.ingest import load_model
-    from tunefleet.tvm.extract import extract_workloads
+    from tunefleet.models.kept import extracted
     from tunefleet.tvm.targets import make_target
 
     started = time.perf_counter()
     hw = db.hardware_class(hardware)
     recipe = class_recipe(hw)
-    loaded = load_model(db, store, model)
-    found = extract_workloads(loaded.mod, make_target(hw.target), params=loaded.params, recipe=recipe)
+    _, found = extracted(db, store, model, make_target(hw.target), recipe)
     new = 0
     weights: dict[int, int] = {}
     for w in found:
@@ -59,7 +57,7 @@ def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> 
         new += int(created)
         weights[row.id] = weights.get(row.id, 0) + int(w.weight)
     change = db.set_model_workloads(model.id, hw.id, recipe.name, weights)
-    # the build loads and extracts the model again: the planner keeps this much time for it
+    # the planner sizes the build's compiles and set-up on it (tunefleet.planning.allocation.build_reserve_s)
     db.note_step_seconds(model.id, hw.id, "extract", time.perf_counter() - started)
     log.info("model %s on %s: %d workloads (%d new), recipe %s", model.name, hardware, len(found), new, recipe.name)
     if change.unlinked:

@@ -349,10 +349,10 @@ runner process, allocating its arguments): what a build's re-timing pays per sch
 
 def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | None = None,
                     confirm_top: int = 0, extract_s: float | None = None,
-                    last_build_s: float | None = None) -> float:
+                    last_build_s: float | None = None, kept: bool = False) -> float:
     """Seconds to keep for building the model after tuning (``tunefleet run``'s last step).
 
-    The build loads and re-extracts the model, re-times ``confirm_top`` schedules of each workload
+    The build loads and re-extracts the model (unless ``kept``), re-times ``confirm_top`` schedules of each workload
     side by side (each compiled, then :data:`~tunefleet.vocab.CONFIRM_ROUNDS` measurements of five
     runs and the runner's overhead; about 70 % as many again in a second pass:
     :mod:`tunefleet.delivery.confirm`), compiles it twice (the class's recipe, untuned; the other
@@ -368,15 +368,17 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     measured build is the best forecast of the next one. Before that, the reserve is estimated,
     measured where the database knows it — the model's untuned (Σ weight × default run time) and
     tuned (Σ weight × best) latencies, the mean build time of one candidate (``compile_s``), how
-    long loading and extracting the model took here (``extract_s``, the run's own extract step:
-    the build repeats it) — and guessed where not (a workload whose default is not measured yet
+    long loading and extracting the model took here (``extract_s``, the run's own extract step)
+    — and guessed where not (a workload whose default is not measured yet
     counts like the measured ones on average; 0.5 s per compile; 5 s and a quarter second per
     workload to load and extract). Each compile takes the longer of half the extraction's time
     (the Relax passes again, less the weights' folding, which the build does once) and one
     candidate build per workload; exporting the model for onnxruntime and the runtimes' first
-    calls, as long as loading and extracting it. A fifth more and 5 s on top keep a build that a
-    shared machine slows within its reserve (the figures this was sized on: docs/performance.md,
-    "Figures that used to live in docstrings").
+    calls, as long as loading and extracting it. With ``kept`` (the planner's reserve is for the
+    build of a pipeline, which takes the model its extract step kept: :mod:`tunefleet.models.kept`),
+    loading and extracting are not counted; a measured ``last_build_s`` leaves them out too. A
+    fifth more and 5 s on top keep a build that a shared machine slows within its reserve (the
+    figures this was sized on: docs/performance.md, "Figures that used to live in docstrings").
     """
     n = len(workloads)
     if n == 0:
@@ -400,7 +402,7 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     # each warmed up for about 3 calls.
     per_runtime = TIMING_ROUNDS * max(TIMING_ROUND_S, 5 * tuned) + max(0.2, 3 * tuned)
     timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 3 * per_runtime + tuned
-    return _with_margin(load + compile_ + setup + confirm + timing)
+    return _with_margin((0.0 if kept else load) + compile_ + setup + confirm + timing)
 
 
 def _with_margin(seconds: float) -> float:

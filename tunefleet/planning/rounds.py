@@ -350,9 +350,10 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
                                  "not enough for another round")
         builds = [r.build_s for r in view.rows if r.build_s is not None]
         took = db.step_seconds(model_ids, hw.id)  # this machine's last extraction and build of the models
+        # the reserve is for the pipeline's build, which takes the model its extract step kept
         reserve = build_reserve_s(workloads, compile_s=sum(builds) / len(builds) if builds else None,
                                   confirm_top=confirm_top, extract_s=took.get("extract"),
-                                  last_build_s=took.get("build"))
+                                  last_build_s=took.get("build"), kept=True)
         number = view.rounds + 1
         created: list[Shard] = []
         if plan.grants and not dry:

@@ -376,8 +376,12 @@ def reusing_folded_weights() -> Iterator[None]:
     ``FoldConstant``, which compiles a small function for each: on a CNN it is most of a
     recipe's preparation, and a build prepares one model under up to four recipes (its
     extraction, the class's and the other recipes). Outside a block nothing is kept, so no
-    process holds a second copy of a model's weights for longer than one build.
+    process holds a second copy of a model's weights for longer than one build (or one pipeline
+    run: :mod:`tunefleet.models.kept`). A block inside another uses the outer one's.
     """
+    if _REUSE.get() is not None:
+        yield
+        return
     token = _REUSE.set([])
     try:
         yield

@@ -1,0 +1,94 @@
+"""A model is loaded and extracted once inside ``keeping_models`` (a pipeline run), every time outside it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import tunefleet.models.ingest
+import tunefleet.tvm.extract
+from tunefleet.models.kept import (
+    extracted,
+    keep_loaded,
+    keeping,
+    keeping_models,
+    loaded_model,
+)
+from tunefleet.recipes import Recipe
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[object]]:
+    calls: dict[str, list[object]] = {"load": [], "extract": []}
+
+    def load_model(db: object, store: object, model: SimpleNamespace) -> SimpleNamespace:
+        calls["load"].append(model.id)
+        return SimpleNamespace(mod=f"mod of {model.sha256}", params={})
+
+    def extract_workloads(mod: object, target: object, *, params: object, recipe: Recipe) -> list[str]:
+        calls["extract"].append((mod, target, recipe.name))
+        return [f"{mod} for {target} under {recipe.name}"]
+
+    monkeypatch.setattr(tunefleet.models.ingest, "load_model", load_model)
+    monkeypatch.setattr(tunefleet.tvm.extract, "extract_workloads", extract_workloads)
+    return calls
+
+
+def _model(id_: int, sha: str) -> SimpleNamespace:
+    return SimpleNamespace(id=id_, sha256=sha)
+
+
+def test_outside_a_block_every_call_loads_and_extracts(counted: dict[str, list[object]]) -> None:
+    m = _model(1, "aa")
+    assert not keeping()
+    extracted(None, None, m, "llvm", Recipe())  # type: ignore[arg-type]
+    extracted(None, None, m, "llvm", Recipe())  # type: ignore[arg-type]
+    keep_loaded(m, SimpleNamespace(mod="ingested", params={}))  # type: ignore[arg-type]  # nothing to keep it in
+    assert counted["load"] == [1, 1] and len(counted["extract"]) == 2
+
+
+def test_inside_a_block_once_per_model_target_and_recipe(counted: dict[str, list[object]]) -> None:
+    a, b = _model(1, "aa"), _model(2, "bb")
+    with keeping_models():
+        assert keeping()
+        loaded, found = extracted(None, None, a, "llvm", Recipe())  # type: ignore[arg-type]
+        again = extracted(None, None, a, "llvm", Recipe())  # type: ignore[arg-type]
+        assert again[0] is loaded and again[1] is found
+        with keeping_models():  # nested: the outer block's models
+            assert extracted(None, None, a, "llvm", Recipe())[1] is found  # type: ignore[arg-type]
+        extracted(None, None, a, "llvm -mcpu=haswell", Recipe())  # type: ignore[arg-type]  # another target
+        extracted(None, None, a, "llvm", Recipe(layout="NHWC"))  # type: ignore[arg-type]  # another recipe
+        extracted(None, None, b, "llvm", Recipe())  # type: ignore[arg-type]  # another model
+        # the same id with other bytes (a re-ingested model) is loaded afresh
+        extracted(None, None, _model(1, "cc"), "llvm", Recipe())  # type: ignore[arg-type]
+    assert counted["load"] == [1, 2, 1]
+    assert len(counted["extract"]) == 5
+    assert not keeping()
+    loaded_model(None, None, a)  # type: ignore[arg-type]  # the block's models are gone
+    assert counted["load"] == [1, 2, 1, 1]
+
+
+def test_the_ingest_steps_import_is_kept(counted: dict[str, list[object]]) -> None:
+    m = _model(3, "dd")
+    ingested = SimpleNamespace(mod="ingested", params={})
+    with keeping_models():
+        keep_loaded(m, ingested)  # type: ignore[arg-type]
+        keep_loaded(m, None)  # a call that imported nothing keeps what is there
+        loaded, found = extracted(None, None, m, "llvm", Recipe())  # type: ignore[arg-type]
+    assert loaded is ingested and counted["load"] == [] and found == ["ingested for llvm under native"]
+
+
+def test_an_error_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts = []
+
+    def load_model(db: object, store: object, model: object) -> object:
+        attempts.append(1)
+        raise ValueError("corrupt")
+
+    monkeypatch.setattr(tunefleet.models.ingest, "load_model", load_model)
+    with keeping_models():
+        for _ in range(2):
+            with pytest.raises(ValueError, match="corrupt"):
+                loaded_model(None, None, _model(4, "ee"))  # type: ignore[arg-type]
+    assert len(attempts) == 2
