@@ -11,7 +11,6 @@ import tunefleet.tvm.extract
 from tunefleet.models.kept import (
     extracted,
     keep_loaded,
-    keeping,
     keeping_models,
     loaded_model,
 )
@@ -41,7 +40,6 @@ def _model(id_: int, sha: str) -> SimpleNamespace:
 
 def test_outside_a_block_every_call_loads_and_extracts(counted: dict[str, list[object]]) -> None:
     m = _model(1, "aa")
-    assert not keeping()
     extracted(None, None, m, "llvm", Recipe())  # type: ignore[arg-type]
     extracted(None, None, m, "llvm", Recipe())  # type: ignore[arg-type]
     keep_loaded(m, SimpleNamespace(mod="ingested", params={}))  # type: ignore[arg-type]  # nothing to keep it in
@@ -51,7 +49,6 @@ def test_outside_a_block_every_call_loads_and_extracts(counted: dict[str, list[o
 def test_inside_a_block_once_per_model_target_and_recipe(counted: dict[str, list[object]]) -> None:
     a, b = _model(1, "aa"), _model(2, "bb")
     with keeping_models():
-        assert keeping()
         loaded, found = extracted(None, None, a, "llvm", Recipe())  # type: ignore[arg-type]
         again = extracted(None, None, a, "llvm", Recipe())  # type: ignore[arg-type]
         assert again[0] is loaded and again[1] is found
@@ -64,7 +61,6 @@ def test_inside_a_block_once_per_model_target_and_recipe(counted: dict[str, list
         extracted(None, None, _model(1, "cc"), "llvm", Recipe())  # type: ignore[arg-type]
     assert counted["load"] == [1, 2, 1]
     assert len(counted["extract"]) == 5
-    assert not keeping()
     loaded_model(None, None, a)  # type: ignore[arg-type]  # the block's models are gone
     assert counted["load"] == [1, 2, 1, 1]
 

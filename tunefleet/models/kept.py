@@ -51,11 +51,6 @@ def keeping_models() -> Iterator[None]:
         _KEPT.reset(token)
 
 
-def keeping() -> bool:
-    """Whether models are being kept (inside :func:`keeping_models`)."""
-    return _KEPT.get() is not None
-
-
 def _kept(key: tuple[Any, ...], make: Callable[[], T]) -> T:
     memo = _KEPT.get()
     if memo is None:
