@@ -140,9 +140,6 @@ def _register(db: Database, store: ArtifactStore, name: str, source: str, fmt: s
     input_info = [[n, list(s), d] for n, s, d in loaded.input_info] if loaded is not None else []
     model, created = db.add_model(name=name, source=source, format=fmt, sha256=sha, artifact_uri=store.uri(key),
                                   input_info=input_info, meta=meta)
-    from tunefleet.models.kept import keep_loaded
-
-    keep_loaded(model, loaded)  # a pipeline's extract step and build take this import instead of loading it again
     if created:
         log.info("ingested model %s (%s, %s, id %d)", name, fmt, sha[:12], model.id)
     else:

@@ -5,7 +5,7 @@ builds the model. Each step used to load the model on its own: the extract step 
 model the ingest step had just built, and the build loaded and extracted it again after tuning,
 time a duration budget keeps from tuning (docs/performance.md, "Where a run's time goes").
 Within :func:`keeping_models` (the ``pipeline`` flow's body), a stored model is loaded once
-(:func:`loaded_model`, or handed over by the ingest step: :func:`keep_loaded`), extracted once per
+(:func:`loaded_model`, or handed over by the pipeline's ingest step: :func:`keep_loaded`), extracted once per
 target and recipe (:func:`extracted`), and the weights folded into its convolutions once
 (:func:`tunefleet.tvm.extract.reusing_folded_weights`). Outside such a block nothing is kept: a
 standalone ``extract`` or ``build`` holds no copy of a model's weights after it ends, and a
