@@ -118,8 +118,9 @@ def pipeline(
         else:
             builds_after = len(hardware) if build else 0
             if tune_on == "deployments":  # the classes tune at once, and every build follows them
-                tuned = tune_through_deployments(hardware, {**tune_params, "budget": str(parsed), "model_ids": model_ids,
-                                                            "started_at": started, "reserve_builds": builds_after})
+                tuned = tune_through_deployments(hardware, {**tune_params, "budget": str(parsed),
+                                                            "model_ids": model_ids, "started_at": started,
+                                                            "reserve_builds": builds_after})
             else:
                 tuned = {}
                 for i, hw in enumerate(hardware):  # one after another: a wall time is shared out as it goes
