@@ -17,6 +17,7 @@ and a duration is the wall time of the whole flow, from ``started_at`` to the en
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
@@ -170,6 +171,29 @@ def pipeline(
                  "build_reserve_s": {hw: (b or {}).get("build_reserve_s") for hw, b in per_class.items()}}
     return {"models": ingested, "extracted": extracted, "planned": planned, "tuned": tuned, "energy": energy,
             "builds": builds, "budget": spent}
+
+
+def head_start(models: list[str], hardware: list[str], *, batch_size: int = 1, image_size: int | None = None,
+               seq_len: int | None = None) -> AbstractContextManager[None]:
+    """A block around a :func:`pipeline` call in which the flow's ingest and extract steps are
+    begun at once, in a thread of their own, while Prefect starts its temporary server (a
+    subprocess, 10-20 s, that the calling thread only waits for): the steps take what the thread
+    made, or wait for it (:func:`tunefleet.models.kept.head_start`). ``tunefleet run`` uses it;
+    the arguments are the pipeline's."""
+    from tunefleet.models import kept
+    from tunefleet.models.workloads import class_recipe
+    from tunefleet.tvm.targets import make_target
+
+    def begin() -> None:
+        ctx = shared_context()
+        for source in models:
+            res = kept.ingested(ctx.db, ctx.store, source, batch_size=batch_size, image_size=image_size,
+                                seq_len=seq_len)
+            for hw in hardware:
+                row = ctx.db.hardware_class(hw)
+                kept.extracted(ctx.db, ctx.store, res.model, make_target(row.target), class_recipe(row))
+
+    return kept.head_start(begin)
 
 
 def _rounds_planned(hardware: str, tuned: dict[str, Any], extracted: list[dict[str, Any]]) -> dict[str, Any]:

@@ -58,12 +58,11 @@ the same result, and Prefect caches by inputs wherever results are persisted
 @task(name="ingest", **STEP)
 def ingest(source: str, batch_size: int = 1, image_size: int | None = None, seq_len: int | None = None) -> dict[str, Any]:
     """Store a model (zoo name, ONNX/.pt2 path or s3:// URI); the same bytes again return the same id."""
-    from tunefleet.models.ingest import ingest as ingest_model
-    from tunefleet.models.kept import keep_loaded
+    from tunefleet.models.kept import ingested
 
     ctx = shared_context()
-    res = ingest_model(ctx.db, ctx.store, source, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
-    keep_loaded(res.model, res.loaded)  # in a pipeline run, its extract step and build take this import
+    # in a pipeline run, its extract step and build take this import (tunefleet.models.kept)
+    res = ingested(ctx.db, ctx.store, source, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
     return {"model_id": res.model.id, "name": res.model.name, "sha256": res.model.sha256, "created": res.created}
 
 

@@ -110,3 +110,41 @@ def test_a_resumed_shard_measures_its_suspects_alone_and_a_dead_heartbeat_stops_
     assert db.count_measurements(shard_id=stuck.id) == 0
     left = db.shard(stuck.id)
     assert (left.state, left.leases, left.lease_owner) == ("leased", 1, "w")
+
+
+@pytest.mark.slow
+def test_a_suspect_committed_meanwhile_by_a_sibling_shard_is_not_measured_again(engine) -> None:  # type: ignore[no-untyped-def]
+    # The fault loop's one refused commit (a shard's history with "duplicates": 1): a worker died
+    # with a candidate in flight, a sibling shard of the workload measured the same candidate while
+    # the first waited to be leased again, and the resumed shard handed it out as a suspect anyway.
+    import tvm
+
+    from tunefleet.db import NewMeasurement
+    from tunefleet.db.shards import InFlightRow, LeaseFence
+    from tunefleet.models.ingest import ingest
+    from tunefleet.models.workloads import extract
+
+    _, db, store = engine
+    model = ingest(db, store, "mlp").model
+    extract(db, store, model, "x86")
+    hw = db.hardware_class("x86")
+    wl = db.workloads(model.id)[0][0]
+    died, sibling = db.add_shards(hw.id, [(wl.id, 3, 2.0), (wl.id, 3, 1.0)])
+    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(hours=1)
+    dead = db.lease_shard(hw.id, "dead", lease_s=1, shard_id=died.id, now=past)
+    assert dead is not None
+    db.set_in_flight(LeaseFence(died.id, "dead", dead.lease_generation),
+                     [InFlightRow(DEFAULT_TRACE_SHA256, DEFAULT_TRACE_JSON)])
+    shard_queue.requeue_expired(db)
+    assert [s.trace_sha256 for s in db.suspects(died.id)] == [DEFAULT_TRACE_SHA256]
+    # meanwhile the sibling's search measured that candidate
+    assert db.commit_measurements([NewMeasurement(wl.id, hw.id, DEFAULT_TRACE_JSON, [1e-4, 1e-4], shard_id=sibling.id,
+                                                  tvm_version=tvm.__version__)]) == 1
+    leased = shard_queue.lease(db, "x86", "w", shard_id=died.id)
+    assert leased is not None
+    batches: list[list[str]] = []
+    options = TuneOptions(seed=0, trials_per_iter=3, warm_start_shapes=False, transfer=False)
+    result = run_shard(db, leased, "w", options, ShardKit(on_batch=lambda _s, b: batches.append([h for h, _ in b])))
+    assert result.state == "done" and batches and DEFAULT_TRACE_SHA256 not in batches[0]
+    history = db.shard(died.id).history or []
+    assert not [e for e in history if e.get("duplicates")], history

@@ -7,7 +7,7 @@ from prefect.states import Completed, Failed
 
 from tunefleet.budget import Budget
 from tunefleet.errors import DatabaseUnavailableError, NotFoundError, NotSupportedError
-from tunefleet.flows.pipeline import pipeline
+from tunefleet.flows.pipeline import head_start, pipeline
 from tunefleet.errors import ParameterError
 from tunefleet.flows.step_flows import plan, tune
 from tunefleet.models.frontends import ModelFormatError
@@ -127,9 +127,11 @@ def test_pipeline_tunes_once_and_records_a_summary_artifact(flow_env, tmp_path, 
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counting)
-    first = pipeline(models=["mlp"], hardware=["x86"], trials=4, trials_per_iter=4, seed=0,
-                     output_dir=str(tmp_path / "out"))
-    # the extract step took the ingest step's import, and the build the extract step's workloads
+    with head_start(["mlp"], ["x86"]):  # as `tunefleet run` calls it: the steps begun in a thread meanwhile
+        first = pipeline(models=["mlp"], hardware=["x86"], trials=4, trials_per_iter=4, seed=0,
+                         output_dir=str(tmp_path / "out"))
+    # the extract step took the ingest step's import (or the head start's), and the build the extract
+    # step's workloads: the flow run saw the head start's kept models
     assert calls == {"load_model": 0, "extract_workloads": 1}
     tuned = first["tuned"]["x86"]
     assert first["planned"][0]["new_shards"] == 3

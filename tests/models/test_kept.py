@@ -88,3 +88,71 @@ def test_an_error_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
             with pytest.raises(ValueError, match="corrupt"):
                 loaded_model(None, None, _model(4, "ee"))  # type: ignore[arg-type]
     assert len(attempts) == 2
+
+
+def test_two_threads_asking_at_once_make_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def load_model(db: object, store: object, model: SimpleNamespace) -> SimpleNamespace:
+        calls.append(threading.current_thread().name)
+        started.set()
+        release.wait(10)
+        return SimpleNamespace(mod="slow", params={})
+
+    monkeypatch.setattr(tunefleet.models.ingest, "load_model", load_model)
+    m, got = _model(5, "ff"), []
+    with keeping_models():
+        import contextvars
+
+        other = threading.Thread(target=contextvars.copy_context().run, name="maker",
+                                 args=(lambda: got.append(loaded_model(None, None, m)),))  # type: ignore[arg-type]
+        other.start()
+        assert started.wait(10)
+        waiter = threading.Thread(target=contextvars.copy_context().run, name="waiter",
+                                  args=(lambda: got.append(loaded_model(None, None, m)),))  # type: ignore[arg-type]
+        waiter.start()
+        release.set()
+        other.join(10)
+        waiter.join(10)
+    assert calls == ["maker"] and len(got) == 2 and got[0] is got[1]
+
+
+def test_a_head_start_is_taken_and_its_failure_is_made_again(monkeypatch: pytest.MonkeyPatch,
+                                                             counted: dict[str, list[object]]) -> None:
+    import threading
+
+    from tunefleet.models.kept import extraction_seconds, head_start, ingested
+
+    made = []
+
+    def ingest(db: object, store: object, source: str, **shape: object) -> SimpleNamespace:
+        made.append((source, threading.current_thread().name))
+        if source == "corrupt":
+            raise ValueError(f"{source}: not a model")
+        return SimpleNamespace(model=_model(6, source), created=True, loaded=SimpleNamespace(mod=source, params={}))
+
+    monkeypatch.setattr(tunefleet.models.ingest, "ingest", ingest)
+    done = threading.Event()
+
+    def begin() -> None:
+        try:
+            for source in ("good", "corrupt"):
+                ingested(None, None, source)  # type: ignore[arg-type]
+        finally:
+            done.set()
+
+    with head_start(begin):
+        assert done.wait(10)
+        res = ingested(None, None, "good")  # type: ignore[arg-type]  # the head start's, not made again
+        assert res.model.sha256 == "good"
+        # what the ingest imported is kept as the model's loaded form: no load, and the seconds noted
+        loaded, found = extracted(None, None, res.model, "llvm", Recipe())  # type: ignore[arg-type]
+        assert loaded is res.loaded and extraction_seconds(res.model, "llvm", Recipe()) is not None
+        assert counted["load"] == [] and len(counted["extract"]) == 1
+        with pytest.raises(ValueError, match="corrupt: not a model"):  # made again here, failing on its own
+            ingested(None, None, "corrupt")  # type: ignore[arg-type]
+    assert made == [("good", "tunefleet-head-start"), ("corrupt", "tunefleet-head-start"),
+                    ("corrupt", threading.current_thread().name)]
+    assert extraction_seconds(res.model, "llvm", Recipe()) is None  # outside the block nothing is kept

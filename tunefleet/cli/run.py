@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     budget = spend.budget
     prefect_environment(settings, quiet=not args.verbose)
     from tunefleet.cli.progress import RunProgress
-    from tunefleet.flows.pipeline import pipeline  # Prefect configures logging at import: after it
+    from tunefleet.flows.pipeline import head_start, pipeline  # Prefect configures logging at import: after it
     from tunefleet.tvm.native_log import native_stderr_to
 
     log_path = log_to_file(settings, "run", verbose=args.verbose)
@@ -61,8 +61,11 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     stop_on_ctrl_c(settings, _resume_command(args))
     # TVM's C++ warnings (fd 2, here and in every worker) go to the log file, not across the live
     # line; Python's stderr (this console with --json, error lines, tracebacks) stays on the terminal.
+    # The model is ingested and extracted while Prefect's temporary server starts (head_start).
     with native_stderr_to(log_path), \
-            RunProgress(settings, _model_name(args.model), args.hardware, console, ends_at=spend.ends_at):
+            RunProgress(settings, _model_name(args.model), args.hardware, console, ends_at=spend.ends_at), \
+            head_start([args.model], [args.hardware], batch_size=args.batch_size, image_size=args.image_size,
+                       seq_len=args.seq_len):
         result = pipeline(models=[args.model], hardware=[args.hardware], trials=args.trials,
                           budget=None if budget is None else str(budget), started_at=spend.started_at,
                           shard_trials=args.shard_trials, batch_size=args.batch_size, image_size=args.image_size,

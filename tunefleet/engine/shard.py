@@ -239,8 +239,11 @@ class ShardRun:
         self.known = self.db.measured_trace_hashes(self.wl.id, self.hw.id)
         seeds = [trace for p in policies for trace in p.seeds(self)]
         population = self.options.population(min(self.options.trials_per_iter, self.remaining))
-        # Candidates in flight when a worker of this shard died: re-measured first, one per batch.
-        suspects = [(c.trace_json, c.args_info) for c in self.db.suspects(self.shard.id)]
+        # Candidates in flight when a worker of this shard died: re-measured first, one per batch,
+        # unless committed meanwhile (a sibling shard of the workload, searching from the same
+        # database, measured or filtered the same candidate while this one waited to be leased).
+        suspects = [(c.trace_json, c.args_info) for c in self.db.suspects(self.shard.id)
+                    if c.trace_sha256 not in self.known]
         if suspects:
             log.warning("shard %d resumes after a lost lease: %d candidate(s) in flight then are measured one at "
                         "a time first", self.shard.id, len(suspects))

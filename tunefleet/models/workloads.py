@@ -42,13 +42,17 @@ def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> 
     """Extract the tuning tasks of a model for one hardware class under the class's recipe and
     store the workloads once; the model's links to workloads of an earlier recipe are removed.
     How long loading and extracting took is noted on the model (``Database.note_step_seconds``)."""
-    from tunefleet.models.kept import extracted
+    from tunefleet.models.kept import extracted, extraction_seconds
     from tunefleet.tvm.targets import make_target
 
     started = time.perf_counter()
     hw = db.hardware_class(hardware)
-    recipe = class_recipe(hw)
-    _, found = extracted(db, store, model, make_target(hw.target), recipe)
+    recipe, target = class_recipe(hw), make_target(hw.target)
+    _, found = extracted(db, store, model, target, recipe)
+    # The extraction's own time, not this step's wait for it (a pipeline's head start may have
+    # made it meanwhile, tunefleet.models.kept): the planner sizes the build on it.
+    waited = time.perf_counter() - started
+    made = extraction_seconds(model, target, recipe)
     new = 0
     weights: dict[int, int] = {}
     for w in found:
@@ -58,7 +62,8 @@ def extract(db: Database, store: ArtifactStore, model: Model, hardware: str) -> 
         weights[row.id] = weights.get(row.id, 0) + int(w.weight)
     change = db.set_model_workloads(model.id, hw.id, recipe.name, weights)
     # the planner sizes the build's compiles and set-up on it (tunefleet.planning.allocation.build_reserve_s)
-    db.note_step_seconds(model.id, hw.id, "extract", time.perf_counter() - started)
+    db.note_step_seconds(model.id, hw.id, "extract",
+                         time.perf_counter() - started - waited + (waited if made is None else made))
     log.info("model %s on %s: %d workloads (%d new), recipe %s", model.name, hardware, len(found), new, recipe.name)
     if change.unlinked:
         log.warning("%s", unlink_warning(model.name, hardware, recipe.name, change))

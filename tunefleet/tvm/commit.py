@@ -42,7 +42,8 @@ class ShardProgress:
     filtered: int = 0
     duplicates: int = 0
     """Candidates measured that the commit refused: another search had committed them first
-    (one search per workload at a time makes this 0; see ``Database.lease_shard``)."""
+    (one search per workload at a time, ``Database.lease_shard``, and a resumed shard's suspects
+    checked against what is committed, make this 0)."""
     stop_reason: str | None = None
     best_s: float | None = None
     first_best_s: float | None = None
