@@ -325,9 +325,10 @@ class Campaign:
             t0 = time.perf_counter()
             label = Path(source).stem if os.sep in source else source
             try:
-                if model is None:
-                    model = api.ingest(self.ctx, source).model
-                found = api.extract(self.ctx, model, self.hardware)
+                with api.keeping_models():  # the extraction takes the ingest's parse: one child, not two
+                    if model is None:
+                        model = api.ingest(self.ctx, source).model
+                    found = api.extract(self.ctx, model, self.hardware)
             except TunefleetError as exc:  # one bad model must not end a campaign of hundreds
                 self.progress.say(f"  [{i}/{len(todo)}] {label}: skipped: {str(exc).splitlines()[0]}")
                 continue

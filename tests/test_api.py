@@ -104,3 +104,41 @@ def test_tune_refuses_a_bad_budget_in_one_line(tunefleet_home: Path) -> None:
         assert api.tune(ctx, "x86", budget="1s").measured == 0  # a wall time alone: nothing planned to drain
     finally:
         ctx.close()
+
+
+def _matmul_onnx(path: Path) -> Path:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((16, 8), dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_keeping_models_parses_a_file_once_for_ingest_and_extract(tunefleet_home: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import tunefleet.models.sandbox as sandbox
+    from tunefleet import api
+
+    parsed: list[str] = []
+    real = sandbox.parse_model
+
+    def counting(data: bytes, filename: str, *args: object, **kwargs: object) -> object:
+        parsed.append(filename)
+        return real(data, filename, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sandbox, "parse_model", counting)
+    ctx = api.connect()
+    try:
+        with api.keeping_models():
+            model = api.ingest(ctx, str(_matmul_onnx(tunefleet_home.parent / "mm.onnx"))).model
+            assert api.extract(ctx, model, "x86").workloads == 1
+        assert parsed == ["mm.onnx"]  # the extraction took the ingest's parse
+        api.extract(ctx, model, "x86")  # outside the block: parsed again
+        assert parsed == ["mm.onnx", "mm.onnx"]
+    finally:
+        ctx.close()

@@ -25,6 +25,7 @@ from tunefleet.context import Context
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from contextlib import AbstractContextManager
     from pathlib import Path
 
     from tunefleet.budget import Budget
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from tunefleet.planning.rounds import Deadline, Rounds
 
 __all__ = ["Context", "best", "best_for", "build", "build_exported", "connect", "extract", "hub_export", "hub_import",
-           "hub_merge", "ingest", "tune", "tune_with_workers"]
+           "hub_merge", "ingest", "keeping_models", "tune", "tune_with_workers"]
 
 
 def connect(settings: Settings | None = None) -> Context:
@@ -92,9 +93,32 @@ def ingest(ctx: Context, source: str, *, name: str | None = None, batch_size: in
         ``model`` (the stored row), ``created`` (False when it was stored already) and ``loaded``.
     """
     from tunefleet.models.ingest import ingest as ingest_model
+    from tunefleet.models.kept import keep_loaded
 
-    return ingest_model(ctx.db, ctx.store, source, name=name, batch_size=batch_size, image_size=image_size,
-                        seq_len=seq_len)
+    res = ingest_model(ctx.db, ctx.store, source, name=name, batch_size=batch_size, image_size=image_size,
+                       seq_len=seq_len)
+    keep_loaded(res.model, res.loaded)  # within keeping_models(), extract() takes this parse
+    return res
+
+
+def keeping_models() -> AbstractContextManager[None]:
+    """A block within which each model is loaded and extracted once.
+
+    A model file is parsed in a child process that must import TVM first (seconds, whatever the
+    file's size); :func:`ingest` parses it, and :func:`extract` would parse it again. Within this
+    block, :func:`extract` and :func:`build` take the model :func:`ingest` loaded, and a model
+    extracted once per target and recipe is not extracted again. What is kept is dropped at the
+    block's end: wrap the models of one unit of work, not a whole campaign of them.
+
+    Examples
+    --------
+    >>> with api.keeping_models():
+    ...     model = api.ingest(ctx, "conv.onnx").model
+    ...     api.extract(ctx, model, "x86")  # no second parse
+    """
+    from tunefleet.models.kept import keeping_models as keeping
+
+    return keeping()
 
 
 def extract(ctx: Context, model: Model | int | str, hardware: str) -> ExtractResult:
