@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.onnx_models import tiny_onnx
 from tunefleet.budget import Budget
 
 #: What `import tunefleet.api` must not load: the calls import them when they need them.
@@ -106,19 +107,6 @@ def test_tune_refuses_a_bad_budget_in_one_line(tunefleet_home: Path) -> None:
         ctx.close()
 
 
-def _matmul_onnx(path: Path) -> Path:
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = numpy_helper.from_array(np.ones((16, 8), dtype=np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 def test_keeping_models_parses_a_file_once_for_ingest_and_extract(tunefleet_home: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import tunefleet.models.sandbox as sandbox
@@ -132,10 +120,12 @@ def test_keeping_models_parses_a_file_once_for_ingest_and_extract(tunefleet_home
         return real(data, filename, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sandbox, "parse_model", counting)
+    path = tunefleet_home.parent / "mm.onnx"
+    path.write_bytes(tiny_onnx())
     ctx = api.connect()
     try:
         with api.keeping_models():
-            model = api.ingest(ctx, str(_matmul_onnx(tunefleet_home.parent / "mm.onnx"))).model
+            model = api.ingest(ctx, str(path)).model
             assert api.extract(ctx, model, "x86").workloads == 1
         assert parsed == ["mm.onnx"]  # the extraction took the ingest's parse
         api.extract(ctx, model, "x86")  # outside the block: parsed again

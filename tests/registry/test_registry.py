@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.onnx_models import tiny_onnx
 from tunefleet import api
 from tunefleet.testing.ports import free_port
 
@@ -77,20 +78,6 @@ def _measure_every_workload(ctx: Any, model: Any, hardware: str = "x86") -> None
         db.commit_measurements([NewMeasurement(wl.id, hw.id, trace_json_of(space), run_secs=[1e-5] * 3,
                                                args_info=args, tvm_version=tvm_version(),
                                                target=json.dumps(hw.target))])
-
-
-def _tiny_onnx() -> bytes:
-    """A one-layer ONNX model (MatMul + Relu), written with onnx's helpers."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    weight = numpy_helper.from_array(np.ones((16, 8), dtype=np.float32), name="w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return model.SerializeToString()
 
 
 @pytest.fixture(scope="module")
@@ -228,12 +215,12 @@ def test_bundles_travel_with_their_sha256_and_a_writer_uploads_and_submits(
     assert uploaded.status_code == 200 and uploaded.json()["new"] is True
     too_big = _post(f"{url}/v1/hub", write, b"\0" * (1024 * 1024 + 1))
     assert too_big.status_code == 413 and "over the registry's limit" in too_big.json()["detail"]
-    submitted = _post(f"{url}/v1/models", write, _tiny_onnx(), params={"name": "tiny", "trials": 16})
+    submitted = _post(f"{url}/v1/models", write, tiny_onnx(), params={"name": "tiny", "trials": 16})
     assert submitted.status_code == 200, submitted.text
     body = submitted.json()
     assert (body["model"], body["created"], body["hardware"]) == ("tiny", True, "x86")
     assert body["workloads"] >= 1 and body["new_shards"] == body["workloads"] and body["new_trials"] == 16 * body["workloads"]
-    again = _post(f"{url}/v1/models", write, _tiny_onnx(), params={"name": "tiny", "trials": 16}).json()
+    again = _post(f"{url}/v1/models", write, tiny_onnx(), params={"name": "tiny", "trials": 16}).json()
     assert (again["created"], again["new_shards"]) == (False, 0)  # the same model: nothing planned twice
     bad = _post(f"{url}/v1/models", write, b"garbage" * 10, params={"name": "broken"})
     assert bad.status_code == 400 and "\n" not in bad.json()["detail"]
