@@ -73,6 +73,35 @@ def test_a_worker_with_nothing_to_lease_starts_no_builder(engine) -> None:  # ty
     assert len(starts) == START_FAILURES
 
 
+def test_the_cost_model_is_read_before_a_shard_is_leased(engine, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The lease's heartbeat starts with the search: a first read of the class's cost model
+    (xgboost's import, the file from the store) after the lease could outlast a short lease, and
+    the shard was lost before its first build (the fault-injection loop, seed 502255)."""
+    import tunefleet.engine.worker as worker
+
+    _, db, _ = engine
+    hw = db.hardware_class("x86")
+    wl, _ = db.add_workload(structural_hash="00ad", name="dense", op_kind="dense", flops=1.0, tir_json="{}")
+    (shard,) = db.add_shards(hw.id, [(wl.id, 8, 1.0)])
+    states_when_read: list[str] = []
+
+    def read(self: Tuner, db_: Database, options: TuneOptions | None = None) -> None:
+        states_when_read.append(db_.shard(shard.id).state)
+
+    def tuned(db_: Database, leased: Any, owner: str, options: TuneOptions, kit: Any) -> Any:
+        assert kit.trained_model is None  # what the read returned goes to the shard
+        return worker.ShardResult(leased.id, DONE, 0, 0, 0, None, 0.0)
+
+    monkeypatch.setattr(Tuner, "start", lambda self: None)  # no builder or runner processes: nothing is tuned
+    for part in ("builder", "runner", "online_model"):
+        monkeypatch.setattr(Tuner, part, None)
+    monkeypatch.setattr(Tuner, "cost_model", read)
+    monkeypatch.setattr(worker, "run_shard", tuned)
+    result = Tuner(db, "x86").tune_next(db, "me")
+    assert result is not None and result.shard_id == shard.id
+    assert states_when_read == [PENDING]
+
+
 @pytest.mark.slow
 def test_drain_survives_a_database_drop_in_a_callback_and_a_lost_lease(engine, db_url: str) -> None:  # type: ignore[no-untyped-def]
     """Two shards: the first loses its database connection inside ``get_top_k`` (MetaSchedule

@@ -180,6 +180,14 @@ class Fleet:
         return (self.log_dir / f"worker-{self.procs.index(proc) + 1}.log").read_text(errors="replace")
 
 
+def _histories_of(proc: subprocess.Popen[bytes] | None, shards: list[Any]) -> dict[int, list[Any]]:
+    """The history of every shard ``proc`` ever leased (a diagnostic for a failed assertion)."""
+    if proc is None:
+        return {}
+    mark = f":{proc.pid}:"
+    return {s.id: s.history for s in shards if any(mark in str(h) for h in s.history)}
+
+
 class _CutOnWrite:
     """The store, with S3 cut off (through its proxy) just before the first object written through
     ``put_bytes``: an export has written its Parquet parts by then and a retrain its training."""
@@ -425,7 +433,9 @@ def test_fleet_survives_injected_faults(pg_server: PostgresServer, seaweedfs: Se
         assert (faults.kills, faults.drops, faults.export_outages, faults.retrain_outages) == (3, 3, 1, 1), \
             faults.transient_seen
         assert (faults.exports_killed, faults.retrain_blips, faults.hangs) == (1, 1, 1), faults.transient_seen
-        assert faults.node_faults == 1, f"the worker whose compiler broke was not quarantined\n{fleet.logs()}"
+        assert faults.node_faults == 1, (
+            f"the worker whose compiler broke was not quarantined; its shards' histories: "
+            f"{_histories_of(node_worker, shard_queue.list_shards(db))}\n{fleet.logs()}")
         assert fleet.hung is not None and "looks stuck" in fleet.log_of(fleet.hung), \
             f"the hung worker's heartbeat never stopped renewing\n{fleet.logs()}"
         final = shard_queue.list_shards(db)

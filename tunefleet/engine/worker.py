@@ -246,6 +246,10 @@ class Tuner:
             return None  # nothing to lease or take over: no builder and runner started for nothing (asked
             # only before they start: once running, the lease below answers the same at no extra query)
         self.start()
+        # Read before leasing, like the builder and runner start: the lease's heartbeat starts with
+        # the search, and a first read (xgboost's import, the model from the store) can outlast a
+        # short lease: the shard would be lost before its first build.
+        trained = self.cost_model(db, options)
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:
             from tunefleet.energy.priorities import reprioritise
@@ -257,7 +261,6 @@ class Tuner:
         if shard is None:
             return None
         self._in_hand[owner] = shard.id
-        trained = self.cost_model(db, options)
         if options.filtering and trained is None and not self._warned_no_filter:
             self._warned_no_filter = True
             log.warning("filtering is on but %s has no current cost model%s: every candidate is measured "
