@@ -84,12 +84,14 @@ def test_the_cost_model_is_read_before_a_shard_is_leased(engine, monkeypatch: py
     wl, _ = db.add_workload(structural_hash="00ad", name="dense", op_kind="dense", flops=1.0, tir_json="{}")
     (shard,) = db.add_shards(hw.id, [(wl.id, 8, 1.0)])
     states_when_read: list[str] = []
+    model = object()  # what the read returns
 
-    def read(self: Tuner, db_: Database, options: TuneOptions | None = None) -> None:
+    def read(self: Tuner, db_: Database, options: TuneOptions | None = None) -> object:
         states_when_read.append(db_.shard(shard.id).state)
+        return model
 
     def tuned(db_: Database, leased: Any, owner: str, options: TuneOptions, kit: Any) -> Any:
-        assert kit.trained_model is None  # what the read returned goes to the shard
+        assert kit.trained_model is model  # what the read returned goes to the shard
         return worker.ShardResult(leased.id, DONE, 0, 0, 0, None, 0.0)
 
     monkeypatch.setattr(Tuner, "start", lambda self: None)  # no builder or runner processes: nothing is tuned

@@ -142,7 +142,7 @@ class Fleet:
     @staticmethod
     def lease_holders(db: Database) -> set[int]:
         """The pids that hold a lease (an owner is ``host:pid:token``, ``worker_owner``)."""
-        return {int(s.lease_owner.split(":")[1]) for s in shard_queue.list_shards(db)
+        return {_owner_pid(s.lease_owner) for s in shard_queue.list_shards(db)
                 if s.state == "leased" and s.lease_owner}
 
     def wait_for_lease(self, proc: subprocess.Popen[bytes], db: Database, timeout_s: float) -> bool:
@@ -180,12 +180,17 @@ class Fleet:
         return (self.log_dir / f"worker-{self.procs.index(proc) + 1}.log").read_text(errors="replace")
 
 
+def _owner_pid(owner: str) -> int:
+    """The pid in a lease owner (``host:pid:token``, ``worker_owner``)."""
+    return int(owner.split(":")[1])
+
+
 def _histories_of(proc: subprocess.Popen[bytes] | None, shards: list[Any]) -> dict[int, list[Any]]:
     """The history of every shard ``proc`` ever leased (a diagnostic for a failed assertion)."""
     if proc is None:
         return {}
-    mark = f":{proc.pid}:"
-    return {s.id: s.history for s in shards if any(mark in str(h) for h in s.history)}
+    return {s.id: s.history for s in shards
+            if any(h.get("owner") and _owner_pid(h["owner"]) == proc.pid for h in s.history)}
 
 
 class _CutOnWrite:
