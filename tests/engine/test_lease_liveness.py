@@ -8,13 +8,15 @@ import datetime as dt
 import os
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
 
 from tunefleet.engine import heartbeat as heartbeat_module
 from tunefleet.engine.heartbeat import Heartbeat
 from tunefleet.engine.options import TuneOptions
-from tunefleet.engine.shard import ShardKit, run_shard
+from tunefleet.engine.shard import ShardKit, ShardRun, run_shard
 from tunefleet.engine.worker import OWNER_TOKEN_ENV, worker_owner
 from tunefleet.errors import HeartbeatStoppedError
 from tunefleet.planning import shard_queue
@@ -65,6 +67,33 @@ def test_any_exception_that_kills_the_heartbeat_is_raised_to_the_tuning_thread(m
         hb.check()
 
 
+def test_a_shard_keeps_its_lease_while_it_sets_up(engine, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The heartbeat starts with the lease, not with the search: one blocking step of the set-up
+    (a first import, a slow read) longer than the lease must not let another worker take the
+    shard before its first build (the fault-injection loop, seed 714798: the node whose compiler
+    broke lost its shard so, and was never quarantined)."""
+    _, db, _ = engine
+    hw = db.hardware_class("x86")
+    wl, _ = db.add_workload(structural_hash="00ad", name="dense", op_kind="dense", flops=1.0, tir_json="{}")
+    (shard,) = db.add_shards(hw.id, [(wl.id, 8, 1.0)])
+    lease_s = 3.0
+    leased = shard_queue.lease(db, "x86", "w", lease_s=lease_s, shard_id=shard.id)
+    assert leased is not None
+    seen: list[Any] = []
+
+    def slow_set_up(self: ShardRun, _policies: Any) -> bool:
+        time.sleep(2 * lease_s)  # one step, nothing returns meanwhile
+        seen.append(shard_queue.requeue_expired(db))  # what another worker's lease does first
+        seen.append((db.shard(shard.id).state, db.shard(shard.id).lease_owner))
+        raise RuntimeError("set-up ends here")
+
+    monkeypatch.setattr(ShardRun, "resolve", slow_set_up)
+    options = TuneOptions(lease_s=lease_s, warm_start_shapes=False, transfer=False)
+    with pytest.raises(RuntimeError, match="set-up ends here"):
+        run_shard(db, leased, "w", options, ShardKit())
+    assert seen == [[], ("leased", "w")]
+
+
 @pytest.mark.slow
 def test_a_resumed_shard_measures_its_suspects_alone_and_a_dead_heartbeat_stops_the_search(
         engine, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
@@ -98,11 +127,10 @@ def test_a_resumed_shard_measures_its_suspects_alone_and_a_dead_heartbeat_stops_
     # a heartbeat that died before the first round: no batch is measured, the attempt is not spent
     def dead_heartbeat(self: Heartbeat) -> Heartbeat:
         self.stopped = f"heartbeat of shard {self.shard_id} stopped: RuntimeError: gone; the lease would lapse"
-        self._stop.set()  # the thread ends at once, without a beat
-        self._thread.start()
+        self._stop.set()  # the thread never beats
         return self
 
-    monkeypatch.setattr(Heartbeat, "__enter__", dead_heartbeat)
+    monkeypatch.setattr(Heartbeat, "start", dead_heartbeat)
     leased = shard_queue.lease(db, "x86", "w", shard_id=stuck.id)
     assert leased is not None
     with pytest.raises(HeartbeatStoppedError, match=f"heartbeat of shard {stuck.id} stopped"):

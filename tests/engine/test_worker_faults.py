@@ -74,9 +74,10 @@ def test_a_worker_with_nothing_to_lease_starts_no_builder(engine) -> None:  # ty
 
 
 def test_the_cost_model_is_read_before_a_shard_is_leased(engine, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """The lease's heartbeat starts with the search: a first read of the class's cost model
-    (xgboost's import, the file from the store) after the lease could outlast a short lease, and
-    the shard was lost before its first build (the fault-injection loop, seed 502255)."""
+    """Nothing slow runs between the lease and the shard's heartbeat (which starts in
+    ``ShardRun.run``): a first read of the class's cost model (xgboost's import, the file from the
+    store) there outlasted a short lease, and the shard was lost before its first build (the
+    fault-injection loop, seed 502255)."""
     import tunefleet.engine.worker as worker
 
     _, db, _ = engine

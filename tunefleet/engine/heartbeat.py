@@ -103,6 +103,7 @@ class Heartbeat:
         self.stalled: str | None = None
         """Why the last beat did not renew the lease (no progress for a lease), or None."""
         self._stop = threading.Event()
+        self._started = False
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{shard_id}", daemon=True)
 
     def _run(self) -> None:
@@ -151,12 +152,30 @@ class Heartbeat:
         if self.stopped:
             raise HeartbeatStoppedError(self.stopped)
 
-    def __enter__(self) -> Heartbeat:
+    def watch(self, progress: ProgressClock) -> None:
+        """From now on renew only while ``progress`` is touched less than a lease ago (a heartbeat
+        started at the lease renews unconditionally while its shard sets up: one blocking step
+        of that, a first import, can outlast a short lease without anything being stuck)."""
+        progress.touch("tuning started")
+        self.progress = progress
+
+    def start(self) -> Heartbeat:
+        """Start beating (once: a second call, or one after :meth:`stop`, does nothing)."""
         if self.progress is not None:
             self.progress.touch("tuning started")
-        self._thread.start()
+        if not self._started:
+            self._started = True
+            self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """Stop beating (a stopped heartbeat does not start again)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._started:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -158,7 +158,7 @@ class ShardRun:
         self.committer: Any = None
         self.callback: Any = None
         self.failure: BaseException | None = None
-        self.heartbeat: Heartbeat | None = None  # while tune() runs
+        self.heartbeat: Heartbeat | None = None  # from run()'s start to tune()'s end
         self.ended = False
         self._past: tuple[list[Any], list[float]] | None | bool = False
 
@@ -166,16 +166,26 @@ class ShardRun:
     def run(self) -> ShardResult:
         if self.remaining <= 0:
             return self.finish([])
-        policies = self.policies()
-        reason = next((r for p in policies if (r := p.start(self))), None)
+        # The heartbeat starts with the lease, not with the search: setting up (the policies, the
+        # search, the context) can outlast a short lease, and a shard lost before its first build
+        # never shows whether this node can build. It watches the tuning's progress from tune() on.
+        hb = self.heartbeat = Heartbeat(self.db, self.shard.id, self.owner, self.options.lease_s,
+                                        generation=self.shard.lease_generation).start()
+        try:
+            policies = self.policies()
+            reason = next((r for p in policies if (r := p.start(self))), None)
+            own_builder = False if reason else self.resolve(policies)
+        except BaseException:
+            hb.stop()
+            raise
         if reason:
+            hb.stop()
             self.progress.stop_reason = reason
             return self.finish(policies)
-        own_builder = self.resolve(policies)
         seen: list[BaseException] = []
         try:
             with collect_failures() as seen:
-                self.tune(policies)
+                self.tune(policies)  # stops the heartbeat, however it ends
         except (LeaseLostError, DatabaseError):
             raise  # not this shard's fault: the caller (or Prefect's retry) decides
         except Exception as exc:  # a crashed tuning attempt: record it on the shard, keep what was committed
@@ -300,10 +310,10 @@ class ShardRun:
         if hasattr(self.builder, "on_returned"):  # PersistentBuilder: each build that returns is progress
             self.builder.on_returned = lambda: clock.touch("a build returned")
         runner = ProgressRunner(self.runner, lambda: clock.touch("a run returned"))
-        with Heartbeat(self.db, self.shard.id, self.owner, self.options.lease_s,
-                       generation=self.shard.lease_generation, progress=self.progress_clock) as hb, \
-                tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
-            self.heartbeat = hb
+        hb = self.heartbeat
+        assert hb is not None, "run() starts the heartbeat"
+        hb.watch(self.progress_clock)
+        with hb, tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
             self.callback = CommitCallback(
                 self.committer, build_seconds=getattr(self.builder, "pop_build_time", None),
                 measure_info=getattr(self.runner, "pop_measure_info", None),

@@ -246,9 +246,8 @@ class Tuner:
             return None  # nothing to lease or take over: no builder and runner started for nothing (asked
             # only before they start: once running, the lease below answers the same at no extra query)
         self.start()
-        # Read before leasing, like the builder and runner start: the lease's heartbeat starts with
-        # the search, and a first read (xgboost's import, the model from the store) can outlast a
-        # short lease: the shard would be lost before its first build.
+        # Read before leasing, like the builder and runner start: a first read (xgboost's import,
+        # the model from the store) can take seconds, and a lease is held for work, not for that.
         trained = self.cost_model(db, options)
         t0 = time.perf_counter()
         if options.energy_aware and shard_id is None and reprioritise:
