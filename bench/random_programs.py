@@ -1,0 +1,246 @@
+"""How well does the cost model rank random programs of workloads it never saw (TenSet's protocol)?
+
+Usage::
+
+    python bench/random_programs.py bench/data/campaign-amd-epyc-family-25-model-17*.parquet
+    python bench/random_programs.py SOURCES --workloads 60 --programs 32 --json random.json
+
+TenSet's pairwise accuracy of 0.846 (the anchor of "A cost model that knows before it measures")
+scores programs sampled at random from each task's search space: its ``scripts/dump_programs.py``
+draws Ansor's initial population and evolves it with Ansor's default, random cost model, 3,000
+distinct programs per task, whose run times spread over orders of magnitude. ``bench/pretrain.py``
+scores the campaign's own measurements instead: candidates that an evolutionary search guided by
+a cost model chose, most of them near their workload's best. This bench scores one trained model
+on both, for the same held-out workloads:
+
+1. the sources (hub bundles holding a campaign's measurements, as for ``bench/pretrain.py``) go
+   into a fresh home and a dataset; the workloads with a tensor dimension in ``--holdout-dims``
+   are held out (``bench/pretrain.py``'s shape-family split) and the shipped configuration
+   (``rank:pairwise``, 60 rounds) is trained on the rest;
+2. ``--workloads`` of the held-out workloads are drawn (seeded; all of them if fewer); for each,
+   ``--programs`` distinct random programs: MetaSchedule's ``ReplayTrace`` (the design space's
+   traces with every decision drawn anew, the CPU post-processors applied), built by tunefleet's
+   builder and measured by its runner with the tuner's evaluator, for the campaign class's target
+   (the machine must run that code: a campaign of this CPU is the meaningful source);
+3. prints the model's pairwise accuracy (every pair of one workload's programs with different run
+   times; pooled, and averaged per workload with its rows as weights, as TenSet averages it),
+   peak@1 and peak@5 next to a random ranking's, on the random programs and on the campaign's own
+   held-out rows of the same workloads, and how far apart each set's run times lie (a workload's
+   slowest over its fastest, the median over workloads).
+
+A program that fails to build or run (a random program can exceed the runner's timeout) counts
+as an error row: left out of the pairs, as the dataset leaves run errors out. Prints what it
+measured; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pretrain import DEFAULT_HOLDOUT_DIMS, METRICS, load_table, row  # noqa: E402
+
+CONFIG = ("rank:pairwise", 60, {})
+"""The shipped configuration (``bench/pretrain.py``'s choice): objective, rounds, parameters."""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="+", type=Path, help="hub bundles holding a campaign's measurements")
+    p.add_argument("--holdout-dims", default=",".join(map(str, DEFAULT_HOLDOUT_DIMS)),
+                   help="held-out shape families (default %(default)s, as bench/pretrain.py)")
+    p.add_argument("--workloads", type=int, default=60, help="held-out workloads to sample programs of "
+                   "(default %(default)s)")
+    p.add_argument("--programs", type=int, default=32, help="random programs per workload (default %(default)s)")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="one measurement's limit (default %(default)s s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", type=Path, help="the scratch tunefleet home (default a temporary folder)")
+    p.add_argument("--json", type=Path, help="also write the report as JSON here")
+    return p.parse_args(argv)
+
+
+def sample_programs(mod: Any, target: Any, n: int, seed: int, threads: int) -> tuple[Any, list[Any]]:
+    """(the TuneContext, up to ``n`` distinct random programs of ``mod``): ReplayTrace's draws,
+    repeated until ``n`` distinct modules or five draws that add none."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply", search_strategy="replay-trace",
+                         task_name="random", rand_state=seed, num_threads=threads)
+    spaces = ctx.generate_design_space()
+    seen: set[int] = set()
+    out: list[Any] = []
+    stale = 0
+    while len(out) < n and stale < 5:
+        ctx.search_strategy.pre_tuning(max_trials=n, num_trials_per_iter=n, design_spaces=spaces,
+                                       database=ms.database.MemoryDatabase(), cost_model=None)
+        before = len(out)
+        for cand in ctx.search_strategy.generate_measure_candidates() or []:
+            key = tvm_ffi.structural_hash(cand.sch.mod)
+            if key not in seen and len(out) < n:
+                seen.add(key)
+                out.append(cand)
+        ctx.search_strategy.post_tuning()
+        stale = stale + 1 if len(out) == before else 0
+    return ctx, out
+
+
+def measure(cands: list[Any], target: Any, builder: Any, runner: Any) -> list[float | None]:
+    """Each program's mean run time (seconds), or None where it failed to build or run."""
+    from tvm.s_tir import meta_schedule as ms
+
+    built = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for c in cands])
+    ok = [i for i, b in enumerate(built) if not b.error_msg]
+    out: list[float | None] = [None] * len(cands)
+    futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", cands[i].args_info) for i in ok])
+    for i, f in zip(ok, futures):
+        res = f.result()
+        if res.error_msg is None and res.run_secs:
+            out[i] = statistics.fmean(float(x) for x in res.run_secs)
+    return out
+
+
+def stop_runner(runner: Any) -> None:
+    """Stop a runner's worker processes (MetaSchedule's ``LocalRunner`` has no shutdown of its own)."""
+    stop = getattr(runner, "shutdown", None) or getattr(getattr(runner, "pool", None), "shutdown", None)
+    if stop is not None:
+        stop()
+
+
+def spread(times: dict[str, list[float]]) -> float | None:
+    """The median over workloads of the slowest successful time over the fastest."""
+    ratios = [max(t) / min(t) for t in times.values() if len(t) >= 2 and min(t) > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    missing = [str(s) for s in args.sources if not s.is_file()]
+    if missing:
+        print(f"random_programs: no such bundle: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    import numpy as np
+    import pyarrow as pa
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunefleet import api
+    from tunefleet.config import Settings
+    from tunefleet.hardware import cpu_label, host_cpu
+    from tunefleet.learning import costmodel as cm
+    from tunefleet.tvm.builder import PersistentBuilder, import_tensor_intrinsics
+    from tunefleet.tvm.runner import make_runner
+    from tunefleet.tvm.targets import make_target
+    from tunefleet.tvm.threads import class_threads, use_threads
+
+    dims = {int(d) for d in args.holdout_dims.split(",") if d.strip()}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tunefleet-random-programs-") as tmp:
+        work = args.work_dir or Path(tmp)
+        table, sources = load_table(args.sources, work)
+        ctx = api.connect(Settings(home=work, hub="off"))
+        classes = ctx.db.hub_classes()
+        heldout = cm.shape_holdout(table, dims)
+        train_t, test_t = cm.split_by_workload(table, heldout=heldout)
+        objective, rounds, params = CONFIG
+        t0 = time.perf_counter()
+        model = cm.train(train_t, objective=objective, num_boost_round=rounds, params=params)
+        print(f"trained {objective}, {rounds} rounds on {train_t.num_rows} rows of "
+              f"{len(set(train_t['workload_hash'].to_pylist()))} workloads ({time.perf_counter() - t0:.0f} s); "
+              f"{len(heldout)} workloads held out (a dimension in {sorted(dims)})", flush=True)
+
+        # each held-out workload's target: its first row's (the campaign class's, as measured there)
+        target_of: dict[str, str] = {}
+        for wl, tgt in zip(test_t["workload_hash"].to_pylist(), test_t["target"].to_pylist()):
+            if tgt:
+                target_of.setdefault(wl, tgt)
+        chosen = sorted(target_of)
+        random.Random(args.seed).shuffle(chosen)
+        chosen = sorted(chosen[: args.workloads])
+        print(f"this CPU: {cpu_label(host_cpu())}; the campaign's: "
+              f"{', '.join(sorted({cpu_label(dict(hw.capabilities or {}).get('cpu') or {}) for hw in classes}))}; "
+              f"targets: {', '.join(sorted({target_of[w] for w in chosen}))}", flush=True)
+
+        import_tensor_intrinsics()
+        threads = use_threads(max(class_threads(json.loads(target_of[w])) for w in chosen))
+        extractor = ms.feature_extractor.PerStoreFeature()
+        rows: dict[str, list[Any]] = {"workload_hash": [], "hardware": [], "label": [], "error_kind": []}
+        features: list[Any] = []
+        random_times: dict[str, list[float]] = {}
+        measured = errors = 0
+        with PersistentBuilder(max_workers=threads) as builder:
+            runners: dict[str, Any] = {}
+            for k, wl_hash in enumerate(chosen, 1):
+                target = make_target(target_of[wl_hash])
+                runner = runners.setdefault(target_of[wl_hash], make_runner(target, timeout_s=args.timeout_s))
+                wl = ctx.db.workload(wl_hash)
+                t0 = time.perf_counter()
+                tctx, cands = sample_programs(tvm.ir.load_json(wl.tir_json), target, args.programs,
+                                              args.seed + k, threads)
+                times = measure(cands, target, builder, runner)
+                mats = [np.asarray(t.numpy(), dtype=np.float32) for t in extractor.extract_from(tctx, cands)]
+                good = [t for t in times if t is not None]
+                best = min(good) if good else None
+                random_times[wl_hash] = good
+                for t, m in zip(times, mats):
+                    rows["workload_hash"].append(wl_hash)
+                    rows["hardware"].append("random")
+                    rows["label"].append(best / t if t is not None and best else 0.0)
+                    rows["error_kind"].append(None if t is not None else "run")
+                    features.append(m)
+                measured += len(good)
+                errors += len(times) - len(good)
+                print(f"  [{k}/{len(chosen)}] {wl.name}: {len(cands)} programs, {len(good)} measured"
+                      + (f", {min(good) * 1e3:.3f}-{max(good) * 1e3:.3f} ms" if good else "")
+                      + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for runner in runners.values():
+                stop_runner(runner)
+
+        rand_t = pa.table({"workload_hash": pa.array(rows["workload_hash"], pa.string()),
+                           "hardware": pa.array(rows["hardware"], pa.string()),
+                           "label": pa.array(rows["label"], pa.float64()),
+                           "error_kind": pa.array(rows["error_kind"], pa.string())})
+        rand_scores = model.predict_features(cm.store_features(features))
+        campaign_t = test_t.filter(pa.array([w in set(chosen) for w in test_t["workload_hash"].to_pylist()]))
+        campaign_times: dict[str, list[float]] = {}
+        labels = campaign_t["label"].to_pylist()
+        for w, lab, err in zip(campaign_t["workload_hash"].to_pylist(), labels, campaign_t["error_kind"].to_pylist()):
+            if err is None and lab:
+                campaign_times.setdefault(w, []).append(1.0 / lab)  # best / time: its inverse is time / best
+
+        report: dict[str, Any] = {"workloads": len(chosen), "programs_per_workload": args.programs,
+                                  "measured": measured, "errors": errors, "dims": sorted(dims),
+                                  "train_rows": train_t.num_rows, "sources": sources}
+        print(f"\n{len(chosen)} held-out workloads; {measured} random programs measured ({errors} failed to build or "
+              f"run); {campaign_t.num_rows} campaign rows of the same workloads; "
+              f"{time.perf_counter() - started:.0f} s in all")
+        print(f"{'ranking':34s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}")
+        for name, t, scores, times in (("random programs", rand_t, rand_scores, random_times),
+                                       ("the campaign's rows", campaign_t, model.predict(campaign_t), campaign_times)):
+            m = cm.evaluate_scores(scores, t, seed=args.seed)
+            base = cm.baselines(t, seed=args.seed)["random"]
+            print(row(f"{name}: the model", m))
+            print(row(f"{name}: random ranking", base))
+            s = spread(times)
+            print(f"{'':34s} run times: slowest / fastest, median over workloads: "
+                  f"{'n/a' if s is None else f'{s:.1f}x'}; {m['n_pairs']} pairs")
+            report[name] = {"model": {k: m.get(k) for k in (*METRICS, "n_pairs", "n_workloads")},
+                            "random": {k: base.get(k) for k in METRICS}, "spread": s}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
