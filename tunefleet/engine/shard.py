@@ -184,8 +184,8 @@ class ShardRun:
             return self.finish(policies)
         seen: list[BaseException] = []
         try:
-            with collect_failures() as seen:
-                self.tune(policies)  # stops the heartbeat, however it ends
+            with collect_failures() as seen, hb:  # the heartbeat stops before the handlers below
+                self.tune(policies)
         except (LeaseLostError, DatabaseError):
             raise  # not this shard's fault: the caller (or Prefect's retry) decides
         except Exception as exc:  # a crashed tuning attempt: record it on the shard, keep what was committed
@@ -311,9 +311,9 @@ class ShardRun:
             self.builder.on_returned = lambda: clock.touch("a build returned")
         runner = ProgressRunner(self.runner, lambda: clock.touch("a run returned"))
         hb = self.heartbeat
-        assert hb is not None, "run() starts the heartbeat"
+        assert hb is not None, "run() starts the heartbeat (and stops it)"
         hb.watch(self.progress_clock)
-        with hb, tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
+        with tempfile.TemporaryDirectory(dir=self.kit.work_dir) as tmp:
             self.callback = CommitCallback(
                 self.committer, build_seconds=getattr(self.builder, "pop_build_time", None),
                 measure_info=getattr(self.runner, "pop_measure_info", None),
