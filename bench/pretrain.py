@@ -99,11 +99,11 @@ class MixedSources(ValueError):
     """The sources' classes are of more than one kind of vector code, and no --output was named."""
 
 
-def row(name: str, m: dict[str, Any]) -> str:
+def row(name: str, m: dict[str, Any], width: int = 34) -> str:
     def f(key: str) -> str:
         return "n/a" if m.get(key) is None else f"{m[key]:.3f}"
 
-    return (f"{name:34s} {f('pairwise_accuracy'):>8s} {f('pairwise_by_workload'):>11s} {f('peak@1'):>7s} "
+    return (f"{name:{width}s} {f('pairwise_accuracy'):>8s} {f('pairwise_by_workload'):>11s} {f('peak@1'):>7s} "
             f"{f('peak@5'):>7s}")
 
 

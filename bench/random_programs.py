@@ -4,6 +4,7 @@ Usage::
 
     python bench/random_programs.py bench/data/campaign-amd-epyc-family-25-model-17*.parquet
     python bench/random_programs.py SOURCES --workloads 60 --programs 32 --json random.json
+    python bench/random_programs.py SOURCES --workloads 40 --programs 16 --train-random 69   # TenSet's both sides
 
 TenSet's pairwise accuracy of 0.846 (the anchor of "A cost model that knows before it measures")
 scores programs sampled at random from each task's search space: its ``scripts/dump_programs.py``
@@ -27,6 +28,10 @@ on both, for the same held-out workloads:
    peak@1 and peak@5 next to a random ranking's, on the random programs and on the campaign's own
    held-out rows of the same workloads, and how far apart each set's run times lie (a workload's
    slowest over its fastest, the median over workloads).
+
+``--train-random N`` also measures random programs of N training workloads (drawn the same way)
+and trains a second model, the same configuration, on them alone: TenSet's protocol on both
+sides, scored beside the campaign-trained model on both test sets.
 
 A program that fails to build or run (a random program can exceed the runner's timeout) counts
 as an error row: left out of the pairs, as the dataset leaves run errors out. Prints what it
@@ -62,6 +67,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", type=int, default=60, help="held-out workloads to sample programs of "
                    "(default %(default)s)")
     p.add_argument("--programs", type=int, default=32, help="random programs per workload (default %(default)s)")
+    p.add_argument("--train-random", type=int, default=0, metavar="N", help="also measure random programs of N "
+                   "training workloads and train a second model on them, TenSet's protocol on both sides (default 0)")
     p.add_argument("--timeout-s", type=float, default=10.0, help="one measurement's limit (default %(default)s s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, help="the scratch tunefleet home (default a temporary folder)")
@@ -117,6 +124,78 @@ def stop_runner(runner: Any) -> None:
         stop()
 
 
+def draw(workloads: list[str], n: int, seed: int) -> list[str]:
+    """``n`` of ``workloads`` (all of them if fewer), drawn with ``seed``, sorted."""
+    out = list(workloads)
+    random.Random(seed).shuffle(out)
+    return sorted(out[:n])
+
+
+class Sampler:
+    """Random programs of workloads, measured, as a table that :mod:`tunefleet.learning.costmodel`
+    scores and trains on (features, label = the workload's best time / this time, error_kind)."""
+
+    def __init__(self, db: Any, target_of: dict[str, str], args: argparse.Namespace, threads: int) -> None:
+        from tvm.s_tir import meta_schedule as ms
+
+        from tunefleet.tvm.builder import PersistentBuilder
+
+        self.db, self.target_of, self.args, self.threads = db, target_of, args, threads
+        self.extractor = ms.feature_extractor.PerStoreFeature()
+        self.builder = PersistentBuilder(max_workers=threads)
+        self.runners: dict[str, Any] = {}
+        self.measured = self.errors = 0
+
+    def table(self, workloads: list[str]) -> tuple[Any, dict[str, list[float]]]:
+        """(the table of their programs, each workload's successful run times)."""
+        import numpy as np
+        import pyarrow as pa
+        import tvm
+
+        from tunefleet.learning.dataset import FEATURE_DIMS
+        from tunefleet.tvm.runner import make_runner
+        from tunefleet.tvm.targets import make_target
+
+        rows: dict[str, list[Any]] = {"workload_hash": [], "hardware": [], "label": [], "error_kind": [], "features": []}
+        times_of: dict[str, list[float]] = {}
+        for k, wl_hash in enumerate(workloads, 1):
+            target = make_target(self.target_of[wl_hash])
+            runner = self.runners.get(self.target_of[wl_hash])
+            if runner is None:
+                runner = self.runners[self.target_of[wl_hash]] = make_runner(target, timeout_s=self.args.timeout_s)
+            wl = self.db.workload(wl_hash)
+            t0 = time.perf_counter()
+            tctx, cands = sample_programs(tvm.ir.load_json(wl.tir_json), target, self.args.programs,
+                                          self.args.seed + k, self.threads)
+            times = measure(cands, target, self.builder, runner)
+            mats = [np.asarray(t.numpy(), dtype=np.float32) for t in self.extractor.extract_from(tctx, cands)]
+            good = [t for t in times if t is not None]
+            best = min(good) if good else None
+            times_of[wl_hash] = good
+            for t, m in zip(times, mats, strict=True):
+                rows["workload_hash"].append(wl_hash)
+                rows["hardware"].append("random")
+                rows["label"].append(best / t if t is not None and best else 0.0)
+                rows["error_kind"].append(None if t is not None else "run")
+                rows["features"].append(m.tolist())
+            self.measured += len(good)
+            self.errors += len(times) - len(good)
+            print(f"  [{k}/{len(workloads)}] {wl.name}: {len(cands)} programs, {len(good)} measured"
+                  + (f", {min(good) * 1e3:.3f}-{max(good) * 1e3:.3f} ms" if good else "")
+                  + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+        table = pa.table({"workload_hash": pa.array(rows["workload_hash"], pa.string()),
+                          "hardware": pa.array(rows["hardware"], pa.string()),
+                          "label": pa.array(rows["label"], pa.float64()),
+                          "error_kind": pa.array(rows["error_kind"], pa.string()),
+                          "features": pa.array(rows["features"], pa.list_(pa.list_(pa.float32(), FEATURE_DIMS)))})
+        return table, times_of
+
+    def close(self) -> None:
+        self.builder.shutdown()
+        for runner in self.runners.values():
+            stop_runner(runner)
+
+
 def spread(times: dict[str, list[float]]) -> float | None:
     """The median over workloads of the slowest successful time over the fastest."""
     ratios = [max(t) / min(t) for t in times.values() if len(t) >= 2 and min(t) > 0]
@@ -129,18 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"random_programs: no such bundle: {', '.join(missing)}", file=sys.stderr)
         return 2
-    import numpy as np
     import pyarrow as pa
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     from tunefleet import api
     from tunefleet.config import Settings
     from tunefleet.hardware import cpu_label, host_cpu
     from tunefleet.learning import costmodel as cm
-    from tunefleet.tvm.builder import PersistentBuilder, import_tensor_intrinsics
-    from tunefleet.tvm.runner import make_runner
-    from tunefleet.tvm.targets import make_target
+    from tunefleet.tvm.builder import import_tensor_intrinsics
     from tunefleet.tvm.threads import class_threads, use_threads
 
     dims = {int(d) for d in args.holdout_dims.split(",") if d.strip()}
@@ -159,58 +233,32 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{len(set(train_t['workload_hash'].to_pylist()))} workloads ({time.perf_counter() - t0:.0f} s); "
               f"{len(heldout)} workloads held out (a dimension in {sorted(dims)})", flush=True)
 
-        # each held-out workload's target: its first row's (the campaign class's, as measured there)
+        # each workload's target: its first row's (the campaign class's, as measured there)
         target_of: dict[str, str] = {}
-        for wl, tgt in zip(test_t["workload_hash"].to_pylist(), test_t["target"].to_pylist()):
+        for wl, tgt in zip(table["workload_hash"].to_pylist(), table["target"].to_pylist()):
             if tgt:
                 target_of.setdefault(wl, tgt)
-        chosen = sorted(target_of)
-        random.Random(args.seed).shuffle(chosen)
-        chosen = sorted(chosen[: args.workloads])
+        chosen = draw(sorted(w for w in target_of if w in heldout), args.workloads, args.seed)
+        train_chosen = draw(sorted(w for w in target_of if w not in heldout), args.train_random, args.seed)
         print(f"this CPU: {cpu_label(host_cpu())}; the campaign's: "
               f"{', '.join(sorted({cpu_label(dict(hw.capabilities or {}).get('cpu') or {}) for hw in classes}))}; "
-              f"targets: {', '.join(sorted({target_of[w] for w in chosen}))}", flush=True)
+              f"targets: {', '.join(sorted({target_of[w] for w in chosen + train_chosen}))}", flush=True)
 
         import_tensor_intrinsics()
         threads = use_threads(max(class_threads(json.loads(target_of[w])) for w in chosen))
-        extractor = ms.feature_extractor.PerStoreFeature()
-        rows: dict[str, list[Any]] = {"workload_hash": [], "hardware": [], "label": [], "error_kind": []}
-        features: list[Any] = []
-        random_times: dict[str, list[float]] = {}
-        measured = errors = 0
-        with PersistentBuilder(max_workers=threads) as builder:
-            runners: dict[str, Any] = {}
-            for k, wl_hash in enumerate(chosen, 1):
-                target = make_target(target_of[wl_hash])
-                runner = runners.setdefault(target_of[wl_hash], make_runner(target, timeout_s=args.timeout_s))
-                wl = ctx.db.workload(wl_hash)
-                t0 = time.perf_counter()
-                tctx, cands = sample_programs(tvm.ir.load_json(wl.tir_json), target, args.programs,
-                                              args.seed + k, threads)
-                times = measure(cands, target, builder, runner)
-                mats = [np.asarray(t.numpy(), dtype=np.float32) for t in extractor.extract_from(tctx, cands)]
-                good = [t for t in times if t is not None]
-                best = min(good) if good else None
-                random_times[wl_hash] = good
-                for t, m in zip(times, mats):
-                    rows["workload_hash"].append(wl_hash)
-                    rows["hardware"].append("random")
-                    rows["label"].append(best / t if t is not None and best else 0.0)
-                    rows["error_kind"].append(None if t is not None else "run")
-                    features.append(m)
-                measured += len(good)
-                errors += len(times) - len(good)
-                print(f"  [{k}/{len(chosen)}] {wl.name}: {len(cands)} programs, {len(good)} measured"
-                      + (f", {min(good) * 1e3:.3f}-{max(good) * 1e3:.3f} ms" if good else "")
-                      + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-            for runner in runners.values():
-                stop_runner(runner)
-
-        rand_t = pa.table({"workload_hash": pa.array(rows["workload_hash"], pa.string()),
-                           "hardware": pa.array(rows["hardware"], pa.string()),
-                           "label": pa.array(rows["label"], pa.float64()),
-                           "error_kind": pa.array(rows["error_kind"], pa.string())})
-        rand_scores = model.predict_features(cm.store_features(features))
+        sampler = Sampler(ctx.db, target_of, args, threads)
+        try:
+            print(f"random programs of {len(chosen)} held-out workloads:", flush=True)
+            rand_t, random_times = sampler.table(chosen)
+            if train_chosen:
+                print(f"random programs of {len(train_chosen)} training workloads:", flush=True)
+                rand_train_t, _ = sampler.table(train_chosen)
+        finally:
+            sampler.close()
+        models = {"the model": model}
+        if train_chosen:
+            models["trained on random programs"] = cm.train(rand_train_t, objective=objective, num_boost_round=rounds,
+                                                            params=params)
         campaign_t = test_t.filter(pa.array([w in set(chosen) for w in test_t["workload_hash"].to_pylist()]))
         campaign_times: dict[str, list[float]] = {}
         labels = campaign_t["label"].to_pylist()
@@ -219,23 +267,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 campaign_times.setdefault(w, []).append(1.0 / lab)  # best / time: its inverse is time / best
 
         report: dict[str, Any] = {"workloads": len(chosen), "programs_per_workload": args.programs,
-                                  "measured": measured, "errors": errors, "dims": sorted(dims),
-                                  "train_rows": train_t.num_rows, "sources": sources}
-        print(f"\n{len(chosen)} held-out workloads; {measured} random programs measured ({errors} failed to build or "
-              f"run); {campaign_t.num_rows} campaign rows of the same workloads; "
-              f"{time.perf_counter() - started:.0f} s in all")
-        print(f"{'ranking':34s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}")
-        for name, t, scores, times in (("random programs", rand_t, rand_scores, random_times),
-                                       ("the campaign's rows", campaign_t, model.predict(campaign_t), campaign_times)):
-            m = cm.evaluate_scores(scores, t, seed=args.seed)
+                                  "measured": sampler.measured, "errors": sampler.errors, "dims": sorted(dims),
+                                  "train_rows": train_t.num_rows, "train_random_workloads": len(train_chosen),
+                                  "sources": sources}
+        print(f"\n{len(chosen)} held-out workloads ({len(train_chosen)} training workloads' random programs too); "
+              f"{sampler.measured} random programs measured ({sampler.errors} failed to build or run); "
+              f"{campaign_t.num_rows} campaign rows of the held-out workloads; {time.perf_counter() - started:.0f} s in all")
+        print(f"{'ranking':44s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}")
+        for name, t, times in (("random programs", rand_t, random_times),
+                               ("the campaign's rows", campaign_t, campaign_times)):
+            report[name] = {"spread": spread(times)}
+            for label, m_ in models.items():
+                m = cm.evaluate(m_, t, seed=args.seed)
+                print(row(f"{name}: {label}", m, width=44))
+                report[name][label] = {k: m.get(k) for k in (*METRICS, "n_pairs", "n_workloads")}
             base = cm.baselines(t, seed=args.seed)["random"]
-            print(row(f"{name}: the model", m))
-            print(row(f"{name}: random ranking", base))
-            s = spread(times)
-            print(f"{'':34s} run times: slowest / fastest, median over workloads: "
-                  f"{'n/a' if s is None else f'{s:.1f}x'}; {m['n_pairs']} pairs")
-            report[name] = {"model": {k: m.get(k) for k in (*METRICS, "n_pairs", "n_workloads")},
-                            "random": {k: base.get(k) for k in METRICS}, "spread": s}
+            print(row(f"{name}: random ranking", base, width=44))
+            s = report[name]["spread"]
+            print(f"{'':44s} run times: slowest / fastest, median over workloads: "
+                  f"{'n/a' if s is None else f'{s:.1f}x'}")
+            report[name]["random"] = {k: base.get(k) for k in METRICS}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
         print(f"wrote {args.json}")
