@@ -95,6 +95,14 @@ def load_table(sources: list[Path], work: Path, *, one_code: bool = False) -> tu
     return table, info
 
 
+def bundles_exist(prog: str, sources: list[Path]) -> bool:
+    """Whether every source bundle is a file; if not, says which are missing in one line on stderr."""
+    missing = [str(s) for s in sources if not s.is_file()]
+    if missing:
+        print(f"{prog}: no such bundle: {', '.join(missing)}", file=sys.stderr)
+    return not missing
+
+
 class MixedSources(ValueError):
     """The sources' classes are of more than one kind of vector code, and no --output was named."""
 
@@ -324,9 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tunefleet.learning import costmodel as cm
     from tunefleet.learning.pretrained import model_file
 
-    missing = [str(s) for s in args.sources if not s.is_file()]
-    if missing:
-        print(f"pretrain: no such bundle: {', '.join(missing)}", file=sys.stderr)
+    if not bundles_exist("pretrain", args.sources):
         return 2
     dims = {int(d) for d in args.holdout_dims.split(",") if d.strip()}
     with tempfile.TemporaryDirectory(prefix="tunefleet-pretrain-") as tmp:

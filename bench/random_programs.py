@@ -53,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pretrain import DEFAULT_HOLDOUT_DIMS, METRICS, load_table, row  # noqa: E402
+from pretrain import DEFAULT_HOLDOUT_DIMS, METRICS, bundles_exist, load_table, row  # noqa: E402
 
 CONFIG = ("rank:pairwise", 60, {})
 """The shipped configuration (``bench/pretrain.py``'s choice): objective, rounds, parameters."""
@@ -115,13 +115,6 @@ def measure(cands: list[Any], target: Any, builder: Any, runner: Any) -> list[fl
         if res.error_msg is None and res.run_secs:
             out[i] = statistics.fmean(float(x) for x in res.run_secs)
     return out
-
-
-def stop_runner(runner: Any) -> None:
-    """Stop a runner's worker processes (MetaSchedule's ``LocalRunner`` has no shutdown of its own)."""
-    stop = getattr(runner, "shutdown", None) or getattr(getattr(runner, "pool", None), "shutdown", None)
-    if stop is not None:
-        stop()
 
 
 def draw(workloads: list[str], n: int, seed: int) -> list[str]:
@@ -191,6 +184,8 @@ class Sampler:
         return table, times_of
 
     def close(self) -> None:
+        from tunefleet.tvm.runner import stop_runner
+
         self.builder.shutdown()
         for runner in self.runners.values():
             stop_runner(runner)
@@ -204,9 +199,7 @@ def spread(times: dict[str, list[float]]) -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    missing = [str(s) for s in args.sources if not s.is_file()]
-    if missing:
-        print(f"random_programs: no such bundle: {', '.join(missing)}", file=sys.stderr)
+    if not bundles_exist("random_programs", args.sources):
         return 2
     import pyarrow as pa
 

@@ -18,7 +18,7 @@ def test_random_programs_are_distinct_and_measured() -> None:
     import tvm_ffi
 
     from tunefleet.tvm.builder import PersistentBuilder, import_tensor_intrinsics
-    from tunefleet.tvm.runner import make_runner
+    from tunefleet.tvm.runner import make_runner, stop_runner
     from tunefleet.tvm.targets import host_cpu_target, make_target
 
     cpu_target = make_target(host_cpu_target(2))
@@ -31,7 +31,7 @@ def test_random_programs_are_distinct_and_measured() -> None:
         with PersistentBuilder(max_workers=2) as builder:
             times = random_programs.measure(cands, cpu_target, builder, runner)
     finally:
-        random_programs.stop_runner(runner)
+        stop_runner(runner)
     assert len(times) == 6 and all(t is not None and 0 < t < 1 for t in times)
 
 

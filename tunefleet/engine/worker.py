@@ -297,11 +297,10 @@ class Tuner:
             self._builder.shutdown()
             self._builder = None
         runner, self._runner = self._runner, None
-        # MetaSchedule's LocalRunner has no shutdown of its own: its worker pool has (else its
-        # worker lives on until the runner is garbage-collected).
-        stop = getattr(runner, "shutdown", None) or getattr(getattr(runner, "pool", None), "shutdown", None)
-        if stop is not None:
-            stop()
+        if runner is not None:
+            from tunefleet.tvm.runner import stop_runner
+
+            stop_runner(runner)
 
 
 def quarantine(tuner: Tuner, fault: NodeFaultError | None, *, on: bool) -> None:

@@ -60,7 +60,7 @@ from tunefleet.tvm.targets import make_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ProgressRunner", "alloc_arguments", "default_evaluator_config", "make_runner"]
+__all__ = ["ProgressRunner", "alloc_arguments", "default_evaluator_config", "make_runner", "stop_runner"]
 
 _CPU_DEFAULTS: dict[str, Any] = {
     "number": 1,
@@ -194,6 +194,15 @@ def make_runner(
         alloc_repeat=alloc_repeat,
         f_alloc_argument=alloc_arguments,
     )
+
+
+def stop_runner(runner: Any) -> None:
+    """Stop a runner's worker processes: its own ``shutdown`` (the parallel runner's), else its
+    pool's (MetaSchedule's ``LocalRunner`` has none of its own, and its worker would live on until
+    the runner is garbage-collected); a runner with neither is left as it is."""
+    stop = getattr(runner, "shutdown", None) or getattr(getattr(runner, "pool", None), "shutdown", None)
+    if stop is not None:
+        stop()
 
 
 @derived_object
