@@ -93,6 +93,23 @@ def test_a_re_timing_that_fails_leaves_the_schedule_out_and_is_counted(fleet, mo
     assert "1 re-timings failed" in done.summary()
 
 
+def test_a_re_timing_leaves_no_measuring_process_behind(fleet, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The build that follows a re-timing times the model in this process: the re-timing's runner
+    is stopped when it ends, not left to the garbage collector (the test holds a reference, as a
+    traceback might)."""
+    from tests.processes import live_workers
+    from tunefleet.tvm import runner as runners
+
+    db, store = fleet
+    _, hw, _, weights = _recorded(db, store)
+    held, make = [], runners.make_runner
+    monkeypatch.setattr(runners, "make_runner", lambda *a, **k: held.append(make(*a, **k)) or held[-1])
+    before = live_workers()
+    done = confirm.confirm_bests(db, hw, weights, top=3, rounds=1)
+    assert done.schedules == 2 and len(held) == 1
+    assert not live_workers() - before
+
+
 def test_resolve_re_times_before_it_counts_and_says_so_in_the_report(fleet) -> None:  # type: ignore[no-untyped-def]
     db, store = fleet
     model, hw, heavy, _ = _recorded(db, store)

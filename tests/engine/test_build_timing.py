@@ -75,29 +75,11 @@ def test_a_closed_tuner_leaves_no_worker_process_behind(engine) -> None:  # type
     """``tunefleet run`` closes the class's tuner when tuning ends (flows/pipeline.py), so that the
     build times the model with no tuning process beside it: closing stops the builder's pool and
     the runner's worker, MetaSchedule's LocalRunner (which has no shutdown of its own) included."""
-    import psutil
-
+    from tests.processes import live_workers as workers
     from tunefleet.engine.options import TuneOptions
     from tunefleet.engine.worker import Tuner
 
     _, db, _ = engine
-    me = psutil.Process()
-
-    def workers() -> set[int]:
-        """Live descendants but the process-wide helpers multiprocessing keeps (its forkserver,
-        which forks the builder's workers, and its resource tracker): direct children with their
-        command lines."""
-        out = set()
-        for p in me.children(recursive=True):
-            try:
-                helper = p.ppid() == me.pid and any(
-                    s in " ".join(p.cmdline()) for s in ("forkserver import main", "resource_tracker import main"))
-                if not helper and p.status() != psutil.STATUS_ZOMBIE:
-                    out.add(p.pid)
-            except psutil.NoSuchProcess:
-                continue
-        return out
-
     before = workers()
     tuner = Tuner(db, "x86", TuneOptions(parallel_measure=False))
     tuner.start()

@@ -117,7 +117,7 @@ def retime(hw: HardwareClass, rows: list[tuple[Any, Any]], *, rounds: int = CONF
     from tvm.s_tir import meta_schedule as ms
 
     from tunefleet.tvm.builder import PersistentBuilder
-    from tunefleet.tvm.runner import make_runner
+    from tunefleet.tvm.runner import make_runner, stop_runner
     from tunefleet.tvm.targets import make_target
     from tunefleet.tvm.threads import class_threads, use_threads
     from tunefleet.tvm.traces import candidate
@@ -137,14 +137,19 @@ def retime(hw: HardwareClass, rows: list[tuple[Any, Any]], *, rounds: int = CONF
             out[i].error, out[i].error_kind = last_line(b.error_msg), BUILD_ERROR
     ok = [i for i, b in enumerate(built) if not b.error_msg]
     runner = make_runner(target)
-    for _ in range(rounds):
-        futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", cands[i].args_info) for i in ok])
-        for i, f in zip(ok, futures):
-            res = f.result()
-            if res.error_msg is None:
-                out[i].runs.append(statistics.fmean(float(x) for x in res.run_secs))
-            else:
-                out[i].error, out[i].error_kind = last_line(res.error_msg), RUN_ERROR
+    try:
+        for _ in range(rounds):
+            futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", cands[i].args_info)
+                                  for i in ok])
+            for i, f in zip(ok, futures):
+                res = f.result()
+                if res.error_msg is None:
+                    out[i].runs.append(statistics.fmean(float(x) for x in res.run_secs))
+                else:
+                    out[i].error, out[i].error_kind = last_line(res.error_msg), RUN_ERROR
+    finally:
+        # the build that follows times the model in this process: no measuring worker may live on
+        stop_runner(runner)
     return out
 
 
