@@ -145,7 +145,7 @@ class Sampler:
         import pyarrow as pa
         import tvm
 
-        from tunefleet.learning.dataset import FEATURE_DIMS
+        from tunefleet.learning.dataset import features_array
         from tunefleet.tvm.runner import make_runner
         from tunefleet.tvm.targets import make_target
 
@@ -170,7 +170,7 @@ class Sampler:
                 rows["hardware"].append("random")
                 rows["label"].append(best / t if t is not None and best else 0.0)
                 rows["error_kind"].append(None if t is not None else "run")
-                rows["features"].append(m.tolist())
+                rows["features"].append(m)
             self.measured += len(good)
             self.errors += len(times) - len(good)
             print(f"  [{k}/{len(workloads)}] {wl.name}: {len(cands)} programs, {len(good)} measured"
@@ -180,7 +180,7 @@ class Sampler:
                           "hardware": pa.array(rows["hardware"], pa.string()),
                           "label": pa.array(rows["label"], pa.float64()),
                           "error_kind": pa.array(rows["error_kind"], pa.string()),
-                          "features": pa.array(rows["features"], pa.list_(pa.list_(pa.float32(), FEATURE_DIMS)))})
+                          "features": features_array(rows["features"])})
         return table, times_of
 
     def close(self) -> None:

@@ -308,7 +308,8 @@ class _Featurizer:
         return out
 
 
-def _features_array(matrices: Sequence[np.ndarray]) -> pa.Array:
+def features_array(matrices: Sequence[np.ndarray]) -> pa.Array:
+    """The ``features`` column of a dataset table: one list of ``PerStoreFeature`` rows per candidate."""
     import numpy as np
     import pyarrow as pa
 
@@ -348,7 +349,7 @@ def _rows_table(version: int, rows: list[tuple[Measurement, np.ndarray]], db_wor
         cols["tvm_version"].append(m.tvm_version)
         cols["created_at"].append(m.created_at.replace(tzinfo=dt.timezone.utc) if m.created_at else None)
         cols["dataset_version"].append(version)
-    arrays = {name: cols[name] if name != "features" else _features_array([f for _, f in rows])
+    arrays = {name: cols[name] if name != "features" else features_array([f for _, f in rows])
               for name in _arrow_schema().names}
     return pa.Table.from_pydict(arrays, schema=_arrow_schema())
 
@@ -748,6 +749,7 @@ __all__ = [
     "DatasetVersion",
     "export",
     "feature_matrix",
+    "features_array",
     "list_versions",
     "load",
     "manifest_key",
