@@ -108,8 +108,9 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
     # a budget of 5 candidates over two workloads: both default schedules, then the first workload's
     # first batch (what it borrows, then its proposals) cut to the 3 left, nothing more of the
     # second (its default only: not "verified"); measured outside any shard. A proposal that is the
-    # default schedule (a small space can propose it) is measured already: skipped, uncounted. A
-    # workload of an operator mlp has at another shape borrows mlp's schedules before the proposals.
+    # default schedule (a small space can propose it), or one twice in the batch, is skipped before
+    # the cut: uncounted, the next one in the workload's queue takes its place. A workload of an
+    # operator mlp has at another shape borrows mlp's schedules first.
     from tunefleet.tvm.traces import candidate, trace_sha256_of
 
     chosen = [wl for wl, _ in db.workloads(cnn.id)][:2]
@@ -123,9 +124,33 @@ def test_zero_shot_build_predictions_never_measured(engine, tmp_path) -> None:  
         assert len(rows) == n + 1 and all(r.shard_id is None for r in rows)
         proposed = [p.trace_sha256 for p in db.best_predictions(wl.id, hw.id, 5)
                     if p.trace_sha256 != DEFAULT_TRACE_SHA256]
-        assert {r.trace_sha256 for r in rows} == {DEFAULT_TRACE_SHA256, *(lent[wl.id] + proposed)[:n]}
+        expected = [t for t in dict.fromkeys(lent[wl.id] + proposed) if t != DEFAULT_TRACE_SHA256][:n]
+        assert {r.trace_sha256 for r in rows} == {DEFAULT_TRACE_SHA256, *expected}
         assert item.borrowed == len(lent[wl.id][:n])
     assert predict_workloads(db, store, "x86", [chosen[0].id]).workloads[0].status == "measured"
+
+    # measure_traces skips what is measured or given twice before it applies its limit: p0 measured,
+    # then of [p0, p1, p1, p2, p3] a limit of 2 measures p1 and p2
+    from tunefleet.engine.learned import measure_traces
+    from tunefleet.engine.worker import Tuner as MeasuringTuner
+
+    def fresh(wl):  # type: ignore[no-untyped-def]
+        return list({p.trace_sha256: p for p in db.best_predictions(wl.id, hw.id, 5)
+                     if p.trace_sha256 != DEFAULT_TRACE_SHA256}.values())
+
+    second = next(wl for wl, _ in db.workloads(cnn.id)[4:] if len(fresh(wl)) >= 4)  # [2:4] are timed below
+    p0, p1, p2, p3 = fresh(second)[:4]
+    sent: list[int] = []
+    measuring = MeasuringTuner(db, "x86")
+    try:
+        assert measure_traces(db, second, hw, [(p0.trace_json, p0.args_info)], builder=measuring.builder,
+                              runner=measuring.runner) == 1
+        n = measure_traces(db, second, hw, [(p.trace_json, p.args_info) for p in (p0, p1, p1, p2, p3)],
+                           builder=measuring.builder, runner=measuring.runner, sent=sent, limit=2)
+    finally:
+        measuring.close()
+    assert (n, sent) == (2, [1, 3])
+    assert db.measured_trace_hashes(second.id, hw.id) == {p0.trace_sha256, p1.trace_sha256, p2.trace_sha256}
 
     # a wall-time budget is checked before each batch: 100 ms (their proposals are stored: no
     # search) let the first (a default schedule, which takes longer) start, no second

@@ -51,7 +51,7 @@ REFINED = 4
 """New schedules one refining step measures for a workload (a search seeded with its best
 measured schedules), once its default, borrowed and proposed schedules are measured."""
 VERIFY_BATCH = 4
-"""Schedules of one workload verification measures together after its default (and a refining
+"""New schedules of one workload verification measures together after its default (and a refining
 step's): the builder compiles a batch in parallel, and a batch pays the measurement's set-up once."""
 
 
@@ -264,23 +264,27 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
         # the budget does not start (checking only that time is left let the last batch overrun).
         return time.monotonic() - since + last_batch_s[0] >= float(budget.seconds or 0.0)
 
-    def measure(wl: Workload, item: WorkloadPrediction, batch: list[tuple[str | None, Any, bool]]) -> int:
-        """One batch of (trace JSON or None for the default, args_info, borrowed) of a workload, cut
-        to what a candidate budget has left. A schedule measured already (a proposal that is the
-        default schedule, say) is skipped by measure_traces: it costs nothing and counts nothing."""
-        if budget.trials is not None:
-            batch = batch[:max(0, budget.trials - result.verify_candidates)]
-        if not batch:
-            return 0
+    def measure(wl: Workload, item: WorkloadPrediction, batch: list[tuple[str | None, Any, bool]],
+                most: int | None = None) -> tuple[int, int]:
+        """Measure up to ``most`` new schedules of a workload from ``batch`` (trace JSON or None for
+        the default, args_info, borrowed), in order, cut to what a candidate budget has left.
+        Returns (measured, how many of ``batch`` were used up). A schedule measured already (a
+        proposal that is the default schedule, or one borrowed and proposed) is skipped by
+        measure_traces before the cut: it costs nothing and counts nothing, so a budget of N
+        candidates measures N new schedules."""
+        left = None if budget.trials is None else max(0, budget.trials - result.verify_candidates)
+        limit = left if most is None else most if left is None else min(left, most)
+        if not batch or limit == 0:
+            return 0, 0
         sent: list[int] = []
         began = time.monotonic()
         n = measure_traces(db, wl, hw, [(t, a) for t, a, _ in batch], builder=tuner.builder, runner=tuner.runner,
-                           sent=sent)
+                           sent=sent, limit=limit)
         last_batch_s[0] = time.monotonic() - began
         item.verified += n
         item.borrowed += sum(batch[i][2] for i in sent)
         result.verify_candidates += n
-        return n
+        return n, sent[-1] + 1 if limit is not None and len(sent) >= limit else len(batch)
 
     try:
         # Each workload's default schedule first, as a tuning round measures it: a workload whose
@@ -294,13 +298,14 @@ def _verify(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
             queues.append((wl, item, [(t, None, True) for t in borrowed]
                            + [(p.trace_json, p.args_info, False) for p in preds]))
             measure(wl, item, [(None, None, False)])
-        for start in range(0, max(len(queue) for _, _, queue in queues), VERIFY_BATCH):
-            for wl, item, queue in queues:
-                if start >= len(queue):
+        used = [0] * len(queues)  # how far each workload's queue is measured or skipped
+        while any(u < len(queue) for u, (_, _, queue) in zip(used, queues)):
+            for i, (wl, item, queue) in enumerate(queues):
+                if used[i] >= len(queue):
                     continue
                 if spent():
                     return
-                measure(wl, item, queue[start:start + VERIFY_BATCH])
+                used[i] += measure(wl, item, queue[used[i]:], VERIFY_BATCH)[1]
                 item.status = "verified"
         _refine(db, hw, [(wl, item) for wl, item, _ in queues], model, seed=seed, weights=weights,
                 measure=measure, spent=spent)
@@ -341,7 +346,7 @@ def _refine(db: Database, hw: HardwareClass, items: list[tuple[Workload, Workloa
             fresh = [p for p in found.proposals if p.trace_sha256 not in known][:REFINED]
             if spent():
                 return
-            measured = measure(wl, item, [(p.trace_json, p.args_info, False) for p in fresh])
+            measured, _ = measure(wl, item, [(p.trace_json, p.args_info, False) for p in fresh])
             item.refined += measured
             if not measured:
                 active.remove((wl, item))

@@ -219,12 +219,14 @@ def measure_traces(
     builder: Any,
     runner: Any,
     sent: list[int] | None = None,
+    limit: int | None = None,
 ) -> int:
     """Build, run and commit the given schedules of a workload as measurements (no shard), as one
     batch (the builder compiles them in parallel).
 
     ``traces`` are (trace JSON, args_info) pairs, e.g. stored predictions. Schedules already
-    measured on this class, or twice in ``traces``, are measured once. Returns how many were
+    measured on this class, or twice in ``traces``, are measured once, and do not count towards
+    ``limit`` (at most that many new schedules, the first ones in ``traces``). Returns how many were
     measured; ``sent``, when given, receives the indices in ``traces`` of those sent to be measured.
     """
     import tempfile
@@ -240,6 +242,8 @@ def measure_traces(
     target = make_target(hw.target)
     cands = []
     for i, (trace_json, args_info) in enumerate(traces):
+        if limit is not None and len(cands) >= limit:
+            break
         c = candidate(mod, trace_json, args_info)
         sha = trace_sha256_of(c.sch)
         if sha in seen:
