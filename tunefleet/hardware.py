@@ -147,6 +147,10 @@ def builtin_classes(settings: Settings) -> dict[str, dict[str, Any]]:
     }
     for name, spec in classes.items():
         spec.update(BUILTIN_FIGURES[name])
+    # Winograd wins on every x86 (CPU, class) pair measured (docs/performance.md, "Winograd
+    # convolutions"); a class whose layout setting is not NHWC turns it off (configured_classes).
+    for name in ("x86", "x86-avx2"):
+        classes[name]["winograd"] = True
     return classes
 
 
@@ -163,6 +167,8 @@ def configured_classes(settings: Settings) -> dict[str, dict[str, Any]]:
         if base is None and "target" not in override:
             raise ConfigError(f"invalid setting TUNEFLEET_HARDWARE: new class {name!r} needs a target")
         merged = {**(base or {"node_pool": name, "capabilities": {}}), **override}
+        if override.get("layout") not in (None, "NHWC") and "winograd" not in override:
+            merged["winograd"] = False  # Winograd is NHWC only: another layout turns the default off
         classes[name] = merged
     for name, spec in classes.items():
         make_target(spec["target"])  # InvalidTargetError names what is wrong

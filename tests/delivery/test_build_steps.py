@@ -49,7 +49,7 @@ def test_resolve_counts_the_workloads_measured_on_the_class(fleet) -> None:  # t
     report = fresh.report
     assert (report.model, report.hardware, report.workloads, report.tuned_workloads, report.default_workloads) == (
         "mlp", "x86", 3, 0, 3)
-    assert report.recipe == fresh.recipe.name == "nhwc+prepack+fastmath+fold" and report.threads >= 1
+    assert report.recipe == fresh.recipe.name == "nhwc+prepack+fastmath+fold+winograd" and report.threads >= 1
     assert fresh.target.kind.name == "llvm" and fresh.loaded.input_info
 
     _measure_one(db, store, model, "arm")  # another class's measurement is not this class's
@@ -237,20 +237,31 @@ def _slowed(monkeypatch: pytest.MonkeyPatch, slow: set[str], seconds: float = 0.
     monkeypatch.setattr(build, "time_builds", time_builds_)
 
 
-def test_other_recipes_are_the_frontend_layout_with_and_without_prepacking(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_other_recipes_are_the_frontend_layout_with_and_without_prepacking(fleet, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
     from tunefleet.delivery.build import other_recipes
 
     db, store = fleet
+    # small-cnn's convolutions have under 32 channels: no Winograd, so the class's Winograd recipe
+    # has the workloads of its direct twin, which the build does not compile again
     cnn = resolve(db, store, ingest(db, store, "small-cnn", image_size=16).model, "x86")
+    assert cnn.recipe.name == "nhwc+prepack+fastmath+fold+winograd"
     assert [r.name for r in other_recipes(cnn)] == ["native+prepack+fastmath+fold", "native+fastmath+fold"]
     mlp = resolve(db, store, ingest(db, store, "mlp").model, "x86")  # no convolution: the layout changes nothing
-    assert [r.name for r in other_recipes(mlp)] == ["nhwc+fastmath+fold"]
+    assert [r.name for r in other_recipes(mlp)] == ["nhwc+fastmath+fold+winograd"]
     gpu = resolve(db, store, mlp.model, "gpu")
     assert other_recipes(gpu) == []  # the frontend's layout, no prepacking already
-    # A Winograd class's build compares with direct convolutions too (a hub's schedules are for them).
-    winograd = replace(cnn, recipe=replace(cnn.recipe, winograd=True))
+    # A model with a convolution Winograd applies to compares with direct convolutions too (a hub's
+    # or an older recipe's schedules are for them)
+    path = tmp_path / "block.onnx"
+    block = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU())
+    torch.onnx.export(block, (torch.zeros(1, 32, 16, 16),), str(path), dynamo=False, input_names=["x"])
+    winograd = resolve(db, store, ingest(db, store, str(path)).model, "x86")
     assert [r.name for r in other_recipes(winograd)] == ["nhwc+prepack+fastmath+fold", "native+prepack+fastmath+fold",
                                                          "native+fastmath+fold"]
+    direct = replace(winograd, recipe=replace(winograd.recipe, winograd=False))
+    assert [r.name for r in other_recipes(direct)] == ["native+prepack+fastmath+fold", "native+fastmath+fold"]
 
 
 def _measure_under_other_recipes(db: Database, store: LocalStore, model: Any, hardware: str) -> list[str]:
@@ -290,7 +301,7 @@ def test_a_recipe_without_a_stored_schedule_of_its_own_is_not_compiled(fleet) ->
     assert fresh.tuned == fresh.report.workloads
     assert compile_others(db, fresh) == {} and fresh.report.notes == [skipped]
     report = build_model(db, store, model, "x86", compare_torch=False, rounds=1)
-    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold", "untuned"} and skipped in report.notes
+    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold+winograd", "untuned"} and skipped in report.notes
 
     names = _measure_under_other_recipes(db, store, model, "x86")
     again = resolve(db, store, model, "x86")
@@ -313,18 +324,19 @@ def test_a_build_whose_layout_conversion_loses_is_not_delivered(fleet, tmp_path,
     monkeypatch.setattr("tunefleet.delivery.build.SCREEN_FACTOR", float("inf"))
     out = tmp_path / "cnn.so"
     report = build_model(db, store, model, "x86", output=out, compare_torch=False, rounds=3)
-    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold", "native+prepack+fastmath+fold",
+    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold+winograd", "native+prepack+fastmath+fold",
                                      "native+fastmath+fold", "untuned"}
-    assert report.builds_ms["nhwc+prepack+fastmath+fold"] > 20.0  # the slowed build
-    assert report.delivered != "nhwc+prepack+fastmath+fold" and report.tuned_ms == report.builds_ms[report.delivered]
-    assert report.recipe == "nhwc+prepack+fastmath+fold" and report.max_abs_diff is not None
+    assert report.builds_ms["nhwc+prepack+fastmath+fold+winograd"] > 20.0  # the slowed build
+    assert report.delivered != "nhwc+prepack+fastmath+fold+winograd"
+    assert report.tuned_ms == report.builds_ms[report.delivered]
+    assert report.recipe == "nhwc+prepack+fastmath+fold+winograd" and report.max_abs_diff is not None
     assert report.output == str(out) and out.stat().st_size > 0
     assert "build" not in db.step_seconds([model.id], db.hardware_class("x86").id)  # not the build `run` makes
     if report.delivered == "untuned":
         assert any(n.startswith("delivered the UNTUNED build: every tuned build was slower") for n in report.notes)
     else:
         assert any(n.startswith(f"delivered the build under recipe {report.delivered}, not the class's "
-                                "nhwc+prepack+fastmath+fold: it was the fastest") for n in report.notes)
+                                "nhwc+prepack+fastmath+fold+winograd: it was the fastest") for n in report.notes)
 
 
 def test_a_tuned_build_slower_than_the_untuned_one_is_never_delivered(fleet, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -79,12 +79,19 @@ def test_a_class_layout_setting_chooses_its_recipe(engine_settings) -> None:  # 
     seed_hardware_classes(db, engine_settings)
     recipes = {h.name: class_recipe(h).name for h in db.hardware_classes()}
     assert recipes.pop("x86-avx2") == recipes["x86"]  # the fixed AVX2 class gets the CPU recipe
-    assert recipes == {
-        "x86": "nhwc+prepack+fastmath+fold", "arm": "nhwc+prepack+fastmath+fold", "gpu": "native+fold"}
-    native = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
-                           hardware={"x86": {"layout": "native"}})
-    seed_hardware_classes(db, native)
-    assert class_recipe(db.hardware_class("x86")).name == "native+prepack+fastmath+fold"
+    # Winograd by default on the x86 classes (measured faster on every x86 CPU and class), not on arm
+    assert recipes == {"x86": "nhwc+prepack+fastmath+fold+winograd", "arm": "nhwc+prepack+fastmath+fold",
+                       "gpu": "native+fold"}
+    # another layout turns the default Winograd off (NHWC only) instead of refusing
+    for layout, name in (("native", "native+prepack+fastmath+fold"), ("NCHWc", "nchwc+prepack+fastmath+fold")):
+        other = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
+                              hardware={"x86": {"layout": layout}})
+        seed_hardware_classes(db, other)
+        assert not db.hardware_class("x86").winograd and class_recipe(db.hardware_class("x86")).name == name
+    direct = load_settings(home=engine_settings.home, database_url=engine_settings.database_url,
+                           hardware={"x86-avx2": {"winograd": False}})
+    seed_hardware_classes(db, direct)
+    assert class_recipe(db.hardware_class("x86-avx2")).name == "nhwc+prepack+fastmath+fold"
     bad = load_settings(home=engine_settings.home, hardware={"x86": {"layout": "NCHW"}})
     with pytest.raises(ConfigError, match="layout 'NCHW'; one of NHWC, NCHWc, native"):
         configured_classes(bad)

@@ -36,7 +36,7 @@ def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
     store = LocalStore(settings.effective_store_path)
     model = ingest(db, store, "small-cnn", image_size=16).model
     ex = extract(db, store, model, "x86")
-    assert ex.recipe == "nhwc+prepack+fastmath+fold"
+    assert ex.recipe == "nhwc+prepack+fastmath+fold+winograd"
     hw = db.hardware_class("x86")
     workloads = db.workloads(model.id, hw.id)
     assert any(wl.op_kind == "conv2d" for wl, _ in workloads)
@@ -53,7 +53,7 @@ def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
 
     # build_model checks the tuned outputs against the unconverted model's (CorrectnessError if not).
     report = build_model(db, store, model, "x86", compare_torch=False)
-    assert report.recipe == "nhwc+prepack+fastmath+fold"
+    assert report.recipe == "nhwc+prepack+fastmath+fold+winograd"
     assert report.database_hits == report.tuned_workloads == report.workloads == len(workloads)
     assert report.max_abs_diff is not None and report.tuned_ms is not None
     # Weights repacked once at build time: some kernel reads packed weights, and no repacking
@@ -63,6 +63,6 @@ def test_small_cnn_tunes_and_builds_nhwc_prepacked(tmp_path: Path) -> None:
     assert report.notes == ["not built under recipe native+prepack+fastmath+fold, native+fastmath+fold: no stored "
                             "schedule of its own (its kernels would run default schedules, which the untuned build "
                             "stands for)"]
-    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold", "untuned"}
+    assert set(report.builds_ms) == {"nhwc+prepack+fastmath+fold+winograd", "untuned"}
     db.close()
 

@@ -65,9 +65,9 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     assert all(note.startswith(f"delivered the build under recipe {report.delivered}")
                or note.startswith("delivered the UNTUNED build") for note in delivered)
     # mlp was tuned under the class's recipe only: the other recipe has no stored schedule, not built.
-    skipped = ("not built under recipe nhwc+fastmath+fold: no stored schedule of its own (its kernels would run "
-               "default schedules, which the untuned build stands for)")
-    assert skipped in others and "nhwc+fastmath+fold" not in report.builds_ms
+    skipped = ("not built under recipe nhwc+fastmath+fold+winograd: no stored schedule of its own (its kernels "
+               "would run default schedules, which the untuned build stands for)")
+    assert skipped in others and "nhwc+fastmath+fold+winograd" not in report.builds_ms
     assert all(re.fullmatch(r"the build under recipe \S+ was not timed: its first call took [0-9.]+ ms, [0-9]+x the "
                             r"fastest build's", note) for note in others if note not in (*delivered, skipped)), others
     assert (tmp_path / "mlp.so").stat().st_size > 0
@@ -81,7 +81,7 @@ def test_tune_end_to_end(engine, tmp_path) -> None:  # type: ignore[no-untyped-d
     records = fleet_db.get_top_k(fleet_db.commit_workload(tvm.ir.load_json(wl.tir_json)), 2)
     assert len(records) == 2 and records[0].run_secs is not None
     exported = export_json_database(db, "x86", tmp_path / "msdb")
-    assert exported == (3, 3, 0, "nhwc+prepack+fastmath+fold")  # nothing from a hub here; the recipe they need
+    assert exported == (3, 3, 0, "nhwc+prepack+fastmath+fold+winograd")  # nothing from a hub here; the recipe they need
     loaded = ms.database.JSONDatabase(work_dir=str(tmp_path / "msdb"))
     assert len(loaded) == 3
     # A pipeline with tunefleet but no database builds its own Relax module from the directory alone.

@@ -132,7 +132,7 @@ def test_a_consumer_with_a_read_token_builds_with_a_model_s_database(registry: t
     assert _get(f"{url}/v1/workloads/{'0' * 32}/best", read).status_code == 404
 
     fetched = _get(f"{url}/v1/models/mlp/database", read, params={"hardware": "x86"})
-    assert fetched.status_code == 200 and fetched.headers["x-tunefleet-recipe"] == "nhwc+prepack+fastmath+fold"
+    assert fetched.status_code == 200 and fetched.headers["x-tunefleet-recipe"] == "nhwc+prepack+fastmath+fold+winograd"
     directory = tmp_path / "msdb"
     zipfile.ZipFile(io.BytesIO(fetched.content)).extractall(directory)
     assert sorted(p.name for p in directory.iterdir()) == ["database_tuning_record.json", "database_workload.json",

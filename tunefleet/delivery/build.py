@@ -458,13 +458,16 @@ def other_recipes(resolved: Resolved) -> list[Recipe]:
     Winograd (schedules from a hub or from before the class turned Winograd on are for direct
     ones), the frontend's layout with the class's prepacking, and without prepacking — those the
     class's recipe is not already. Both layout-dependent ones are left out for a model without a
-    2-D convolution (they change nothing there)."""
+    2-D convolution (they change nothing there), the direct one for a model without a convolution
+    Winograd applies to (its workloads are the class's own)."""
     from dataclasses import replace
+
+    from tunefleet.tvm.extract import has_winograd_convolution
 
     recipe = resolved.recipe
     out = []
     layout_matters = recipe.layout is not None and _has_conv2d(resolved.loaded.mod)
-    if recipe.winograd and layout_matters:
+    if recipe.winograd and layout_matters and has_winograd_convolution(resolved.loaded.mod):
         out.append(replace(recipe, winograd=False))
     if layout_matters:
         out.append(replace(recipe, layout=None, winograd=False))

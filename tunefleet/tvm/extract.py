@@ -107,6 +107,7 @@ __all__ = [
     "Recipe",
     "classify_op_kind",
     "extract_workloads",
+    "has_winograd_convolution",
     "prepare_for_build",
     "prepare_for_tuning",
     "random_params",
@@ -460,24 +461,56 @@ def _static_shape(expr: relax.Expr) -> list[int] | None:
 
 def _winograd_applies(call: relax.Call) -> bool:
     """Whether a ``relax.nn.conv2d`` is one the Winograd recipe computes as Winograd: NHWC data and
-    output, OHWI weights, 3x3, stride and dilation 1, no groups, float32, static shapes, at least
-    ``WINOGRAD_MIN_CHANNELS`` channels in and out, and ``WINOGRAD_MIN_TILES`` output tiles."""
+    output, OHWI weights, and :func:`_winograd_shape`."""
     attrs = call.attrs
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or attrs.data_layout))
-    if layouts != ("NHWC", "OHWI", "NHWC") or int(attrs.groups) != 1:
+    return layouts == ("NHWC", "OHWI", "NHWC") and _winograd_shape(call)
+
+
+def _winograd_shape(call: relax.Call) -> bool:
+    """Whether a ``relax.nn.conv2d`` in any layout would be Winograd once in NHWC: 3x3, stride and
+    dilation 1, no groups, float32, static shapes, at least ``WINOGRAD_MIN_CHANNELS`` channels in
+    and out, and ``WINOGRAD_MIN_TILES`` output tiles."""
+    attrs = call.attrs
+    if int(attrs.groups) != 1:
         return False
     if [int(v) for v in attrs.strides] != [1, 1] or [int(v) for v in attrs.dilation] != [1, 1]:
         return False
     data, weight = call.args
     if {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)} != {"float32"}:
         return False
-    data_shape, weight_shape, out_shape = _static_shape(data), _static_shape(weight), _static_shape(call)
-    if data_shape is None or weight_shape is None or out_shape is None:
+    weight_shape, out_shape = _static_shape(weight), _static_shape(call)
+    data_layout, kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
+    out_layout = str(attrs.out_layout or attrs.data_layout)
+    if weight_shape is None or out_shape is None or _static_shape(data) is None:
         return False
-    co, kh, kw, ci = weight_shape
-    n, out_h, out_w, _ = out_shape
-    tiles = n * _tiles_along(out_h) * _tiles_along(out_w)
-    return (kh, kw) == (3, 3) and min(ci, co) >= WINOGRAD_MIN_CHANNELS and tiles >= WINOGRAD_MIN_TILES
+    if sorted(kernel_layout) != sorted("OIHW") or sorted(out_layout) != sorted("NCHW"):
+        return False  # a blocked layout (NCHWc): not converted to NHWC, never Winograd
+    kernel = dict(zip(kernel_layout, weight_shape))
+    out = dict(zip(out_layout, out_shape))
+    tiles = out["N"] * _tiles_along(out["H"]) * _tiles_along(out["W"])
+    return ((kernel["H"], kernel["W"]) == (3, 3) and min(kernel["I"], kernel["O"]) >= WINOGRAD_MIN_CHANNELS
+            and tiles >= WINOGRAD_MIN_TILES) and data_layout == out_layout
+
+
+def has_winograd_convolution(mod: tvm.IRModule) -> bool:
+    """Whether a Relax module has a convolution the Winograd recipe would compute as Winograd (in
+    whatever layout it is now): without one, the recipe's workloads are its direct twin's."""
+    op = tvm.ir.Op.get("relax.nn.conv2d")
+    found = False
+
+    @relax.expr_functor.visitor
+    class _Finder(relax.PyExprVisitor):  # type: ignore[misc]
+        def visit_call_(self, call: relax.Call) -> None:
+            nonlocal found
+            found = found or (call.op.same_as(op) and _winograd_shape(call))
+            super().visit_call_(call)
+
+    finder = _Finder()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            finder.visit_expr(func)
+    return found
 
 
 def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
