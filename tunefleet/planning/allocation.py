@@ -20,8 +20,10 @@ so the next trials go where they are expected to take the most off that sum. Eac
    tuned candidate) is not the search's pace. A workload that stopped improving gets nothing while
    others still improve; one whose best improved by at most ``epsilon`` over a full window has
    *plateaued* and leaves the run, like one whose search space ran out or that plateau preemption
-   stopped. One whose search has not beaten its default schedule yet, in less than a window, gets
-   the median exponent of those that improved (it has not shown what its search can do).
+   stopped. One whose search has not beaten its default schedule yet, in less than a window, or
+   has run less than a search batch (a first round's hub schedules and few candidates), gets the
+   median exponent of those that showed a pace (it has not shown what its search can do); when
+   none has, the round is split by latency share alone.
 
 A duration budget has no trial count: its rounds go on until the deadline
 (:mod:`tunefleet.planning.rounds`). Pure Python — no TVM, no database:
@@ -133,13 +135,16 @@ class WorkloadHistory:
     def exponent(self, window: int) -> float | None:
         """``α`` of the power law ``best(t) ∝ t^-α`` (t: its trials) fitted over its last ``window``
         trials, from its first searched candidate on: the step from the trial before it, usually
-        the default schedule, is not the search's pace. None when no searched candidate ran or
-        nothing in the window beat what came before it: its search has not shown a pace
-        (:func:`_outlooks`)."""
+        the default schedule, is not the search's pace. None when fewer than half a window (a
+        search batch) of trials ran since its first searched candidate, or nothing in the window
+        beat what came before it: its search has not shown a pace (:func:`_outlooks`). A first
+        round's few trials are the hub's or another class's schedules adapted to it, or one small
+        search batch: their order says little of the search's pace, and an exponent fitted to
+        them starved a workload at half the sgemm peak while those around it ran at the peak."""
         best = self.best_so_far()
         n = len(best)
         searched = next((i for i in range(1, n) if self.run_s[i] is not None), None)
-        if searched is None:
+        if searched is None or n - searched < window // 2:
             return None
         start = max(n - 1 - window, searched)
         ref, cur = best[start], best[-1]
@@ -316,8 +321,9 @@ def _outlooks(candidates: Sequence[WorkloadHistory], window: int, epsilon: float
     """Each candidate's :class:`_Outlook`; those with nothing measured are left out, unless
     ``estimate`` (a one-shot plan).
 
-    A workload whose search has not shown its pace — nothing better than its first searched
-    candidate (or than its default schedule) in less than a full window — gets the median exponent
+    A workload whose search has not shown its pace — less than a search batch of it, or nothing
+    better than its first searched candidate (or than its default schedule) in less than a full
+    window — gets the median exponent
     of the workloads that improved, not 0: its first random candidates can all lose to the default
     (mobilenet_v2's depthwise convolutions on AVX2 did), and at the floor it would never get another
     batch while the others make their big first steps; a full window with nothing better still
