@@ -462,11 +462,11 @@ def other_recipes(resolved: Resolved) -> list[Recipe]:
     Winograd applies to (its workloads are the class's own)."""
     from dataclasses import replace
 
-    from tunefleet.tvm.extract import has_winograd_convolution
+    from tunefleet.tvm.extract import has_conv2d, has_winograd_convolution
 
     recipe = resolved.recipe
     out = []
-    layout_matters = recipe.layout is not None and _has_conv2d(resolved.loaded.mod)
+    layout_matters = recipe.layout is not None and has_conv2d(resolved.loaded.mod)
     if recipe.winograd and layout_matters and has_winograd_convolution(resolved.loaded.mod):
         out.append(replace(recipe, winograd=False))
     if layout_matters:
@@ -474,27 +474,6 @@ def other_recipes(resolved: Resolved) -> list[Recipe]:
     if recipe.prepack:
         out.append(replace(out[-1] if layout_matters else recipe, prepack=False))
     return out
-
-
-def _has_conv2d(mod: Any) -> bool:
-    import tvm
-    from tvm import relax
-
-    op = tvm.ir.Op.get("relax.nn.conv2d")
-    found = False
-
-    @relax.expr_functor.visitor
-    class _Finder(relax.PyExprVisitor):  # type: ignore[misc]
-        def visit_call_(self, call: Any) -> None:
-            nonlocal found
-            found = found or call.op.same_as(op)
-            super().visit_call_(call)
-
-    finder = _Finder()
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            finder.visit_expr(func)
-    return found
 
 
 def compile_others(db: Database, resolved: Resolved, *, transfer: bool = False) -> dict[str, Any]:

@@ -77,7 +77,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -107,6 +107,7 @@ __all__ = [
     "Recipe",
     "classify_op_kind",
     "extract_workloads",
+    "has_conv2d",
     "has_winograd_convolution",
     "prepare_for_build",
     "prepare_for_tuning",
@@ -493,9 +494,8 @@ def _winograd_shape(call: relax.Call) -> bool:
             and tiles >= WINOGRAD_MIN_TILES) and data_layout == out_layout
 
 
-def has_winograd_convolution(mod: tvm.IRModule) -> bool:
-    """Whether a Relax module has a convolution the Winograd recipe would compute as Winograd (in
-    whatever layout it is now): without one, the recipe's workloads are its direct twin's."""
+def has_conv2d(mod: tvm.IRModule, where: Callable[[relax.Call], bool] | None = None) -> bool:
+    """Whether a Relax module calls ``relax.nn.conv2d`` (one for which ``where`` holds, if given)."""
     op = tvm.ir.Op.get("relax.nn.conv2d")
     found = False
 
@@ -503,7 +503,7 @@ def has_winograd_convolution(mod: tvm.IRModule) -> bool:
     class _Finder(relax.PyExprVisitor):  # type: ignore[misc]
         def visit_call_(self, call: relax.Call) -> None:
             nonlocal found
-            found = found or (call.op.same_as(op) and _winograd_shape(call))
+            found = found or (call.op.same_as(op) and (where is None or where(call)))
             super().visit_call_(call)
 
     finder = _Finder()
@@ -511,6 +511,12 @@ def has_winograd_convolution(mod: tvm.IRModule) -> bool:
         if isinstance(func, relax.Function):
             finder.visit_expr(func)
     return found
+
+
+def has_winograd_convolution(mod: tvm.IRModule) -> bool:
+    """Whether a Relax module has a convolution the Winograd recipe would compute as Winograd (in
+    whatever layout it is now): without one, the recipe's workloads are its direct twin's."""
+    return has_conv2d(mod, _winograd_shape)
 
 
 def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
