@@ -23,6 +23,7 @@ from tunefleet.tvm.extract import (
     Recipe,
     classify_op_kind,
     extract_workloads,
+    has_winograd_convolution,
     prepare_for_build,
     prepare_for_tuning,
     random_params,
@@ -501,8 +502,6 @@ def test_winograd_computes_the_qualifying_convolutions(cpu_target: Any) -> None:
     the model's (14x14: the last tiles are partial)."""
     from dataclasses import replace
 
-    from tunefleet.tvm.extract import has_winograd_convolution
-
     block, params = _conv_bn_relu_residual(channels=32, size=14)
     assert has_winograd_convolution(block)  # in the frontend's NCHW: the build's check before conversion
     recipe = Recipe("NHWC", prepack=True, fast_math=True, fold=True, winograd=True)
@@ -534,8 +533,6 @@ def test_winograd_leaves_other_convolutions_direct(cpu_target: Any, shape: tuple
     hashes = {w.structural_hash for w in extract_workloads(mod, cpu_target, params, recipe=recipe)}
     direct = {w.structural_hash for w in extract_workloads(mod, cpu_target, params, recipe=replace(recipe, winograd=False))}
     assert hashes == direct
-    from tunefleet.tvm.extract import has_winograd_convolution
-
     assert not has_winograd_convolution(mod)  # the build does not compile the direct twin again
 
 

@@ -462,11 +462,11 @@ def other_recipes(resolved: Resolved) -> list[Recipe]:
     Winograd applies to (its workloads are the class's own)."""
     from dataclasses import replace
 
-    from tunefleet.tvm.extract import has_conv2d, has_winograd_convolution
+    from tunefleet.tvm.extract import conv2d_calls, has_winograd_convolution
 
     recipe = resolved.recipe
     out = []
-    layout_matters = recipe.layout is not None and has_conv2d(resolved.loaded.mod)
+    layout_matters = recipe.layout is not None and bool(conv2d_calls(resolved.loaded.mod))
     if recipe.winograd and layout_matters and has_winograd_convolution(resolved.loaded.mod):
         out.append(replace(recipe, winograd=False))
     if layout_matters:

@@ -77,7 +77,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -107,7 +107,7 @@ __all__ = [
     "Recipe",
     "classify_op_kind",
     "extract_workloads",
-    "has_conv2d",
+    "conv2d_calls",
     "has_winograd_convolution",
     "prepare_for_build",
     "prepare_for_tuning",
@@ -494,29 +494,25 @@ def _winograd_shape(call: relax.Call) -> bool:
             and tiles >= WINOGRAD_MIN_TILES) and data_layout == out_layout
 
 
-def has_conv2d(mod: tvm.IRModule, where: Callable[[relax.Call], bool] | None = None) -> bool:
-    """Whether a Relax module calls ``relax.nn.conv2d`` (one for which ``where`` holds, if given)."""
+def conv2d_calls(mod: tvm.IRModule) -> list[relax.Call]:
+    """The ``relax.nn.conv2d`` calls of a Relax module's functions."""
     op = tvm.ir.Op.get("relax.nn.conv2d")
-    found = False
+    found: list[relax.Call] = []
 
-    @relax.expr_functor.visitor
-    class _Finder(relax.PyExprVisitor):  # type: ignore[misc]
-        def visit_call_(self, call: relax.Call) -> None:
-            nonlocal found
-            found = found or (call.op.same_as(op) and (where is None or where(call)))
-            super().visit_call_(call)
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(op):
+            found.append(expr)
 
-    finder = _Finder()
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
-            finder.visit_expr(func)
+            relax.analysis.post_order_visit(func, visit)
     return found
 
 
 def has_winograd_convolution(mod: tvm.IRModule) -> bool:
     """Whether a Relax module has a convolution the Winograd recipe would compute as Winograd (in
     whatever layout it is now): without one, the recipe's workloads are its direct twin's."""
-    return has_conv2d(mod, _winograd_shape)
+    return any(_winograd_shape(call) for call in conv2d_calls(mod))
 
 
 def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
