@@ -10,11 +10,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import update
 
 from tunefleet.budget import Budget
 from tunefleet.db import Database, NewMeasurement
-from tunefleet.db.tables import Measurement, utcnow
 from tunefleet.energy import priorities
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.shard import ShardResult
@@ -305,6 +303,10 @@ def test_a_wall_time_round_is_cut_to_the_trials_that_fit_before_the_deadline(db:
         pass
     hw = database.hardware_class("x86").id
     with database.session() as s:  # the 24 trials took 120 s of wall time
+        from sqlalchemy import update
+
+        from tunefleet.db.tables import Measurement, utcnow
+
         s.execute(update(Measurement).values(created_at=utcnow() - dt.timedelta(seconds=120)))
     roomy = round_planning.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8, dry=True)
     tight = round_planning.plan_round(database, "x86", [model], Budget(seconds=600), since, min_trials=8, batch=8,
@@ -314,40 +316,6 @@ def test_a_wall_time_round_is_cut_to_the_trials_that_fit_before_the_deadline(db:
                              time_left_s=2, dry=True)
     assert over.plan.grants == () and over.stop == "deadline: about 0 trial(s) fit in the 2s left, not enough for another round"
     assert hw and shard_queue.list_shards(database, state="pending") == []  # dry: nothing planned
-
-
-def test_a_round_after_shards_shorter_than_a_batch_takes_half_of_the_trials_that_fit(db: tuple[Database, int]) -> None:
-    """The first round's minimums (a few trials a shard, or the hub's schedules replayed) run faster
-    per trial than a search batch: the round after them is planned for half of what their pace says
-    fits, and once a full batch has run its pace is taken as it is."""
-    database, model = db
-    since = Rounds("x86", [model], Budget(trials=1), started_at=time.time() - 3600).since
-    minimums = round_planning.plan_round(database, "x86", [model], Budget(seconds=3600), since, min_trials=8,
-                                         batch=16, time_left_s=3000)
-    assert [s.trials for s in minimums.shards] == [8, 8, 8]
-    tuner = FakeTuner(Clock())
-
-    def tune_all_and_say_they_took(seconds: int) -> None:
-        while tuner.tune_next(database, "w") is not None:
-            pass
-        with database.session() as s:
-            s.execute(update(Measurement).values(created_at=utcnow() - dt.timedelta(seconds=seconds)))
-
-    tune_all_and_say_they_took(120)  # 24 trials in 120 s: 5 s a trial, 40 fit in 200 s
-
-    def planned(time_left_s: float) -> int:
-        return round_planning.plan_round(database, "x86", [model], Budget(seconds=3600), since, min_trials=8,
-                                         batch=16, time_left_s=time_left_s, dry=True).plan.trials
-
-    assert 18 <= planned(200) <= 20  # half of the 40 that fit
-    assert planned(120) == 16  # 24 fit: half is 12, but a batch is kept
-    assert 10 <= planned(60) <= 12  # fewer than a batch fit: all of them, as without the halving
-    second = round_planning.plan_round(database, "x86", [model], Budget(seconds=3600), since, min_trials=8,
-                                       batch=16, time_left_s=400)  # 80 fit: about 40 planned
-    assert 38 <= second.plan.trials <= 40 and max(s.trials for s in second.shards) >= 16
-    tune_all_and_say_they_took(5 * (24 + second.plan.trials))  # 5 s a trial again
-    assert database.budget_view(database.hardware_class("x86").id, [model], since).largest_shard_since >= 16
-    assert 38 <= planned(200) <= 40  # a full batch ran: the 40 that fit
 
 
 def test_a_worker_waits_for_a_shard_whose_workload_another_worker_searches(

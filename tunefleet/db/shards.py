@@ -177,9 +177,6 @@ class BudgetView:
     """Pending shards among those (what a budget that ends leaves unspent)."""
     first_since: dt.datetime | None = None
     """When the first measurement of the workloads on the class since the time asked for was committed."""
-    largest_shard_since: int = 0
-    """The most trials of one shard among those created since the time asked for that committed a
-    measurement (0: none): whether the pace since :attr:`first_since` is one of full search batches."""
 
 
 def _event(shard: Shard, event: str, **info: object) -> list[object]:
@@ -308,7 +305,7 @@ class ShardsMixin(CatalogMixin):
                 w["b"].append(float(build_s))
         outstanding: dict[int, int] = {}
         exhausted: set[int] = set()
-        rounds, open_round, largest = 0, [], 0
+        rounds, open_round = 0, []
         for shard_id, wl, state, trials, history, created in shards:
             done_rows = by_shard.get(shard_id, 0)
             if state in (PENDING, LEASED):
@@ -317,8 +314,6 @@ class ShardsMixin(CatalogMixin):
             if state == DONE and last.get("event") == "done-short" and last.get("cause") == "exhausted":
                 exhausted.add(wl)
             planned_round = (history or [{}])[0].get("round")
-            if created >= since and done_rows:
-                largest = max(largest, int(trials))
             if planned_round is not None and created >= since:
                 rounds = max(rounds, int(planned_round))
                 if state == PENDING:
@@ -330,7 +325,7 @@ class ShardsMixin(CatalogMixin):
                 int(wl), int(weight or 1), float(flops or 0.0), w["run_s"], w["n"], w["since"], outstanding.get(wl, 0),
                 w["default"], wl in exhausted, wl in preempted,
                 sum(w["j"]) / len(w["j"]) if w["j"] else None, sum(w["b"]) / len(w["b"]) if w["b"] else None))
-        return BudgetView(out, rounds, open_round, first_since, largest)
+        return BudgetView(out, rounds, open_round, first_since)
 
     # -- reading --------------------------------------------------------------------------
     def shard(self, shard_id: int) -> Shard:

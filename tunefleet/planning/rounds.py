@@ -330,9 +330,7 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
     round would be (or why there is none). ``time_left_s`` (a wall-time budget's time to its
     deadline) caps the round at the trials that fit at the pace so far (wall seconds per trial
     committed since the first one, shard starts included), so that the time left is split by the
-    allocator rather than taken by whichever shards lease first; at half of them (at least a
-    ``batch``) while no shard of a full batch has run yet, since trials without a search (the hub's
-    schedules) or of a few candidates' search run faster than a batch's. ``confirm_top``: the build after
+    allocator rather than taken by whichever shards lease first. ``confirm_top``: the build after
     tuning re-times that many schedules per workload first (its reserve counts them).
     """
     hw = db.hardware_class(hardware)
@@ -344,11 +342,6 @@ def plan_round(db: Database, hardware: str, model_ids: Sequence[int], budget: Bu
         outstanding = sum(r.outstanding for r in view.rows)
         left = None if budget.trials is None else budget.trials - spent - outstanding
         fit = _trials_that_fit(view.first_since, spent, time_left_s)
-        if fit is not None and view.largest_shard_since < batch:
-            # The pace so far is of shards shorter than a search batch (the minimums' few candidates,
-            # the hub's schedules replayed): a full batch's search costs more per trial, so this round
-            # takes half of what fits (at least a batch) and the next one plans with a full batch's pace.
-            fit = max(min(fit, batch), fit // 2)
         cap = left if fit is None else fit if left is None else min(left, fit)
         plan = allocate(workloads, cap, min_trials=min_trials, batch=batch, rounds=rounds, energy_aware=energy_aware)
         if fit is not None and not plan.grants and allocate(workloads, left, min_trials=min_trials, batch=batch,
