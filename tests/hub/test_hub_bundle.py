@@ -278,6 +278,8 @@ def test_merge_keeps_the_best_of_each_workload_class_and_cpu(bundle: Any, make_h
     other = _rewrite(path, tmp_path / "cpu.parquet", column=("cpu", lambda i, v: json.dumps(other_cpu, sort_keys=True)))
     other = _rewrite(other, tmp_path / "other.parquet",
                      column=("target", lambda i, v: json.dumps({**json.loads(v), "mcpu": "haswell"}, sort_keys=True)))
+    other = _rewrite(other, tmp_path / "older.parquet",  # tuned on another day than the bundle was made
+                     column=("measured_at", lambda i, v: v.replace(year=2025, month=3, day=1 + i)))
     merged = api.hub_merge(ctx, tmp_path / "merged.parquet", [path, path, other], top_k=3)
     assert (merged.records, merged.dropped, merged.excluded) == (2 * rows, rows, 0)  # the second copy adds nothing
     assert merged.workloads == len(mlp_workloads) and len(merged.classes) == 2
@@ -294,7 +296,9 @@ def test_merge_keeps_the_best_of_each_workload_class_and_cpu(bundle: Any, make_h
     assert done.counts["records_new"] == 2 * rows and len(done.classes) == 2
     # two CPUs of one bundle are told apart in what run, best and build say
     said = {hub.describe_hub_class(hw.name, hw.capabilities) for hw in dst.db.hub_classes()}
-    assert any(s.startswith("x86 on Other CPU (family 6 model 143), ") for s in said) and len(said) == 2
+    assert len(said) == 2 and any(s.startswith("x86 on Other CPU (family 6 model 143), ") for s in said)
+    # each said with the date of its newest record, not the merged bundle's
+    assert f"x86 on Other CPU (family 6 model 143), 2025-03-{rows:02d}" in said
     # one schedule measured faster in another bundle: the faster measurement is kept, once
     faster = _rewrite(path, tmp_path / "faster.parquet", column=("mean_run_s", lambda i, v: v / 10))
     faster = _rewrite(faster, tmp_path / "faster2.parquet", column=("run_secs", lambda i, v: [x / 10 for x in v]))

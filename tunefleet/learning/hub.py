@@ -451,6 +451,10 @@ def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | No
                         "run_secs": list(row["run_secs"]), "mean_run_s": float(row["mean_run_s"]),
                         "tvm_version": row["tvm_version"], "target": row["target"],
                         "measured_at": row["measured_at"]})
+    for rec in records:  # when each class was tuned: its newest record (a merged bundle's date is the newest source's)
+        if rec["measured_at"] is not None:
+            info = classes[rec["class_name"]]["capabilities"]["hub"]
+            info["tuned_until"] = max(info.get("tuned_until") or "", rec["measured_at"].isoformat())
     if table.num_rows and not records:
         raise ParameterError(f"nothing to import from {name}: all {table.num_rows} records skipped ("
                              + ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) + ")")
@@ -532,14 +536,15 @@ class HubReport:
 
 
 def describe_hub_class(name: str, caps: dict[str, Any]) -> str:
-    """A hub class in words: the class it was tuned as, the CPU it was tuned on, the bundle's date.
-    The CPU's family and model follow its name: one bundle may hold two CPUs of one name
-    (``AMD EPYC`` is Zen 4 and Zen 5 alike)."""
+    """A hub class in words: the class it was tuned as, the CPU it was tuned on, the date of its
+    newest record (the bundle's date for a class imported before records were dated). The CPU's
+    family and model follow its name: one bundle may hold two CPUs of one name (``AMD EPYC`` is
+    Zen 4 and Zen 5 alike)."""
     from tunefleet.hardware import cpu_label
 
     info = caps.get("hub") or {}
     cpu = cpu_label(caps.get("cpu") or {})
-    date = str(info.get("created_at") or "")[:10]
+    date = str(info.get("tuned_until") or info.get("created_at") or "")[:10]
     return f"{info.get('class') or name} on {cpu}" + (f", {date}" if date else "")
 
 
