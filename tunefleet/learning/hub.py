@@ -537,7 +537,7 @@ class HubReport:
 
 def describe_hub_class(name: str, caps: dict[str, Any]) -> str:
     """A hub class in words: the class it was tuned as, the CPU it was tuned on, the date of its
-    newest record (the bundle's date for a class imported before records were dated). The CPU's
+    newest record (for a hub class imported by an earlier tunefleet, the bundle's date). The CPU's
     family and model follow its name: one bundle may hold two CPUs of one name (``AMD EPYC`` is
     Zen 4 and Zen 5 alike)."""
     from tunefleet.hardware import cpu_label
