@@ -451,10 +451,9 @@ def import_bundle(db: Database, source: str | Path, *, store: ArtifactStore | No
                         "run_secs": list(row["run_secs"]), "mean_run_s": float(row["mean_run_s"]),
                         "tvm_version": row["tvm_version"], "target": row["target"],
                         "measured_at": row["measured_at"]})
-    for rec in records:  # when each class was tuned: its newest record (a merged bundle's date is the newest source's)
-        if rec["measured_at"] is not None:
-            info = classes[rec["class_name"]]["capabilities"]["hub"]
-            info["tuned_until"] = max(info.get("tuned_until") or "", rec["measured_at"].isoformat())
+        if row["measured_at"] is not None:  # the class's date: its newest record's (a merged bundle's is its newest source's)
+            info = classes[hub_name]["capabilities"]["hub"]
+            info["tuned_until"] = max(info.get("tuned_until") or "", row["measured_at"].isoformat())
     if table.num_rows and not records:
         raise ParameterError(f"nothing to import from {name}: all {table.num_rows} records skipped ("
                              + ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) + ")")
