@@ -20,7 +20,8 @@ same inputs and threads:
 Each runtime makes ``--calls`` calls after warm-up, in alternating blocks of ten, and each kernel
 keeps its median. Convolutions are matched across the runtimes by what they compute (input and
 output channels, input and output size, kernel: depthwise, 1x1 or kxk), whatever layout each
-runtime chose (NCHW, NHWC or blocked NCHWc); every other kernel is summed by kind on its own side.
+runtime chose (NCHW, NHWC or blocked NCHWc; a tunefleet Winograd kernel as the 3x3 convolution it
+computes); every other kernel is summed by kind on its own side.
 Then the whole calls, without instrument or profiler, in alternating rounds
 (:func:`tunefleet.delivery.timing.time_alternating`). Prints one row per convolution (summed over
 its calls: ms on each side and each library's ratio to onnxruntime's) and the kinds; ``--json``
@@ -96,15 +97,22 @@ def conv_kind(weights: int, c_in: int, c_out: int) -> str:
     return "?"
 
 
-def conv_key(shapes: list[list[int]], out_shape: list[int], runtime: str) -> str | None:
+WINOGRAD_TILE = 6
+"""Input tile of tunefleet's Winograd F(4x4, 3x3): its kernels take ``[6, 6, CI, CO]`` transformed
+weights (:mod:`tunefleet.tvm.extract`), 36 per channel pair where the convolution has 9."""
+
+
+def conv_key(shapes: list[list[int]], out_shape: list[int], runtime: str, *, winograd: bool = False) -> str | None:
     """What a convolution computes, as the same string on both runtimes:
-    ``"dw3x3 96->96 112x112->56x56"``; None where the shapes say too little."""
+    ``"dw3x3 96->96 112x112->56x56"``; None where the shapes say too little. ``winograd``: a
+    tunefleet Winograd kernel, whose transformed weights stand for a 3x3 convolution."""
     data = activation(shapes[0], runtime) if shapes else None
     out = activation(out_shape, runtime)
     if data is None or out is None or len(shapes) < 2:
         return None
     weights = math.prod(shapes[1])
-    return f"{conv_kind(weights, data[0], out[0])} {data[0]}->{out[0]} {data[1]}x{data[2]}->{out[1]}x{out[2]}"
+    kind = "3x3" if winograd and weights == WINOGRAD_TILE ** 2 * data[0] * out[0] else conv_kind(weights, data[0], out[0])
+    return f"{kind} {data[0]}->{out[0]} {data[1]}x{data[2]}->{out[1]}x{out[2]}"
 
 
 def tvm_kind(symbol: str) -> str:
@@ -182,7 +190,8 @@ def summarise(kernels: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         kinds[runtime] = {}
         totals[runtime] = sum(r["ms"] for r in rows)
         for r in rows:
-            key = conv_key(r["shapes"], r["out"], runtime) if is_conv(r["kind"]) else None
+            key = (conv_key(r["shapes"], r["out"], runtime, winograd="winograd" in r["kind"])
+                   if is_conv(r["kind"]) else None)
             bucket = convs[key] if key is not None else kinds[runtime]
             name = runtime if key is not None else r["kind"]
             entry = bucket.setdefault(name, {"calls": 0, "ms": 0.0})

@@ -41,6 +41,17 @@ def test_the_same_convolution_gets_the_same_key_on_both_runtimes() -> None:
     assert op_by_op.conv_key([[1, 56, 56, 96]], [1, 56, 56, 96], "tunefleet") is None  # no weight
 
 
+def test_a_winograd_kernel_is_matched_to_its_3x3_convolution() -> None:
+    # tunefleet's Winograd weights, transformed and packed ([6, 6, 64, 64] as the schedule split
+    # them), against onnxruntime's direct 3x3 in NCHW8c: one key, so the two are compared.
+    ours = op_by_op.conv_key([[1, 56, 56, 64], [3, 3, 2, 2, 32, 2, 2, 32], [64]], [1, 56, 56, 64], "tunefleet",
+                             winograd=True)
+    theirs = op_by_op.conv_key([[1, 8, 56, 56, 8], [8, 8, 3, 3, 8, 8], [64]], [1, 8, 56, 56, 8], "onnxruntime")
+    assert ours == theirs == "3x3 64->64 56x56->56x56"
+    # without the flag the transformed weights fit no kernel size
+    assert op_by_op.conv_key([[1, 56, 56, 64], [36, 64, 64], [64]], [1, 56, 56, 64], "tunefleet").startswith("?")
+
+
 def test_a_kernel_s_kind_drops_the_numbers_and_the_fusion_prefix() -> None:
     assert op_by_op.tvm_kind("fused_conv2d3_add2_clip1") == "conv2d_add_clip"
     assert op_by_op.tvm_kind("transpose1") == "transpose"
