@@ -43,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
 
+from tunefleet.recipes import WINOGRAD_TILE  # noqa: E402 - light (no TVM)
 from versus_alternatives import (  # noqa: E402 - beside this file; light at import
     DEFAULT_THREADS,
     _cpu_model,
@@ -97,11 +98,6 @@ def conv_kind(weights: int, c_in: int, c_out: int) -> str:
     return "?"
 
 
-WINOGRAD_TILE = 6
-"""Input tile of tunefleet's Winograd F(4x4, 3x3): its kernels take ``[6, 6, CI, CO]`` transformed
-weights (:mod:`tunefleet.tvm.extract`), 36 per channel pair where the convolution has 9."""
-
-
 def conv_key(shapes: list[list[int]], out_shape: list[int], runtime: str, *, winograd: bool = False) -> str | None:
     """What a convolution computes, as the same string on both runtimes:
     ``"dw3x3 96->96 112x112->56x56"``; None where the shapes say too little. ``winograd``: a
@@ -111,7 +107,8 @@ def conv_key(shapes: list[list[int]], out_shape: list[int], runtime: str, *, win
     if data is None or out is None or len(shapes) < 2:
         return None
     weights = math.prod(shapes[1])
-    kind = "3x3" if winograd and weights == WINOGRAD_TILE ** 2 * data[0] * out[0] else conv_kind(weights, data[0], out[0])
+    alpha = WINOGRAD_TILE + 2  # a 3x3 kernel's transformed weights: alpha x alpha per channel pair
+    kind = "3x3" if winograd and weights == alpha * alpha * data[0] * out[0] else conv_kind(weights, data[0], out[0])
     return f"{kind} {data[0]}->{out[0]} {data[1]}x{data[2]}->{out[1]}x{out[2]}"
 
 

@@ -64,6 +64,9 @@ class Recipe:
                    "winograd" in extras)
 
 
+#: Output tile of the Winograd convolutions: F(4x4, 3x3), 6x6 input tiles (TVM's CPU choice); their
+#: transformed weights are ``[tile + 2, tile + 2, CI, CO]``.
+WINOGRAD_TILE = 4
 #: The fewest input and output channels for which a convolution is computed as Winograd: below,
 #: the transforms cost more than the multiplications they save.
 WINOGRAD_MIN_CHANNELS = 32

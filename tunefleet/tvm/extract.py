@@ -95,7 +95,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from tunefleet.errors import TunefleetError
-from tunefleet.recipes import WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_TILES, Recipe, recipe_for
+from tunefleet.recipes import WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_TILES, WINOGRAD_TILE, Recipe, recipe_for
 from tunefleet.tvm.targets import make_target
 from tunefleet.vocab import task_name_key
 
@@ -443,13 +443,9 @@ def _legalize_conv2d_nchwc(bb: relax.BlockBuilder, call: relax.Call) -> relax.Ex
                       primfunc_name_hint="conv2d_NCHWc")
 
 
-_WINOGRAD_TILE = 4
-"""Output tile of the Winograd convolutions: F(4x4, 3x3), 6x6 input tiles (TVM's CPU choice)."""
-
-
 def _tiles_along(extent: int) -> int:
-    """How many output tiles of :data:`_WINOGRAD_TILE` cover ``extent`` outputs along one axis."""
-    return -(-extent // _WINOGRAD_TILE)
+    """How many output tiles of :data:`WINOGRAD_TILE` cover ``extent`` outputs along one axis."""
+    return -(-extent // WINOGRAD_TILE)
 
 
 def _static_shape(expr: relax.Expr) -> list[int] | None:
@@ -520,8 +516,8 @@ def _winograd_weight_transform(weight: te.Tensor) -> te.Tensor:
     channels innermost, the vectorised axis). A call on constant weights, which ``FoldConstant``
     folds: the transform runs once at build time, not in every call."""
     co, kh, kw, ci = (int(d) for d in weight.shape)
-    _, _, g = winograd_transform_matrices(_WINOGRAD_TILE, kh, str(weight.dtype))
-    alpha = _WINOGRAD_TILE + kh - 1
+    _, _, g = winograd_transform_matrices(WINOGRAD_TILE, kh, str(weight.dtype))
+    alpha = WINOGRAD_TILE + kh - 1
     r_kh, r_kw = te.reduce_axis((0, kh), name="r_kh"), te.reduce_axis((0, kw), name="r_kw")
     return te.compute((alpha, alpha, ci, co),
                       lambda eps, nu, c, o: te.sum(weight[o, r_kh, r_kw, c] * g[eps, r_kh] * g[nu, r_kw],
@@ -578,7 +574,7 @@ def _conv2d_winograd_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: list
     compute otherwise, with the tiles counted per axis."""
     n, h, w, channels = (int(d) for d in data.shape)
     alpha, _, _, co = (int(d) for d in kernel_pack.shape)
-    m = _WINOGRAD_TILE
+    m = WINOGRAD_TILE
     r = alpha - m + 1
     a_mat, b_mat = _winograd_transforms(m, r, out_dtype)
     pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, (r, r))
