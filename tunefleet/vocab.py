@@ -85,7 +85,8 @@ LAYOUTS = ("NHWC", "NCHWc", "native")
 UNTUNED_TIMING_S = 10.0
 """About the longest a build spends timing the untuned model after its output check: its naive
 loops take seconds per call on a large model, its latency is only the speed-up's reference, and
-within a budget's run the user's time pays for it."""
+within a budget's run the user's time pays for it (a call longer than this is not repeated: the
+check's call is its figure)."""
 
 TIMING_ROUNDS = 5
 """Rounds of the alternating timing of a build against the alternatives

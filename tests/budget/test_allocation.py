@@ -149,9 +149,9 @@ def test_build_reserve_grows_with_the_model_and_its_measured_latency() -> None:
     small = build_reserve_s([_wl(1, [1e-3], default_s=5e-3)])
     slow = build_reserve_s([_wl(1, [1e-3], default_s=2.0)])
     assert 10 < small < 35 and slow > small + 2 * 2.0 + UNTUNED_TIMING_S  # the check call, then ~10 s of timing
-    # An untuned call of 20 s (bert-base): the check call and one timed call, not 16 of them.
+    # An untuned call of 20 s (bert-base): the check call alone, its figure; not 16 calls, nor a second.
     huge = build_reserve_s([_wl(1, [1e-3], default_s=20.0)])
-    assert 2 * 20.0 < huge - small < 1.2 * 2 * 20.0 + 1
+    assert 20.0 < huge - small < 1.2 * 20.0 + 1
     many = build_reserve_s([_wl(i, [], weight=1) for i in range(24)], compile_s=2.0)
     assert many > 1.2 * (24 * 2.0)
     assert build_reserve_s([]) == 0.0

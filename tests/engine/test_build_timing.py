@@ -38,12 +38,18 @@ class CountingVM:
         raise AssertionError("a build is timed with plain calls, not time_evaluator")
 
 
-@pytest.mark.parametrize(("one_call_s", "calls"), [(UNTUNED_TIMING_S / 2.5, 2), (UNTUNED_TIMING_S * 3, 1)])
-def test_a_slow_build_is_timed_in_the_calls_that_fit_in_the_untuned_timing(one_call_s: float, calls: int) -> None:
+def test_a_slow_build_is_timed_in_the_calls_that_fit_in_the_untuned_timing() -> None:
     vm = CountingVM()
-    seconds = _time_untuned(vm, [], one_call_s, 5)
-    assert vm.calls == calls and vm.evaluator is None
+    seconds = _time_untuned(vm, [], UNTUNED_TIMING_S / 2.5, 5)
+    assert vm.calls == 2 and vm.evaluator is None
     assert 0.001 <= seconds < 0.5  # the plain calls' own time, not the first call's
+
+
+def test_a_build_whose_one_call_outlasts_the_untuned_timing_is_not_called_again() -> None:
+    """A second call would cost more than the whole allowance: the check's first call is the figure."""
+    vm = CountingVM()
+    assert _time_untuned(vm, [], UNTUNED_TIMING_S * 3, 5) == UNTUNED_TIMING_S * 3
+    assert vm.calls == 0 and vm.evaluator is None
 
 
 def test_a_build_whose_rounds_fit_is_timed_by_the_alternating_timing_alone(monkeypatch: pytest.MonkeyPatch) -> None:

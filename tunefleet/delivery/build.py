@@ -153,15 +153,20 @@ def _time_untuned(vm: Any, inputs: list[Any], one_call_s: float, rounds: int) ->
     :func:`tunefleet.delivery.timing.estimate_s` of ``one_call_s``, its first call's time) fits in
     :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, it is timed alone with
     :func:`~tunefleet.delivery.timing.time_alternating`, the tuned build's measure; else with as
-    many plain calls as fit in ``UNTUNED_TIMING_S`` (at least one; the first call in :func:`check`
-    warmed it up), the median of their wall times: the same measure, a wall clock around one
-    call from Python, in fewer calls.
+    many plain calls as fit in ``UNTUNED_TIMING_S`` (the first call in :func:`check` warmed it
+    up), the median of their wall times: the same measure, a wall clock around one call from
+    Python, in fewer calls. When not one call fits, the first call is the figure: a second would
+    cost the run more than the whole allowance (a large model's untuned call can take most of a
+    short budget: docs/performance.md), and a first call's own costs (allocating the VM's
+    storage) are small against the seconds of its loops.
     """
     main = vm["main"]
     if estimate_s({"untuned": one_call_s}, rounds) <= UNTUNED_TIMING_S:
         return float(time_alternating({"untuned": lambda: main(*inputs)}, rounds)["untuned"]["ms"]) / 1e3
+    if one_call_s > UNTUNED_TIMING_S:
+        return one_call_s
     times = []
-    for _ in range(max(1, int(UNTUNED_TIMING_S / one_call_s))):
+    for _ in range(int(UNTUNED_TIMING_S / one_call_s)):
         t0 = time.perf_counter()
         main(*inputs)
         times.append(time.perf_counter() - t0)

@@ -366,8 +366,8 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     its own recipe seldom has), checks the outputs, exports it for onnxruntime and times the tuned
     build, PyTorch eager and onnxruntime side by side (:data:`~tunefleet.vocab.TIMING_ROUNDS` rounds of
     about :data:`~tunefleet.vocab.TIMING_ROUND_S` s each, at least 5 calls a round, after a
-    warm-up; the untuned build alone for about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, at
-    least one run).
+    warm-up; the untuned build alone for about :data:`~tunefleet.vocab.UNTUNED_TIMING_S`, not
+    at all when its check call alone took longer: that call is its figure).
 
     Once the model has been built on the class on this machine, that build's time
     (``last_build_s``) with a fifth more and 5 s is the reserve (the re-timing's on top): a
@@ -403,11 +403,12 @@ def build_reserve_s(workloads: Sequence[WorkloadHistory], *, compile_s: float | 
     load = extract_s if extract_s is not None else 5.0 + 0.25 * n  # import + extraction, which grows with the workloads
     compile_ = 2 * max(n * per_compile, 0.5 * load)
     setup = load  # the ONNX export, onnxruntime's session, every runtime's first calls
-    # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (at least one
-    # more call); three runtimes alternating (the alternatives taken as fast as the tuned build),
-    # each warmed up for about 3 calls.
+    # The untuned build: its output check, then about UNTUNED_TIMING_S of timing (none when the
+    # check's call took longer); three runtimes alternating (the alternatives taken as fast as the
+    # tuned build), each warmed up for about 3 calls.
     per_runtime = TIMING_ROUNDS * max(TIMING_ROUND_S, 5 * tuned) + max(0.2, 3 * tuned)
-    timing = untuned + max(untuned, min(16 * untuned, UNTUNED_TIMING_S)) + 3 * per_runtime + tuned
+    untuned_timing = 0.0 if untuned > UNTUNED_TIMING_S else max(untuned, min(16 * untuned, UNTUNED_TIMING_S))
+    timing = untuned + untuned_timing + 3 * per_runtime + tuned
     return _with_margin((0.0 if kept else load) + compile_ + setup + confirm + timing)
 
 
