@@ -33,10 +33,11 @@ for smoke runs). The bench drives the CLI the way a user does, then measures in 
 3. Machine peak: fp32 BLAS sgemm (numpy float32 matmul, 2048^3 by default) on the same threads
    (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS are set before numpy is imported; the
    thread count OpenBLAS reports is printed), in GFLOP/s: the fastest of 10 (the median printed
-   beside it), measured after the tuning run and again after each phase's timings, the faster kept. Each timed runtime's
-   GFLOP/s on the model's nominal work (PyTorch's FLOP counter on the eager module: convolutions
-   and matrix products as direct products) as a share of that peak: a runtime near 1.0 has no
-   faster direct kernels left to find, only fewer multiplications (Winograd).
+   beside it), measured after the tuning run and again after each phase's timings, the faster
+   kept. Each timed runtime's GFLOP/s on the model's nominal work (PyTorch's FLOP counter on the
+   eager module: convolutions and matrix products as direct products) as a share of that peak: a
+   runtime near 1.0 has no faster direct kernels left to find, only fewer multiplications
+   (Winograd).
 4. The ten workloads with the largest latency share (weight x best mean run time on the class),
    read from the database: name, op kind, weight, best latency, share of the model's summed
    latency, GFLOP/s and fraction of the sgemm peak; and the tuning wall time, candidates measured

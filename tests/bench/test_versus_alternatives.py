@@ -86,7 +86,7 @@ def test_a_second_bench_run_on_a_home_in_use_stops_with_one_line(tmp_path: Path)
 
 def test_the_peak_is_the_fastest_repeat_and_the_median_is_printed_beside_it() -> None:
     """The shares are read against the fastest repeat; the median repeat's GFLOP/s is reported
-    beside it (a lone fast repeat read 1.3x the median on the Intel VM: docs/performance.md)."""
+    beside it, so that a lone fast repeat shows (docs/performance.md)."""
     peak = versus_alternatives.sgemm_peak(96, repeat=7)
     assert peak["seconds"] <= peak["median_seconds"]
     assert versus_alternatives.median_gflops(peak) == pytest.approx(2.0 * 96 ** 3 / peak["median_seconds"] / 1e9)
