@@ -11,6 +11,9 @@ Arms, each in a fresh tunefleet home under ``--work-dir``, the same seed:
   the hub off): stock MetaSchedule's start, random first rounds;
 * ``pretrained``: the same with the shipped cost model warm-starting every shard (the hub off,
   so the model's effect is alone);
+* ``pretrained-nocheck``: the same with the warm start's agreement check off
+  (``warm_start_min_agreement`` 0: the model guides every shard whatever it misranks), which says
+  what the check costs or saves in trials (not in the default ``--arms``);
 * ``zeroshot``: no tuning; a home that holds only the shipped hub bundle, ``build --zero-shot``
   with ``--verify`` (default ``90s``, the proposals' search included): every workload's default
   schedule, the schedules it borrows (the hub's, other shapes') and the shipped model's proposals,
@@ -49,8 +52,8 @@ from versus_alternatives import parse_compare, tuned_runner  # noqa: E402 - besi
 from tunefleet.delivery.zeroshot import DEFAULT_VERIFY  # noqa: E402 - light: nothing heavy at import
 
 HW = "x86"
-ARMS = ("scratch", "pretrained", "zeroshot", "zeroshot-noborrow", "zeroshot-norefine")
-TUNING = ("scratch", "pretrained")
+ARMS = ("scratch", "pretrained", "pretrained-nocheck", "zeroshot", "zeroshot-noborrow", "zeroshot-norefine")
+TUNING = ("scratch", "pretrained", "pretrained-nocheck")
 REACH = 0.9
 """The speed, as a share of the scratch arm's final one, whose trials the table reports."""
 
@@ -95,15 +98,23 @@ def tune_arm(name: str, source: str, work: Path, budget: str, seed: int) -> dict
 
     ctx = connect(work / name, "off")
     model = ingest(ctx, source)
-    options = ctx.options().replace(seed=seed, pretrained_cost_model=(name == "pretrained"))
+    options = ctx.options().replace(seed=seed, **arm_knobs(name))
     t0 = time.perf_counter()
     summary = api.tune(ctx, HW, options, budget=budget, models=[model])
     wall = time.perf_counter() - t0
     points = curve(ctx.db, model)
-    print(f"{name}: {summary.measured} candidates in {wall:.0f} s; estimated latency "
+    print(f"{name}: {summary.measured} candidates in {wall:.0f} s, {summary.shards_done} shards, the warm start "
+          f"dropped in {summary.warm_start_dropped}; estimated latency "
           + ", ".join(f"{ms:.2f} ms at {n}" for n, ms in points[:: max(1, len(points) // 12)]), flush=True)
     return {"arm": name, "ctx": ctx, "model": model, "candidates": summary.measured, "wall_s": wall,
-            "points": points, "estimate_ms": points[-1][1] if points else None}
+            "points": points, "estimate_ms": points[-1][1] if points else None,
+            "shards": summary.shards_done, "warm_start_dropped": summary.warm_start_dropped}
+
+
+def arm_knobs(name: str) -> dict[str, Any]:
+    """The tuning options a tuning arm changes: the shipped cost model, and its agreement check."""
+    warm = name.startswith("pretrained")
+    return {"pretrained_cost_model": warm, **({"warm_start_min_agreement": 0.0} if name == "pretrained-nocheck" else {})}
 
 
 def zeroshot_arm(name: str, source: str, work: Path, verify: str) -> dict[str, Any]:
@@ -179,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = api.build(r["ctx"], r["model"], HW, output=work / f"{r['arm']}.so")
             reach = trials_to(r["points"], goal) if goal else None
             rows.append({"arm": r["arm"], "candidates": r["candidates"], "wall_s": r["wall_s"],
+                         "shards": r["shards"], "warm_start_dropped": r["warm_start_dropped"],
                          "estimate_ms": r["estimate_ms"], "trials_to_goal": reach, "tuned_ms": report.tuned_ms,
                          "onnxruntime_ms": report.onnxruntime_ms, "torch_ms": report.torch_ms})
         for zs in zero_shot:
@@ -194,11 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{row['arm']:<19}{f(row['candidates']):>11}{f(row['wall_s'], 0):>8}{f(row['estimate_ms']):>13}"
                   f"{f(row['trials_to_goal']):>26}{f(row['tuned_ms']):>10}{f(row['onnxruntime_ms']):>16}"
                   f"{f(row['torch_ms']):>10}{f(ratio, 2) + 'x' if ratio else '-':>16}")
-        pre = next((r for r in rows if r["arm"] == "pretrained"), None)
         base = next((r for r in rows if r["arm"] == "scratch"), None)
-        if base is not None and pre is not None and pre["trials_to_goal"] and base["trials_to_goal"]:
-            print(f"trials to {REACH:.0%} of the scratch arm's final speed, pretrained / scratch: "
-                  f"{pre['trials_to_goal'] / base['trials_to_goal']:.2f}")
+        for pre in (r for r in rows if r["arm"].startswith("pretrained")):
+            if base is not None and pre["trials_to_goal"] and base["trials_to_goal"]:
+                print(f"trials to {REACH:.0%} of the scratch arm's final speed, {pre['arm']} / scratch: "
+                      f"{pre['trials_to_goal'] / base['trials_to_goal']:.2f}")
         together = side_by_side(work, [*results, *zero_shot], compare=args.compare)
         if args.json:
             args.json.write_text(json.dumps({"model": args.model, "budget": args.budget, "rows": rows,
