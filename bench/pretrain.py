@@ -6,6 +6,7 @@ Usage::
     python bench/pretrain.py bench/data/campaign-*.parquet --output /tmp/m.json --holdout-dims 384,576
     python bench/pretrain.py bench/data/campaign-*.parquet --evaluate-only --diagnose   # where the misses come from
     python bench/pretrain.py bench/data/campaign-*.parquet --evaluate-only --mlp 150    # a small neural model instead
+    python bench/pretrain.py NEW.parquet --evaluate-only --score shipped=tunefleet/data/costmodel/avx2.json --by-name winograd
 
 The sources are hub bundles that hold every measurement of a campaign (``tunefleet hub export
 --top-k 100000``: bench/data/ holds one per CPU the campaign ran on). Each run:
@@ -25,6 +26,11 @@ The sources are hub bundles that hold every measurement of a campaign (``tunefle
    when every source class's target is x86 AVX2 code without AVX-512, ``default.json`` otherwise;
    ``tunefleet.learning.pretrained.vector_code``) with what it was trained on and its held-out
    metrics in its metadata (``tunefleet costmodel list`` shows them).
+
+``--score LABEL=FILE`` (repeatable) also scores existing model files (the shipped one before a
+retrain, ``git show REV:tunefleet/data/costmodel/avx2.json``) on every row of the sources and on the
+held-out side, split by ``--by-name`` (workloads whose name holds it, and the others): how a model
+ranks measurements it was not trained on, say a new CPU's or a new recipe's.
 
 Train each shipped model on its own vector code's campaigns: a model trained on one CPU's AVX-512
 measurements ranks an AVX2-only CPU's candidates no better than chance (docs/learning.md).
@@ -203,6 +209,52 @@ def evaluate(train_t: Any, test_t: Any, dims: set[int]) -> tuple[tuple[str, int,
     return best, report
 
 
+def load_models(items: Sequence[str]) -> dict[str, Any]:
+    """``LABEL=FILE`` items -> {label: model}; a file that is not a tunefleet cost model raises
+    :class:`~tunefleet.learning.costmodel.CostModelError` naming it (before any featurising)."""
+    from tunefleet.learning import costmodel as cm
+
+    models = {}
+    for item in items:
+        label, _, path = item.partition("=")
+        try:
+            models[label] = cm.TrainedModel.from_bytes(Path(path).read_bytes())
+        except cm.CostModelError as exc:
+            raise cm.CostModelError(f"--score {path}: {exc}") from None
+    return models
+
+
+def score_models(models: dict[str, Any], table: Any, test_t: Any, by_name: str | None) -> dict[str, Any]:
+    """Each model's metrics on every row of ``table`` and on the held-out side ``test_t``, and on
+    each of them split by ``by_name`` (workloads whose name holds it, the others); printed as rows
+    of the table and returned as {label: {part: metrics}}."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tunefleet.learning import costmodel as cm
+
+    def parts(t: Any, side: str) -> list[tuple[str, Any]]:
+        out = [(side, t)]
+        if by_name:
+            has = pa.array([by_name in (n or "") for n in t["workload_name"].to_pylist()], pa.bool_())
+            out += [(f"{side}, {by_name}", t.filter(has)), (f"{side}, not {by_name}", t.filter(pc.invert(has)))]
+        return out
+
+    report: dict[str, Any] = {}
+    pieces = [p for p in parts(table, "every row") + parts(test_t, "held out") if p[1].num_rows]
+    for label, model in models.items():
+        lines = []
+        for part, t in pieces:
+            m = cm.evaluate(model, t)
+            report.setdefault(label, {})[part] = {k: m.get(k) for k in (*METRICS, "n_rows", "n_workloads")}
+            lines.append((f"{label}: {part} ({m['n_workloads']} wl, {m['n_rows']} rows)", m))
+        width = max(len(name) for name, _ in lines)
+        print(f"{'scored':{width}s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}")
+        for name, m in lines:
+            print(row(name, m, width=width), flush=True)
+    return report
+
+
 def diagnose(table: Any, objective: str, rounds: int, params: dict[str, Any]) -> dict[str, Any]:
     """Where the held-out misses come from, the chosen configuration on other splits of the same rows:
     fitted and scored on every row (what the features and the model's capacity allow at all), the
@@ -322,7 +374,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--mlp", type=int, default=0, metavar="EPOCHS", help="also train a small neural model "
                    "(TenSet's MLP, pairwise loss) for EPOCHS epochs on the same split and print its metrics; "
                    "it is never written (needs torch)")
-    return p.parse_args(argv)
+    p.add_argument("--score", action="append", default=[], metavar="LABEL=FILE", help="also score an existing "
+                   "model file on every row of the sources and on the held-out side (repeatable)")
+    p.add_argument("--by-name", metavar="TEXT", help="--score's rows also split into the workloads whose name "
+                   "holds TEXT and the others (e.g. winograd)")
+    args = p.parse_args(argv)
+    if args.by_name and not args.score:
+        p.error("--by-name splits --score's rows: name a model with --score LABEL=FILE")
+    for item in args.score:
+        label, sep, path = item.partition("=")
+        if not (label and sep and Path(path).is_file()):
+            p.error(f"--score {item!r}: give LABEL=FILE, FILE an existing model file")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -334,6 +397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not bundles_exist("pretrain", args.sources):
         return 2
+    try:
+        models = load_models(args.score)
+    except cm.CostModelError as exc:
+        print(f"pretrain: {exc}", file=sys.stderr)
+        return 2
     dims = {int(d) for d in args.holdout_dims.split(",") if d.strip()}
     with tempfile.TemporaryDirectory(prefix="tunefleet-pretrain-") as tmp:
         try:
@@ -343,7 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pretrain: {exc}", file=sys.stderr)
             return 2
     split = cm.split_by_workload(table, heldout=cm.shape_holdout(table, dims))
+    scored = score_models(models, table, split[1], args.by_name) if models else None
     (objective, rounds, params), report = evaluate(*split, dims)
+    if scored is not None:
+        report["scored"] = scored
     if args.diagnose:
         report["diagnose"] = diagnose(table, objective, rounds, params)
     if args.mlp:

@@ -142,9 +142,16 @@ def test_pretrain_trains_on_a_bundle_and_holds_out_a_shape_family(tmp_path: Path
     pq.write_table(zen5, source)  # the bundle's format mark travels in the schema's metadata
     out, report = tmp_path / "m.json", tmp_path / "r.json"
     assert pretrain.main([str(source), "--output", str(out), "--holdout-dims", "768", "--json", str(report),
-                          "--work-dir", str(tmp_path / "home"), "--diagnose", "--mlp", "2"]) == 0
+                          "--work-dir", str(tmp_path / "home"), "--diagnose", "--mlp", "2",
+                          "--score", f"shipped={pretrained.SHIPPED_MODEL}", "--by-name", "conv2d"]) == 0
     printed = capsys.readouterr().out
     assert "held out: " in printed and "with a dimension in [768]" in printed and "random ranking" in printed
+    # an existing model scored on the same rows: all of them, the held-out side, each split by name
+    scored = json.loads(report.read_text())["heldout"]["scored"]["shipped"]
+    every, conv, rest = (scored[k] for k in ("every row", "every row, conv2d", "every row, not conv2d"))
+    assert every["n_rows"] == conv["n_rows"] + rest["n_rows"] and conv["n_workloads"] > 0 and rest["n_workloads"] > 0
+    assert scored["held out"]["n_rows"] < every["n_rows"] and 0.0 <= every["pairwise_accuracy"] <= 1.0
+    assert "shipped: every row, conv2d (" in printed
     diagnosed = json.loads(report.read_text())["heldout"]["diagnose"]
     fitted, pairs = diagnosed["every row, scored on itself"], diagnosed["identical_features"]
     assert fitted["pairwise_accuracy"] > 0.5 and fitted["n_rows"] > 0 and pairs["pairs"] > pairs["identical"] >= 0
@@ -159,6 +166,26 @@ def test_pretrain_trains_on_a_bundle_and_holds_out_a_shape_family(tmp_path: Path
     assert model.meta["heldout"]["dims"] == [768] and held["workloads"] == model.meta["heldout"]["workloads"] > 0
     assert model.meta["trained_on"]["rows"] == held["rows"] + held["train_rows"]
     assert model.meta["trained_on"]["sources"][0]["file"] == source.name
+
+
+def test_pretrain_refuses_a_model_to_score_that_is_not_one_before_featurising(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """--score with a file that is not a cost model: one line and exit 2, before minutes of featurising
+    (the work directory is never made); a bad LABEL=FILE, or --by-name alone, is a usage error."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import pretrain
+
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    assert pretrain.main([str(DEFAULT_BUNDLE), "--evaluate-only", "--score", f"old={junk}",
+                          "--work-dir", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"pretrain: --score {junk}: not a tunefleet cost model") and "\n" not in err
+    assert not (tmp_path / "never").exists()
+    for argv in (["--score", "old"], ["--score", f"old={tmp_path / 'missing.json'}"], ["--by-name", "winograd"]):
+        with pytest.raises(SystemExit) as stop:
+            pretrain.main([str(DEFAULT_BUNDLE), *argv])
+        assert stop.value.code == 2
 
 
 def test_pretrain_counts_pairs_by_their_run_time_gap() -> None:
