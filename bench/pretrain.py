@@ -49,6 +49,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
+
+from versus_alternatives import parse_compare  # noqa: E402 - beside this file; light at import
+
 DEFAULT_HOLDOUT_DIMS = (384, 256)
 """Held-out shape families: sequence length 384 (the corpus's dense, batch_matmul, softmax, layer
 norm and GELU variants) and 256 (channels of convolutions and pools, the transformer width 256);
@@ -111,6 +115,11 @@ def bundles_exist(prog: str, sources: list[Path]) -> bool:
 
 class MixedSources(ValueError):
     """The sources' classes are of more than one kind of vector code, and no --output was named."""
+
+
+def header(title: str, width: int = 34) -> str:
+    """The column heads over :func:`row`'s lines."""
+    return f"{title:{width}s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}"
 
 
 def row(name: str, m: dict[str, Any], width: int = 34) -> str:
@@ -183,7 +192,7 @@ def evaluate(train_t: Any, test_t: Any, dims: set[int]) -> tuple[tuple[str, int,
     print(f"held out: {n_test} workloads ({test_t.num_rows} rows) with a dimension in {sorted(dims)}; "
           f"trained on {n_train} workloads ({train_t.num_rows} rows)")
     base = cm.baselines(test_t)
-    print(f"{'ranking':34s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}")
+    print(header("ranking"))
     for name, m in base.items():
         print(row(f"{name} ranking", m))
     results = []
@@ -209,14 +218,13 @@ def evaluate(train_t: Any, test_t: Any, dims: set[int]) -> tuple[tuple[str, int,
     return best, report
 
 
-def load_models(items: Sequence[str]) -> dict[str, Any]:
-    """``LABEL=FILE`` items -> {label: model}; a file that is not a tunefleet cost model raises
+def load_models(files: dict[str, str]) -> dict[str, Any]:
+    """{label: model file} -> {label: model}; a file that is not a tunefleet cost model raises
     :class:`~tunefleet.learning.costmodel.CostModelError` naming it (before any featurising)."""
     from tunefleet.learning import costmodel as cm
 
     models = {}
-    for item in items:
-        label, _, path = item.partition("=")
+    for label, path in files.items():
         try:
             models[label] = cm.TrainedModel.from_bytes(Path(path).read_bytes())
         except cm.CostModelError as exc:
@@ -249,7 +257,7 @@ def score_models(models: dict[str, Any], table: Any, test_t: Any, by_name: str |
             report.setdefault(label, {})[part] = {k: m.get(k) for k in (*METRICS, "n_rows", "n_workloads")}
             lines.append((f"{label}: {part} ({m['n_workloads']} wl, {m['n_rows']} rows)", m))
         width = max(len(name) for name, _ in lines)
-        print(f"{'scored':{width}s} {'pairwise':>8s} {'by workload':>11s} {'peak@1':>7s} {'peak@5':>7s}")
+        print(header("scored", width))
         for name, m in lines:
             print(row(name, m, width=width), flush=True)
     return report
@@ -381,10 +389,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.by_name and not args.score:
         p.error("--by-name splits --score's rows: name a model with --score LABEL=FILE")
-    for item in args.score:
-        label, sep, path = item.partition("=")
-        if not (label and sep and Path(path).is_file()):
-            p.error(f"--score {item!r}: give LABEL=FILE, FILE an existing model file")
+    args.score = parse_compare(p, args.score, "--score")
     return args
 
 
@@ -411,9 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pretrain: {exc}", file=sys.stderr)
             return 2
     split = cm.split_by_workload(table, heldout=cm.shape_holdout(table, dims))
-    scored = score_models(models, table, split[1], args.by_name) if models else None
+    scored = score_models(models, table, split[1], args.by_name)
     (objective, rounds, params), report = evaluate(*split, dims)
-    if scored is not None:
+    if scored:
         report["scored"] = scored
     if args.diagnose:
         report["diagnose"] = diagnose(table, objective, rounds, params)
