@@ -21,11 +21,15 @@ Each runtime makes ``--calls`` calls after warm-up, in alternating blocks of ten
 keeps its median. Convolutions are matched across the runtimes by what they compute (input and
 output channels, input and output size, kernel: depthwise, 1x1 or kxk), whatever layout each
 runtime chose (NCHW, NHWC or blocked NCHWc; a tunefleet Winograd kernel as the 3x3 convolution it
-computes); every other kernel is summed by kind on its own side.
+computes); matrix products the same way (batch, M, K, N: a dense layer with prepacked weights
+against a ``Gemm``, a batch of attention heads against a ``FusedMatMul``, epilogues fused or not);
+every other kernel is summed by kind on its own side.
 Then the whole calls, without instrument or profiler, in alternating rounds
-(:func:`tunefleet.delivery.timing.time_alternating`). Prints one row per convolution (summed over
-its calls: ms on each side and each library's ratio to onnxruntime's) and the kinds; ``--json``
-writes it all. Asserts nothing about speed.
+(:func:`tunefleet.delivery.timing.time_alternating`). Prints one row per convolution and per
+matrix product (summed over its calls: ms on each side, each library's ratio to onnxruntime's, and
+a matrix product's GFLOP/s on each side and in numpy's BLAS on the same product alone,
+``OPENBLAS_CORETYPE`` picking its kernels) and the kinds; ``--json`` writes it all. Asserts nothing
+about speed.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ from tunefleet.recipes import WINOGRAD_TILE  # noqa: E402 - light (no TVM)
 from versus_alternatives import (  # noqa: E402 - beside this file; light at import
     DEFAULT_THREADS,
     _cpu_model,
+    blas_core,
     load_vm,
+    matmul_times,
     parse_compare,
     pin_threads,
     torch_module,
@@ -112,6 +118,48 @@ def conv_key(shapes: list[list[int]], out_shape: list[int], runtime: str, *, win
     return f"{kind} {data[0]}->{out[0]} {data[1]}x{data[2]}->{out[1]}x{out[2]}"
 
 
+def matmul_key(shapes: list[list[int]], out_shape: list[int]) -> str | None:
+    """What a matrix product computes, as the same string on both runtimes: ``"128x768 by
+    768x3072"``, ``"12 x 128x64 by 64x128"`` for a batch of 12; None where the shapes say too
+    little. The product's ``M`` and ``N`` are the output's last two dimensions (one row block when
+    it has one), its batch the product of the others; ``K`` is what the first operand holds beyond
+    ``batch x M``, whatever its layout (transposed, or the 3-D activation of a dense layer)."""
+    if not shapes or not shapes[0] or not out_shape:
+        return None
+    dims = [1, *out_shape] if len(out_shape) == 1 else out_shape
+    batch, m, n = math.prod(dims[:-2]), dims[-2], dims[-1]
+    k, rest = divmod(math.prod(shapes[0]), batch * m) if batch * m else (0, 1)
+    if rest or k < 1 or n < 1:
+        return None
+    return f"{f'{batch} x ' if batch > 1 else ''}{m}x{k} by {k}x{n}"
+
+
+def matmul_dims(key: str) -> tuple[int, int, int, int]:
+    """(batch, M, K, N) of a :func:`matmul_key`."""
+    batch, _, rest = key.rpartition(" x ")
+    (m, k), (_, n) = (map(int, half.split("x")) for half in rest.split(" by "))
+    return (int(batch) if batch else 1), m, k, n
+
+
+def matmul_flops(key: str) -> float:
+    """Multiply-adds x 2 of one call of :func:`matmul_key`'s product."""
+    batch, m, k, n = matmul_dims(key)
+    return 2.0 * batch * m * k * n
+
+
+def blas_gflops(key: str, repeat: int = 20) -> float:
+    """GFLOP/s of numpy's BLAS on the same product, the median of ``repeat`` calls after a warm-up,
+    on the threads the bench pinned: what the machine's BLAS does at that shape
+    (``OPENBLAS_CORETYPE`` picks its kernels)."""
+    import numpy as np
+
+    batch, m, k, n = matmul_dims(key)
+    rng = np.random.default_rng(0)
+    times = matmul_times(rng.standard_normal((batch, m, k), dtype=np.float32),
+                         rng.standard_normal((batch, k, n), dtype=np.float32), repeat)
+    return matmul_flops(key) / statistics.median(times) / 1e9
+
+
 def tvm_kind(symbol: str) -> str:
     """A kernel's kind from its PrimFunc name: ``fused_conv2d3_add2_clip1`` -> ``conv2d_add_clip``."""
     parts = [p.rstrip("0123456789") for p in symbol.split("_")]
@@ -120,6 +168,12 @@ def tvm_kind(symbol: str) -> str:
 
 def is_conv(kind: str) -> bool:
     return "conv" in kind.lower()
+
+
+def is_matmul(kind: str) -> bool:
+    """A matrix product: tunefleet's ``matmul``/``dense`` kernels (their epilogues fused or not),
+    onnxruntime's ``MatMul``, ``FusedMatMul``, ``Gemm``."""
+    return any(name in kind.lower() for name in ("matmul", "dense", "gemm"))
 
 
 # -- onnxruntime's profile ---------------------------------------------------------------------------
@@ -175,32 +229,49 @@ def per_kernel(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return [{**kept[0][i], "ms": statistics.median(r[i]["ms"] for r in kept)} for i in range(length)]
 
 
+def _matched_key(row: dict[str, Any], runtime: str) -> tuple[str, str] | None:
+    """(``"convs"`` or ``"matmuls"``, what the kernel computes) for a kernel matched across the
+    runtimes; None for one summed by kind."""
+    if is_conv(row["kind"]):
+        key = conv_key(row["shapes"], row["out"], runtime, winograd="winograd" in row["kind"])
+        return ("convs", key) if key is not None else None
+    if is_matmul(row["kind"]):
+        key = matmul_key(row["shapes"], row["out"])
+        return ("matmuls", key) if key is not None else None
+    return None
+
+
 def summarise(kernels: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Convolutions matched by what they compute, the rest by kind, per runtime: ``{"convs":
-    [{"key", runtime: {"calls", "ms"}, ..., "ratio": {runtime: ms / onnxruntime's ms}}], "kinds":
-    {runtime: {kind: {"calls", "ms"}}}, "total_ms": {runtime: ms}}``; a ratio for every runtime
-    but onnxruntime that has the key where onnxruntime has it too."""
-    convs: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    """Convolutions and matrix products matched by what they compute, the rest by kind, per
+    runtime: ``{"convs": [{"key", runtime: {"calls", "ms"}, ..., "ratio": {runtime: ms /
+    onnxruntime's ms}}], "matmuls": [the same, with "gflop": one call's GFLOP], "kinds": {runtime:
+    {kind: {"calls", "ms"}}}, "total_ms": {runtime: ms}}``; a ratio for every runtime but
+    onnxruntime that has the key where onnxruntime has it too."""
+    matched: dict[str, dict[str, dict[str, dict[str, float]]]] = {"convs": defaultdict(dict),
+                                                                  "matmuls": defaultdict(dict)}
     kinds: dict[str, dict[str, dict[str, float]]] = {}
     totals = {}
     for runtime, rows in kernels.items():
         kinds[runtime] = {}
         totals[runtime] = sum(r["ms"] for r in rows)
         for r in rows:
-            key = (conv_key(r["shapes"], r["out"], runtime, winograd="winograd" in r["kind"])
-                   if is_conv(r["kind"]) else None)
-            bucket = convs[key] if key is not None else kinds[runtime]
-            name = runtime if key is not None else r["kind"]
+            found = _matched_key(r, runtime)
+            bucket = matched[found[0]][found[1]] if found is not None else kinds[runtime]
+            name = runtime if found is not None else r["kind"]
             entry = bucket.setdefault(name, {"calls": 0, "ms": 0.0})
             entry["calls"] += 1
             entry["ms"] += r["ms"]
-    rows = []
-    for key, sides in convs.items():
-        theirs = sides.get(ORT, {}).get("ms", 0.0)
-        ratio = {name: side["ms"] / theirs for name, side in sides.items() if name != ORT and theirs > 0}
-        rows.append({"key": key, **sides, "ratio": ratio})
-    rows.sort(key=lambda r: -max(r.get(s, {}).get("ms", 0.0) for s in kernels))
-    return {"convs": rows, "kinds": kinds, "total_ms": totals}
+    out: dict[str, Any] = {}
+    for table, keys in matched.items():
+        rows = []
+        for key, sides in keys.items():
+            theirs = sides.get(ORT, {}).get("ms", 0.0)
+            ratio = {name: side["ms"] / theirs for name, side in sides.items() if name != ORT and theirs > 0}
+            rows.append({"key": key, **sides, "ratio": ratio,
+                         **({"gflop": matmul_flops(key) / 1e9} if table == "matmuls" else {})})
+        rows.sort(key=lambda r: -max(r.get(s, {}).get("ms", 0.0) for s in kernels))
+        out[table] = rows
+    return {**out, "kinds": kinds, "total_ms": totals}
 
 
 # -- measuring ---------------------------------------------------------------------------------------
@@ -282,28 +353,47 @@ def profile_side_by_side(libraries: dict[str, str], onnx_path: Path, inputs_np: 
 
 # -- printing ---------------------------------------------------------------------------------------
 
-def print_report(summary: dict[str, Any], whole: dict[str, dict[str, Any]]) -> None:
-    """The convolutions' table, the other kernels by kind, and the whole calls (``whole``: each
-    runtime's :func:`~tunefleet.delivery.timing.time_alternating` figure)."""
-    sides = list(summary["total_ms"])
+def _print_matched(summary: dict[str, Any], table: str, sides: list[str], width: int) -> None:
+    """One table of kernels matched across the runtimes (``"convs"`` or ``"matmuls"``), left out
+    when the model has none; a matrix product's row also gives each runtime's GFLOP/s."""
+    rows = summary[table]
+    if not rows:
+        return
     ours = [s for s in sides if s != ORT]
-    width = max(12, *(len(s) + 2 for s in sides))
-    print("\nconvolutions, matched by what they compute (ms summed over their calls; the median call of each;"
-          " ratio: over onnxruntime's):")
-    print(f"{'convolution':<40} {'calls':>7}" + "".join(f"{s:>{width}}" for s in sides)
-          + "".join(f"{'ratio ' + s:>{width + 6}}" for s in ours))
-    for row in summary["convs"]:
-        calls = str(int(next(row[s]["calls"] for s in sides if s in row)))
+    what, plural = ("convolution", "convolutions") if table == "convs" else ("matrix product", "matrix products")
+    rate = table == "matmuls"
+    blas = rate and any("blas_gflops" in row for row in rows)
+    print(f"\n{plural}, matched by what they compute (ms summed over their calls; the median call of each;"
+          " ratio: over onnxruntime's" + ("; GFLOP/s: of the summed calls" if rate else "")
+          + ("; BLAS: numpy's on the same product, alone" if blas else "") + "):")
+    print(f"{what:<40} {'calls':>7}" + "".join(f"{s:>{width}}" for s in sides)
+          + "".join(f"{'ratio ' + s:>{width + 6}}" for s in ours)
+          + ("".join(f"{'GFLOP/s ' + s:>{width + 8}}" for s in sides) if rate else "")
+          + (f"{'GFLOP/s BLAS':>14}" if blas else ""))
+    for row in rows:
+        calls = int(next(row[s]["calls"] for s in sides if s in row))
         ms = "".join(f"{row[s]['ms']:>{width}.3f}" if s in row else f"{'-':>{width}}" for s in sides)
         ratios = "".join(f"{row['ratio'][s]:>{width + 6}.2f}" if s in row["ratio"] else f"{'-':>{width + 6}}"
                          for s in ours)
-        print(f"{row['key']:<40} {calls:>7}{ms}{ratios}")
-    conv_ms = {s: sum(r[s]["ms"] for r in summary["convs"] if s in r) for s in sides}
-    unmatched = [r["key"] for r in summary["convs"] if any(s not in r for s in sides)]
-    print(f"{'all convolutions':<40} {'':>7}" + "".join(f"{conv_ms[s]:>{width}.3f}" for s in sides)
-          + "".join(f"{conv_ms[s] / conv_ms[ORT] if conv_ms.get(ORT) else float('nan'):>{width + 6}.2f}" for s in ours))
-    print(f"  {len(summary['convs']) - len(unmatched)} of {len(summary['convs'])} convolutions found on every side"
+        gflops = "".join(f"{row['gflop'] * row[s]['calls'] / row[s]['ms'] * 1e3:>{width + 8}.1f}"
+                         if s in row and row[s]["ms"] > 0 else f"{'-':>{width + 8}}" for s in sides) if rate else ""
+        alone = f"{row['blas_gflops']:>14.1f}" if blas and "blas_gflops" in row else (f"{'-':>14}" if blas else "")
+        print(f"{row['key']:<40} {calls:>7}{ms}{ratios}{gflops}{alone}")
+    summed = {s: sum(r[s]["ms"] for r in rows if s in r) for s in sides}
+    unmatched = [r["key"] for r in rows if any(s not in r for s in sides)]
+    print(f"{'all ' + plural:<40} {'':>7}" + "".join(f"{summed[s]:>{width}.3f}" for s in sides)
+          + "".join(f"{summed[s] / summed[ORT] if summed.get(ORT) else float('nan'):>{width + 6}.2f}" for s in ours))
+    print(f"  {len(rows) - len(unmatched)} of {len(rows)} {plural} found on every side"
           + (f"; not: {', '.join(unmatched)}" if unmatched else ""))
+
+
+def print_report(summary: dict[str, Any], whole: dict[str, dict[str, Any]]) -> None:
+    """The convolutions' and matrix products' tables, the other kernels by kind, and the whole
+    calls (``whole``: each runtime's :func:`~tunefleet.delivery.timing.time_alternating` figure)."""
+    sides = list(summary["total_ms"])
+    width = max(12, *(len(s) + 2 for s in sides))
+    for table in ("convs", "matmuls"):
+        _print_matched(summary, table, sides, width)
     for side in sides:
         print(f"\n{side}: every other kernel, by kind (ms summed over its calls)")
         for kind, entry in sorted(summary["kinds"][side].items(), key=lambda kv: -kv[1]["ms"]):
@@ -358,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     print(f"{args.model}: {', '.join(f'{k} ({v})' for k, v in args.libraries.items())} against onnxruntime on "
-          f"{args.threads} threads, {_cpu_model()}", flush=True)
+          f"{args.threads} threads, {_cpu_model()}; numpy's BLAS: OpenBLAS core {blas_core() or '?'}", flush=True)
     with tempfile.TemporaryDirectory(prefix="tunefleet-op-by-op-") as tmp:
         work = Path(tmp)
         onnx_path = alt.export_onnx(module, inputs_np, work / f"{args.model}.onnx")
@@ -366,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         whole = time_alternating({**{label: tuned_runner(path, inputs_np) for label, path in args.libraries.items()},
                                   ORT: alt.onnxruntime_call(onnx_path, inputs_np, args.threads)}, args.rounds)
     summary = summarise(kernels)
+    for row in summary["matmuls"]:
+        row["blas_gflops"] = blas_gflops(row["key"])
     print_report(summary, whole)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

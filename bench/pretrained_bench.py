@@ -4,6 +4,7 @@ Usage::
 
     python bench/pretrained_bench.py resnet50 --budget 15m               # every arm, 15 minutes of tuning each
     python bench/pretrained_bench.py my-cnn.onnx --budget 5m --arms scratch,pretrained --json out.json
+    python bench/pretrained_bench.py my-cnn.onnx --arms scratch,pretrained --work-dir W --report-only
 
 Arms, each in a fresh tunefleet home under ``--work-dir``, the same seed:
 
@@ -28,9 +29,14 @@ For the tuning arms it prints, per arm, the candidates measured and the model's 
 after every round, the trials each arm needed to reach 0.9 of the ``scratch`` arm's final speed,
 and then every arm's built model timed as ``tunefleet build`` times it (alternating rounds with
 onnxruntime and PyTorch eager, on the same threads; one build after another, in this process),
-and last every arm's library and onnxruntime side by side in the same 7 alternating rounds (the
-figures to compare arms by: a VM's speed moves between the builds' own timings), with any
-``--compare LABEL=LIBRARY`` (an earlier run's arm, say) in the same rounds.
+then, per tuning arm, where its trials went (its estimate after its first round, when every
+workload has had the trials each gets before any gets a search batch; and for its heaviest
+workloads the best of that first round over their final best and the trials each took to come
+within 1.1x of it), and last every arm's library and onnxruntime side by side in the same 7
+alternating rounds (the figures to compare arms by: a VM's speed moves between the builds' own
+timings), with any ``--compare LABEL=LIBRARY`` (an earlier run's arm, say) in the same rounds.
+``--report-only --work-dir DIR`` tunes and times nothing: it prints the trials and where they went
+from the tuning arms' homes an earlier run left in ``DIR``.
 Name the CPU next to the figures: ``lscpu``. Prints what it measured; asserts nothing.
 """
 
@@ -56,6 +62,8 @@ ARMS = ("scratch", "pretrained", "pretrained-nocheck", "zeroshot", "zeroshot-nob
 TUNING = ("scratch", "pretrained", "pretrained-nocheck")
 REACH = 0.9
 """The speed, as a share of the scratch arm's final one, whose trials the table reports."""
+WITHIN = 1.1
+"""A workload counts as converged once its best is within this factor of its final one."""
 
 
 def connect(home: Path, hub: str) -> Any:
@@ -86,6 +94,61 @@ def curve(db: Any, model: Any) -> list[tuple[int, float]]:
         if len(best) == len(weights):
             out.append((n, sum(weights[w] * best[w] for w in weights) * 1e3))
     return out
+
+
+def progress(trials: dict[int, list[float | None]], workloads: dict[int, tuple[str, int]], *, top: int = 6,
+             within: float = WITHIN) -> list[dict[str, Any]]:
+    """Where an arm's trials went, for the ``top`` workloads holding most of its final estimate
+    (calls x best): each one's trials, its best, the best of its first round (the first
+    :data:`~tunefleet.planning.allocation.DEFAULT_MIN_TRIALS` trials, which every workload gets
+    before any gets a search batch) over that best, and the trials it took to come ``within`` of
+    it. ``trials``: each workload's run times in the order measured (None: an error);
+    ``workloads``: id -> (name, calls per inference)."""
+    from tunefleet.planning.allocation import DEFAULT_MIN_TRIALS
+
+    rows = []
+    for wid, times in trials.items():
+        measured = [t if t is not None else float("inf") for t in times]
+        final = min(measured, default=float("inf"))
+        if wid not in workloads or final == float("inf"):
+            continue
+        name, calls = workloads[wid]
+        best, reached = float("inf"), None
+        for i, t in enumerate(measured, 1):
+            best = min(best, t)
+            if reached is None and best <= final * within:
+                reached = i
+        rows.append({"workload": name, "calls": calls, "trials": len(times), "best_ms": final * 1e3,
+                     "first_round_x": min(measured[:DEFAULT_MIN_TRIALS]) / final, "trials_to_within": reached})
+    rows.sort(key=lambda r: -r["calls"] * r["best_ms"])
+    return rows[:top]
+
+
+def workload_progress(db: Any, model: Any, top: int = 6) -> list[dict[str, Any]]:
+    """:func:`progress` of the model's workloads from the database."""
+    hw = db.hardware_class(HW)
+    workloads = {wl.id: (wl.name, w) for wl, w in db.workloads(model_id=model.id, hardware_class_id=hw.id)}
+    trials: dict[int, list[float | None]] = {}
+    for m in db.measurements(hardware_class_id=hw.id):
+        if m.workload_id in workloads:
+            ok = m.error_kind is None and m.mean_run_s is not None
+            trials.setdefault(m.workload_id, []).append(m.mean_run_s if ok else None)
+    return progress(trials, workloads, top=top)
+
+
+def print_progress(arm: str, points: list[tuple[int, float]], rows: list[dict[str, Any]]) -> None:
+    """The arm's first point (every workload measured: its first round) against its end, and
+    :func:`progress`'s table."""
+    if not points:
+        return
+    (n0, ms0), (n1, ms1) = points[0], points[-1]
+    print(f"\n{arm}: after its first round ({n0} candidates) {ms0:.3f} ms, {ms1 / ms0:.2f} of its final speed "
+          f"({ms1:.3f} ms at {n1}); its heaviest workloads:")
+    print(f"  {'workload':<40}{'calls':>6}{'trials':>8}{'best ms':>10}{'first round / best':>20}"
+          f"{f'trials to {WITHIN:.2g}x its best':>26}")
+    for r in rows:
+        print(f"  {r['workload'][:39]:<40}{r['calls']:>6}{r['trials']:>8}{r['best_ms']:>10.4f}"
+              f"{r['first_round_x']:>19.2f}x{f(r['trials_to_within']):>26}")
 
 
 def trials_to(points: list[tuple[int, float]], latency_ms: float) -> int | None:
@@ -162,7 +225,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, help="where the arms' homes go (default a temporary folder)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    p.add_argument("--report-only", action="store_true",
+                   help="tune and time nothing: read the tuning arms' homes an earlier run left under --work-dir "
+                   "and print their trials to the goal and where their trials went")
     args = p.parse_args(argv)
+    if args.report_only and args.work_dir is None:
+        p.error("--report-only reads the arms' homes of an earlier run: name its --work-dir")
     args.compare = parse_compare(p, args.compare)
     return args
 
@@ -176,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"pretrained_bench: unknown arm(s) {', '.join(unknown)} (known: {', '.join(ARMS)})", file=sys.stderr)
         return 2
+    if args.report_only:
+        return report_only(args.model, args.work_dir, [a for a in arms if a in TUNING])
     with tempfile.TemporaryDirectory(prefix="tunefleet-pretrained-") as tmp:
         work = args.work_dir or Path(tmp)
         results = [tune_arm(a, args.model, work, args.budget, args.seed) for a in arms if a in TUNING]
@@ -211,11 +281,50 @@ def main(argv: Sequence[str] | None = None) -> int:
             if base is not None and pre["trials_to_goal"] and base["trials_to_goal"]:
                 print(f"trials to {REACH:.0%} of the scratch arm's final speed, {pre['arm']} / scratch: "
                       f"{pre['trials_to_goal'] / base['trials_to_goal']:.2f}")
+        went = {r["arm"]: workload_progress(r["ctx"].db, r["model"]) for r in results}
+        for r in results:
+            print_progress(r["arm"], r["points"], went[r["arm"]])
         together = side_by_side(work, [*results, *zero_shot], compare=args.compare)
         if args.json:
             args.json.write_text(json.dumps({"model": args.model, "budget": args.budget, "rows": rows,
                                              "side_by_side_ms": together,
-                                             "curves": {r["arm"]: r["points"] for r in results}}, indent=1) + "\n")
+                                             "curves": {r["arm"]: r["points"] for r in results},
+                                             "heaviest_workloads": went}, indent=1) + "\n")
+    return 0
+
+
+def report_only(source: str, work: Path, arms: list[str]) -> int:
+    """``--report-only``: each tuning arm's curve and :func:`progress` from its home under ``work``."""
+    homes = {arm: work / arm for arm in arms}
+    missing = [arm for arm, home in homes.items() if not (home / "tunefleet.db").is_file()]
+    if not arms or missing:
+        print(f"pretrained_bench: no home of the arm(s) {', '.join(missing or ['scratch, pretrained'])} under "
+              f"{work} (an earlier run's --work-dir holds one folder per tuning arm)", file=sys.stderr)
+        return 2
+    from tunefleet.errors import NotFoundError
+
+    name = Path(source).stem if Path(source).suffix in (".onnx", ".pt2") else source  # as ingest names it
+    results = []
+    for arm, home in homes.items():
+        ctx = connect(home, "off")
+        try:
+            model = ctx.db.model(name)
+        except NotFoundError as exc:
+            print(f"pretrained_bench: {arm}'s home ({home}): {exc}", file=sys.stderr)
+            return 2
+        results.append({"arm": arm, "ctx": ctx, "model": model, "points": curve(ctx.db, model)})
+    scratch = next((r for r in results if r["arm"] == "scratch" and r["points"]), None)
+    goal = scratch["points"][-1][1] / REACH if scratch else None
+    reach = {r["arm"]: trials_to(r["points"], goal) if goal else None for r in results}
+    for r in results:
+        end = r["points"][-1] if r["points"] else (None, None)
+        print(f"{r['arm']}: {f(end[0])} candidates, estimate {f(end[1])} ms, "
+              f"trials to {REACH:.0%} of the scratch arm's final speed {f(reach[r['arm']])}")
+    for arm, n in reach.items():
+        if arm != "scratch" and n and reach.get("scratch"):
+            print(f"trials to {REACH:.0%} of the scratch arm's final speed, {arm} / scratch: {n / reach['scratch']:.2f}")
+    for r in results:
+        print_progress(r["arm"], r["points"], workload_progress(r["ctx"].db, r["model"]))
     return 0
 
 

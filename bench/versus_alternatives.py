@@ -194,20 +194,25 @@ def default_coretype(hardware: str) -> str | None:
     return None
 
 
-def sgemm_peak(n: int, repeat: int = 10) -> dict[str, Any]:
-    """fp32 GFLOP/s of numpy's BLAS on an n x n x n matmul: the fastest of ``repeat`` after one
-    warm-up. A peak, so the fastest: a busy moment slows some repeats, never speeds one up."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
+def matmul_times(a: Any, b: Any, repeat: int) -> list[float]:
+    """Seconds of each of ``repeat`` calls of numpy's ``a @ b``, after one warm-up call."""
     a @ b
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t)
+    return times
+
+
+def sgemm_peak(n: int, repeat: int = 10) -> dict[str, Any]:
+    """fp32 GFLOP/s of numpy's BLAS on an n x n x n matmul: the fastest of ``repeat`` after one
+    warm-up. A peak, so the fastest: a busy moment slows some repeats, never speeds one up."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    times = matmul_times(rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32),
+                         repeat)
     seconds = min(times)
     return {"n": n, "seconds": seconds, "median_seconds": statistics.median(times),
             "gflops": 2.0 * n ** 3 / seconds / 1e9, "blas_threads": blas_threads(), "blas_core": blas_core()}

@@ -125,6 +125,27 @@ def test_a_real_onnxruntime_profile_gives_every_node_of_every_run(tmp_path: Path
     assert op_by_op.conv_key(convs[0]["shapes"], convs[0]["out"], "onnxruntime") == "3x3 8->16 16x16->16x16"
 
 
+def test_a_real_onnxruntime_matrix_product_gets_the_key_tunefleet_s_gets(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tunefleet.delivery.alternatives import onnxruntime_session
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), helper.make_node("Relu", ["y"], ["z"], name="relu")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 32, 96])], [w])
+    path = tmp_path / "mm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    sess = onnxruntime_session(path, 1, profile_prefix=str(tmp_path / "prof"))
+    for _ in range(3):
+        sess.run(None, {"x": np.ones((1, 32, 64), np.float32)})
+    (run,) = op_by_op.ort_kernels(op_by_op.profile_events(sess), skip_runs=2)
+    (mm,) = [k for k in run if op_by_op.is_matmul(k["kind"])]  # a MatMul, fused with the Relu or not
+    assert op_by_op.matmul_key(mm["shapes"], mm["out"]) == "32x64 by 64x96"
+
+
 def test_several_libraries_are_measured_under_their_labels(capsys: pytest.CaptureFixture[str],
                                                            tmp_path: Path) -> None:
     a, b = tmp_path / "a.so", tmp_path / "b.so"
@@ -161,3 +182,54 @@ def test_calls_below_one_and_a_missing_library_are_the_parser_s_errors(capsys: p
     with pytest.raises(SystemExit):
         op_by_op.parse_args(["mobilenet_v2", "--library", str(lib), "--calls", "0"])
     assert "--calls must be at least 1" in capsys.readouterr().err
+
+
+def test_the_same_matrix_product_gets_the_same_key_on_both_runtimes() -> None:
+    # bert's dense layer: tunefleet's 2-D product with prepacked weights, onnxruntime's Gemm.
+    ours = op_by_op.matmul_key([[128, 768], [48, 768, 16], [768]], [128, 768])
+    assert ours == op_by_op.matmul_key([[128, 768], [768, 768], [768]], [128, 768]) == "128x768 by 768x768"
+    # the same on onnxruntime's 3-D activation (a MatMul before a separate Add)
+    assert op_by_op.matmul_key([[1, 128, 768], [768, 3072]], [1, 128, 3072]) == "128x768 by 768x3072"
+    # attention's scores: tunefleet's batch of 12 heads, onnxruntime's FusedMatMul of [1, 12, ...]
+    # with the second operand transposed: K comes from what the first operand holds, not its last axis
+    ours = op_by_op.matmul_key([[12, 128, 64], [12, 64, 128]], [12, 128, 128])
+    theirs = op_by_op.matmul_key([[1, 12, 128, 64], [1, 12, 128, 64]], [1, 12, 128, 128])
+    assert ours == theirs == "12 x 128x64 by 64x128"
+    assert op_by_op.matmul_flops(ours) == 2 * 12 * 128 * 64 * 128
+    assert op_by_op.matmul_flops("128x768 by 768x768") == 2 * 128 * 768 * 768
+    assert op_by_op.matmul_key([], [128, 768]) is None
+    assert op_by_op.matmul_key([[100, 7]], [128, 768]) is None  # 700 elements are no 128-row operand
+
+
+def test_a_matrix_product_is_told_from_its_kind() -> None:
+    assert all(op_by_op.is_matmul(k) for k in ("matmul_add_prepacked", "dense_add", "Gemm", "FusedMatMul", "MatMul"))
+    assert not any(op_by_op.is_matmul(k) for k in ("conv2d_add_relu", "SkipLayerNormalization", "reshape_gelu"))
+
+
+def test_matrix_products_are_matched_with_their_gflops(capsys: pytest.CaptureFixture[str]) -> None:
+    dense = {"name": "m", "kind": "matmul_add_prepacked", "shapes": [[128, 768], [48, 768, 16], [768]],
+             "out": [128, 768]}
+    gemm = {"name": "g", "kind": "Gemm", "shapes": [[128, 768], [768, 768], [768]], "out": [128, 768]}
+    summary = op_by_op.summarise({"tunefleet": [{**dense, "ms": 0.75}, {**dense, "ms": 0.75}],
+                                  "onnxruntime": [{**gemm, "ms": 1.0}, {**gemm, "ms": 1.0}]})
+    assert summary["convs"] == [] and summary["kinds"] == {"tunefleet": {}, "onnxruntime": {}}
+    (row,) = summary["matmuls"]
+    assert row["key"] == "128x768 by 768x768" and row["gflop"] == pytest.approx(2 * 128 * 768 * 768 / 1e9)
+    assert row["ratio"] == {"tunefleet": pytest.approx(0.75)}
+    op_by_op.print_report(summary, {"tunefleet": {"ms": 1.6}, "onnxruntime": {"ms": 2.1}})
+    out = capsys.readouterr().out
+    assert "convolution" not in out  # a model without convolutions prints no empty table
+    line = next(x for x in out.splitlines() if x.startswith("128x768 by 768x768"))
+    # 0.151 GFLOP a call, two calls: in 1.5 ms 201.3 GFLOP/s, in 2.0 ms 151.0
+    assert line.split()[-2:] == ["201.3", "151.0"] and "0.75" in line
+    assert "1 of 1 matrix products found on every side" in out and "BLAS" not in out
+    row["blas_gflops"] = 180.0  # numpy's BLAS on the same product: a column of its own, last
+    op_by_op.print_report(summary, {"tunefleet": {"ms": 1.6}, "onnxruntime": {"ms": 2.1}})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("128x768 by 768x768"))
+    assert line.split()[-3:] == ["201.3", "151.0", "180.0"]
+
+
+def test_numpy_s_blas_is_timed_on_the_same_product() -> None:
+    assert op_by_op.matmul_dims("2 x 8x16 by 16x4") == (2, 8, 16, 4)
+    assert op_by_op.matmul_dims("8x16 by 16x4") == (1, 8, 16, 4)
+    assert op_by_op.blas_gflops("2 x 8x16 by 16x4", repeat=3) > 0
