@@ -151,6 +151,14 @@ def print_progress(arm: str, points: list[tuple[int, float]], rows: list[dict[st
               f"{r['first_round_x']:>19.2f}x{f(r['trials_to_within']):>26}")
 
 
+def print_reach_ratios(reach: dict[str, int | None]) -> None:
+    """Each warm-started arm's trials to :data:`REACH` of the scratch arm's final speed over the
+    scratch arm's (``reach``: tuning arm -> its trials, None where it never got there)."""
+    for arm, n in reach.items():
+        if arm != "scratch" and n and reach.get("scratch"):
+            print(f"trials to {REACH:.0%} of the scratch arm's final speed, {arm} / scratch: {n / reach['scratch']:.2f}")
+
+
 def trials_to(points: list[tuple[int, float]], latency_ms: float) -> int | None:
     """Candidates measured when the estimate first reached ``latency_ms`` (None: never)."""
     return next((n for n, ms in points if ms <= latency_ms), None)
@@ -276,11 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{row['arm']:<19}{f(row['candidates']):>11}{f(row['wall_s'], 0):>8}{f(row['estimate_ms']):>13}"
                   f"{f(row['trials_to_goal']):>26}{f(row['tuned_ms']):>10}{f(row['onnxruntime_ms']):>16}"
                   f"{f(row['torch_ms']):>10}{f(ratio, 2) + 'x' if ratio else '-':>16}")
-        base = next((r for r in rows if r["arm"] == "scratch"), None)
-        for pre in (r for r in rows if r["arm"].startswith("pretrained")):
-            if base is not None and pre["trials_to_goal"] and base["trials_to_goal"]:
-                print(f"trials to {REACH:.0%} of the scratch arm's final speed, {pre['arm']} / scratch: "
-                      f"{pre['trials_to_goal'] / base['trials_to_goal']:.2f}")
+        print_reach_ratios({r["arm"]: r["trials_to_goal"] for r in rows if r["arm"] in TUNING})
         went = {r["arm"]: workload_progress(r["ctx"].db, r["model"]) for r in results}
         for r in results:
             print_progress(r["arm"], r["points"], went[r["arm"]])
@@ -320,9 +324,7 @@ def report_only(source: str, work: Path, arms: list[str]) -> int:
         end = r["points"][-1] if r["points"] else (None, None)
         print(f"{r['arm']}: {f(end[0])} candidates, estimate {f(end[1])} ms, "
               f"trials to {REACH:.0%} of the scratch arm's final speed {f(reach[r['arm']])}")
-    for arm, n in reach.items():
-        if arm != "scratch" and n and reach.get("scratch"):
-            print(f"trials to {REACH:.0%} of the scratch arm's final speed, {arm} / scratch: {n / reach['scratch']:.2f}")
+    print_reach_ratios(reach)
     for r in results:
         print_progress(r["arm"], r["points"], workload_progress(r["ctx"].db, r["model"]))
     return 0

@@ -14,6 +14,8 @@ command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v prometheus-pushgateway >/dev/null || need_apt+=(prometheus-pushgateway)
 # Node.js + npm: the Grafana dashboard JSON is type-checked against @grafana/schema with tsc.
 command -v npm >/dev/null || need_apt+=(nodejs npm)
+# A C compiler and libc's headers: bench/two_speeds.py builds its core-to-core probe, and its test builds it.
+command -v cc >/dev/null && [ -f /usr/include/stdio.h ] || need_apt+=(gcc libc6-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "installing Debian packages: ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
