@@ -284,19 +284,25 @@ def _tensor_shape(value: Any) -> list[int]:
         return []
 
 
-def instrumented_tvm(library: str, inputs_np: list[Any]) -> tuple[Any, list[list[dict[str, Any]]]]:
+def instrumented_tvm(library: str, inputs_np: list[Any],
+                     keep: list[tuple[str, Any, list[Any]]] | None = None) -> tuple[Any, list[list[dict[str, Any]]]]:
     """(a zero-argument call of the library that records its kernels, the list each call appends
     its kernels to): ``{"name", "kind", "shapes", "out", "ms"}`` per kernel call, the VM's own
-    built-ins left out."""
+    built-ins left out. With ``keep``, the first call appends each kernel call's (name, function,
+    arguments) to it: a kernel can then be called alone with what it got in the model."""
     import tvm
 
     dev = tvm.cpu()
     vm = load_vm(library)
     runs: list[list[dict[str, Any]]] = []
     started: list[float] = []
+    capturing = keep is not None
 
     def instrument(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
         if before:
+            if capturing and not str(symbol).startswith("vm.builtin"):
+                assert keep is not None
+                keep.append((str(symbol), func, list(args)))
             started.append(time.perf_counter())
             return 0
         ms = (time.perf_counter() - started.pop()) * 1e3
@@ -311,8 +317,10 @@ def instrumented_tvm(library: str, inputs_np: list[Any]) -> tuple[Any, list[list
     inputs = [tvm.runtime.tensor(x, dev) for x in inputs_np]
 
     def call() -> None:
+        nonlocal capturing
         runs.append([])
         main(*inputs)
+        capturing = False
 
     return call, runs
 

@@ -4,6 +4,8 @@ Usage::
 
     python bench/two_speeds.py resnet18 --library out/resnet18-x86.so --seconds 120
     python bench/two_speeds.py resnet18 --library LIB --json speeds.json
+    python bench/two_speeds.py resnet18 --library LIB --kernels   # and kernel by kernel
+    python bench/two_speeds.py resnet18 --library best=LIB --library variant=LIB2   # several
 
 On the 2-core VMs these sessions get, the same tuned library runs at two speeds (a quarter apart
 on resnet18) for stretches of seconds to minutes, while onnxruntime does not move: the rows of
@@ -14,7 +16,14 @@ session ``run``'s table uses) and, between the blocks, the **core-to-core round 
 pinned to CPUs 0 and 1 bounce one cache line, a small C probe compiled here with the system's C
 compiler (about 60 ns when the two vCPUs share a core complex's L3, several hundred when the host
 has put them on different dies). It prints each runtime's median block by the round trip that came
-right after it (``--far-ns``, default 200 ns, splits the two), and each ratio. Asserts nothing.
+right after it (``--far-ns``, default 200 ns, splits the two), and each ratio.
+
+With ``--kernels`` each block is followed by one call of the library timed **kernel by kernel**
+(the Relax VM's instrument) and by each kernel **called alone**, again, with the arguments it got in
+that model call (its input then sits in the caches its last call left it in): a kernel slower far
+apart only in the model loses time to data that the other thread wrote in the kernel before it; one
+slower alone too, to what its own stages hand between the threads (a Winograd convolution's
+transforms and batched products split across the threads differently). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
 
+from op_by_op import parse_libraries  # noqa: E402
 from versus_alternatives import DEFAULT_THREADS, _cpu_model, pin_threads, torch_module, tuned_runner  # noqa: E402
 
 PROBE_C = r"""
@@ -111,10 +121,93 @@ def split(samples: list[dict[str, Any]], far_ns: float) -> dict[str, dict[str, A
     for side, keep in (("near", lambda ns: ns <= far_ns), ("far", lambda ns: ns > far_ns)):
         rows = [s for s in samples if keep(s["round_trip_ns"])]
         if rows:
-            runtimes = [k for k in rows[0] if k != "round_trip_ns"]
+            runtimes = [k for k, v in rows[0].items() if k != "round_trip_ns" and not isinstance(v, list)]
             out[side] = {"blocks": len(rows), "round_trip_ns": statistics.median(r["round_trip_ns"] for r in rows),
                          **{k: statistics.median(r[k] for r in rows) for k in runtimes}}
     return out
+
+
+class Kernels:
+    """The library's kernels one by one, in a VM of its own (the instrument would slow the blocks).
+
+    :meth:`in_model` calls the model once and returns each kernel call's milliseconds, in the
+    order the model calls them (the VM's own builtins left out); :meth:`alone` then calls each
+    kernel by itself with the arguments it got in the first call."""
+
+    def __init__(self, library: str, inputs_np: list[Any]) -> None:
+        from op_by_op import instrumented_tvm
+
+        self.calls: list[tuple[str, Any, list[Any]]] = []
+        self._call, self._runs = instrumented_tvm(library, inputs_np, keep=self.calls)
+        self._call()
+        self.names = [name for name, _, _ in self.calls]
+
+    def in_model(self) -> list[float]:
+        self._runs.clear()
+        self._call()
+        return [k["ms"] for k in self._runs[-1]]
+
+    def alone(self, repeat: int = 3) -> list[float]:
+        out = []
+        for _, func, args in self.calls:
+            best = float("inf")
+            for _ in range(repeat):
+                t = time.perf_counter()
+                func(*args)
+                best = min(best, (time.perf_counter() - t) * 1e3)
+            out.append(best)
+        return out
+
+
+def split_kernels(samples: list[dict[str, Any]], far_ns: float, names: list[str]) -> list[dict[str, Any]]:
+    """Each kernel call's median in the model and alone, near and far (the samples' round trip
+    split as :func:`split` splits the blocks); empty unless both placements were sampled."""
+    near = [s for s in samples if s["round_trip_ns"] <= far_ns and "kernels_in_model" in s]
+    far = [s for s in samples if s["round_trip_ns"] > far_ns and "kernels_in_model" in s]
+    if not near or not far:
+        return []
+    rows = []
+    for k, name in enumerate(names):
+        row: dict[str, Any] = {"call": k, "kernel": name}
+        for side, group in (("near", near), ("far", far)):
+            for where in ("in_model", "alone"):
+                row[f"{where}_{side}_ms"] = statistics.median(s[f"kernels_{where}"][k] for s in group)
+        rows.append(row)
+    return rows
+
+
+def print_kernels(rows: list[dict[str, Any]], top: int = 12) -> None:
+    """The sums, and the kernel calls that lose the most far apart in the model."""
+    if not rows:
+        print("kernel by kernel: one placement of the vCPUs the whole time, nothing to compare")
+        return
+    total = {key: sum(r[key] for r in rows) for key in ("in_model_near_ms", "in_model_far_ms", "alone_near_ms",
+                                                        "alone_far_ms")}
+    print(f"\nkernel by kernel ({len(rows)} calls): in the model near {total['in_model_near_ms']:.2f} ms, far "
+          f"{total['in_model_far_ms']:.2f}; alone near {total['alone_near_ms']:.2f}, far {total['alone_far_ms']:.2f}")
+    print(f"{'call':>5}  {'kernel':<52}{'in model near':>14}{'far':>8}{'far/near':>10}{'alone near':>12}"
+          f"{'far':>8}{'far/near':>10}")
+    worst = sorted(rows, key=lambda r: r["in_model_far_ms"] - r["in_model_near_ms"], reverse=True)[:top]
+    for r in worst:
+        print(f"{r['call']:>5}  {r['kernel'][:51]:<52}{r['in_model_near_ms']:>14.3f}{r['in_model_far_ms']:>8.3f}"
+              f"{r['in_model_far_ms'] / r['in_model_near_ms']:>9.2f}x{r['alone_near_ms']:>12.3f}"
+              f"{r['alone_far_ms']:>8.3f}{r['alone_far_ms'] / r['alone_near_ms']:>9.2f}x")
+
+
+def print_sides(sides: dict[str, dict[str, Any]], labels: list[str], far_ns: float) -> None:
+    """Each runtime's median block by placement, each library's ratio to onnxruntime, and far over near."""
+    print(f"\n{'vCPUs':<8}{'blocks':>8}{'round trip ns':>15}" + "".join(f"{label + ' ms':>16}" for label in labels)
+          + f"{'onnxruntime ms':>16}" + "".join(f"{label + ' / ORT':>16}" for label in labels))
+    for side, row in sides.items():
+        print(f"{side:<8}{row['blocks']:>8}{row['round_trip_ns']:>15.0f}"
+              + "".join(f"{row[label]:>16.3f}" for label in labels) + f"{row['onnxruntime']:>16.3f}"
+              + "".join(f"{row[label] / row['onnxruntime']:>15.2f}x" for label in labels))
+    if len(sides) == 2:
+        print("far / near: " + ", ".join(f"{name} {sides['far'][name] / sides['near'][name]:.2f}x"
+                                         for name in [*labels, "onnxruntime"]))
+    else:
+        print(f"every block's round trip was {'at most' if 'near' in sides else 'above'} {far_ns:.0f} ns: "
+              "one placement of the vCPUs the whole time")
 
 
 def block_ms(call: Any, calls: int) -> float:
@@ -130,18 +223,22 @@ def block_ms(call: Any, calls: int) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="a zoo model: resnet18, mobilenet_v2, bert-base, ...")
-    ap.add_argument("--library", required=True, help="the library tunefleet built for it")
+    ap.add_argument("--library", action="append", required=True, metavar="[LABEL=]PATH",
+                    help="the library tunefleet built for it; repeat with LABEL=PATH to time several in one run")
     ap.add_argument("--seconds", type=float, default=120.0, help="how long to sample (default 120)")
     ap.add_argument("--calls", type=int, default=10, help="calls of each runtime per block (default 10)")
     ap.add_argument("--far-ns", type=float, default=200.0,
                     help="a round trip above this many ns counts as the vCPUs far apart (default 200)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="after each block, one call timed kernel by kernel and each kernel alone")
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.calls < 1 or args.seconds <= 0:
         ap.error("--calls must be at least 1 and --seconds above 0")
-    if not Path(args.library).is_file():
-        ap.error(f"--library {args.library}: no such library")
+    args.libraries = parse_libraries(ap, args.library)
+    if args.kernels and len(args.libraries) > 1:
+        ap.error("--kernels times one library kernel by kernel: give one --library")
     return args
 
 
@@ -170,36 +267,34 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
         onnx_path = alt.export_onnx(module, inputs_np, work / f"{args.model}.onnx")
-        calls = {"tunefleet": tuned_runner(args.library, inputs_np),
+        calls = {**{label: tuned_runner(path, inputs_np) for label, path in args.libraries.items()},
                  "onnxruntime": alt.onnxruntime_call(onnx_path, inputs_np, args.threads)}
         for call in calls.values():
             block_ms(call, 3)
-        print(f"{args.model}: {args.library} and onnxruntime on {args.threads} threads, {_cpu_model()}; "
+        kernels = Kernels(next(iter(args.libraries.values())), inputs_np) if args.kernels else None
+        print(f"{args.model}: {', '.join(f'{k} ({v})' for k, v in args.libraries.items())} and onnxruntime on {args.threads} threads, {_cpu_model()}; "
               f"blocks of {args.calls} calls for {args.seconds:.0f} s, the core-to-core round trip after each",
               flush=True)
         samples = []
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
-            sample = {name: block_ms(call, args.calls) for name, call in calls.items()}
+            sample: dict[str, Any] = {name: block_ms(call, args.calls) for name, call in calls.items()}
+            if kernels is not None:
+                time.sleep(0.05)  # onnxruntime's threads spin a while after its block
+                sample["kernels_in_model"] = kernels.in_model()
+                sample["kernels_alone"] = kernels.alone()
             time.sleep(0.05)  # the runtimes' threads stop spinning before the probe takes both CPUs
             sample["round_trip_ns"] = round_trip_ns(probe)
             samples.append(sample)
     sides = split(samples, args.far_ns)
-    print(f"\n{'vCPUs':<8}{'blocks':>8}{'round trip ns':>15}{'tunefleet ms':>14}{'onnxruntime ms':>16}"
-          f"{'tunefleet / onnxruntime':>25}")
-    for side, row in sides.items():
-        print(f"{side:<8}{row['blocks']:>8}{row['round_trip_ns']:>15.0f}{row['tunefleet']:>14.3f}"
-              f"{row['onnxruntime']:>16.3f}{row['tunefleet'] / row['onnxruntime']:>24.2f}x")
-    if len(sides) == 2:
-        print(f"far / near: tunefleet {sides['far']['tunefleet'] / sides['near']['tunefleet']:.2f}x, "
-              f"onnxruntime {sides['far']['onnxruntime'] / sides['near']['onnxruntime']:.2f}x")
-    else:
-        print(f"every block's round trip was {'at most' if 'near' in sides else 'above'} {args.far_ns:.0f} ns: "
-              "one placement of the vCPUs the whole time")
+    print_sides(sides, list(args.libraries), args.far_ns)
+    by_kernel = split_kernels(samples, args.far_ns, kernels.names) if kernels is not None else None
+    if by_kernel is not None:
+        print_kernels(by_kernel)
     if args.json is not None:
-        args.json.write_text(json.dumps({"model": args.model, "library": args.library, "processor": _cpu_model(),
+        args.json.write_text(json.dumps({"model": args.model, "libraries": args.libraries, "processor": _cpu_model(),
                                          "threads": args.threads, "far_ns": args.far_ns, "sides": sides,
-                                         "samples": samples}, indent=1) + "\n")
+                                         "kernels": by_kernel, "samples": samples}, indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0
 

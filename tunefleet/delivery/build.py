@@ -344,16 +344,24 @@ def resolve(
         _stage(f"re-timing the {confirm_top} fastest schedules of each workload side by side",
                "re-timing the fastest schedules")
         confirmation = confirm_bests(db, hw, calls, top=confirm_top)
-    tuned, bests, ids = 0, set(), list(calls)
+    from tunefleet.tvm.partition import PREFER_DEPTH, PREFER_WITHIN, built_first
+
+    tuned, bests, ids, by_tile = 0, set(), list(calls), 0
     for wl_id in ids:
-        top = db.best_measurements(wl_id, hw.id, 1)
-        if top:
+        top = db.best_measurements(wl_id, hw.id, PREFER_DEPTH)
+        chosen = built_first(top)
+        if chosen is not None:
             tuned += 1
-            bests.add((wl_id, top[0].trace_sha256))
+            bests.add((wl_id, chosen.trace_sha256))
+            by_tile += chosen is not top[0]
     predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
     report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
                          threads=class_threads(hw.target),
                          predicted_workloads=predicted, recipe=recipe.name)
+    if by_tile:
+        report.notes.append(f"{by_tile} Winograd workload(s) run a schedule whose threads keep their own tiles, "
+                            f"measured within {PREFER_WITHIN:.0%} of their fastest record (which hands data between "
+                            "the threads)")
     if confirmation is not None:
         report.confirmed = confirmation.as_dict()
         report.notes.append(confirmation.summary())

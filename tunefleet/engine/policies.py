@@ -120,6 +120,43 @@ class Transfer(ShardPolicy):
         return found.traces
 
 
+class ThreadLocal(ShardPolicy):
+    """A Winograd workload measured here measures, among its next trials, the variant of its
+    fastest schedules whose batched products split between the threads by tile
+    (:func:`tunefleet.tvm.partition.thread_local`): at most :data:`SEEDS`, at most a quarter of
+    the shard's trials, each once. A build prefers such a schedule while it is within
+    :data:`~tunefleet.tvm.partition.PREFER_WITHIN` of the fastest (the stages then hand no data
+    between cores that share no cache, which a kernel measured alone does not show). CPU classes
+    only: on a GPU the outer tiles are thread blocks, not threads sharing caches."""
+
+    SEEDS = 2
+
+    def __init__(self) -> None:
+        self.seeded = 0
+
+    def seeds(self, run: ShardRunView) -> list[str]:
+        limit = min(self.SEEDS, run.remaining // 4)
+        if not run.known or limit < 1 or run.hw.target.get("kind") != "llvm":
+            return []
+        import hashlib
+
+        from tunefleet.tvm.partition import thread_local
+        from tunefleet.tvm.threads import class_threads
+
+        threads = class_threads(run.hw.target)
+        out: list[str] = []
+        for row in run.db.best_measurements(run.wl.id, run.hw.id, self.SEEDS):
+            variant = thread_local(row.trace_json, threads)
+            if variant is not None and hashlib.sha256(variant.encode()).hexdigest() not in run.known \
+                    and variant not in out:
+                out.append(variant)
+        if out[:limit]:
+            log.info("shard %d is seeded with %d schedule(s) whose batched products split by tile", run.shard.id,
+                     len(out[:limit]))
+        self.seeded = len(out[:limit])
+        return out[:limit]
+
+
 class ShapeWarmStart(ShardPolicy):
     """A workload this class never measured first measures the best schedules of the same
     operator at the closest other shapes measured here, then on the compatible classes (a hub

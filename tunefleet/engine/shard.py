@@ -24,7 +24,7 @@ from tunefleet.planning import shard_queue
 from tunefleet.engine.heartbeat import Heartbeat, ProgressClock, bound_build_timeout
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.policies import (Accounting, DeadlinePolicy, Filter, Preemption, ShapeWarmStart, ShardPolicy,
-                                       Transfer, WarmStart)
+                                       ThreadLocal, Transfer, WarmStart)
 from tunefleet.planning.rounds import Deadline
 from tunefleet.errors import DatabaseError, NodeFaultError, TransientError, WorkerStartError
 from tunefleet.planning.shard_queue import LeaseLostError
@@ -219,7 +219,7 @@ class ShardRun:
         """The rules this shard follows, in the order they are called (accounting first, so a
         shard's energy is added before any policy ends it)."""
         o, trained = self.options, self.kit.trained_model
-        out: list[ShardPolicy] = [Accounting(), Preemption(o.policy)]
+        out: list[ShardPolicy] = [Accounting(), Preemption(o.policy), ThreadLocal()]
         if o.transfer:
             out.append(Transfer())
         if o.warm_start_shapes:

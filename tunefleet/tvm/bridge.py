@@ -28,6 +28,7 @@ from tunefleet.errors import NotFoundError
 from tunefleet.tvm.commit import CandidateCommitter
 from tunefleet.tvm.extract import workload_hash
 from tunefleet.tvm.ffi_errors import keeps_failure
+from tunefleet.tvm.partition import PREFER_DEPTH, prefer_split_by_tile
 from tunefleet.vocab import RUN_ERROR
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,9 @@ class FleetDatabase(ms.database.PyDatabase):
         return records
 
     def _top_k(self, wl_id: int, workload: Workload, top_k: int) -> list[TuningRecord]:
-        rows = self.db.best_measurements(wl_id, self.hw.id, top_k)
+        # a Winograd schedule that splits by tile, within a few percent of the fastest, first
+        rows = prefer_split_by_tile(self.db.best_measurements(wl_id, self.hw.id, top_k + PREFER_DEPTH),
+                                    lambda r: r.trace_json, lambda r: r.mean_run_s)[:top_k]
         if not rows and self.with_predictions:
             preds = self.db.best_predictions(wl_id, self.hw.id, top_k)
             if preds:

@@ -1,0 +1,116 @@
+"""A Winograd schedule's batched products split by tile (tunefleet.tvm.partition): the trace rewrite,
+the build's preference, and the tuning policy that measures the rewrite (on a real SQLite database)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tunefleet.tvm import partition
+
+
+def trace(eps: list[int], nu: list[int], p: list[int], o: list[int]) -> str:
+    """The instructions of a bgemm's tiling as MultiLevelTiling records them (a real trace's shape)."""
+    insts = [["GetSBlock", [], ["data_pack", "main"], ["b0"]],
+             ["GetSBlock", [], ["bgemm", "main"], ["b1"]],
+             ["GetLoops", ["b0"], [], ["l2", "l3", "l4", "l5"]],
+             ["SamplePerfectTile", ["l4"], [2, 64], ["v6", "v7"]],
+             ["GetLoops", ["b1"], [], ["l8", "l9", "l10", "l11", "l12"]]]
+    decisions = [[3, [196, 1]]]
+    for loop, tiles in (("l8", eps), ("l9", nu), ("l10", p), ("l11", o), ("l12", [8, 8])):
+        insts.append(["SamplePerfectTile", [loop], [len(tiles), 64], [f"v{loop}{k}" for k in range(len(tiles))]])
+        decisions.append([len(insts) - 1, tiles])
+    return json.dumps([insts, decisions], separators=(",", ":"))
+
+
+def decisions(trace_json: str) -> list:
+    return [d for _, d in json.loads(trace_json)[1]]
+
+
+# the measured best of resnet18's 56x56 Winograd workload on Zen 4 (x86-avx2): eps and nu first
+EPS_FIRST = trace([2, 3, 1, 1], [6, 1, 1, 1], [1, 196, 1, 1], [1, 1, 4, 16])
+BY_TILE = trace([1, 6, 1, 1], [1, 6, 1, 1], [2, 98, 1, 1], [1, 1, 4, 16])
+NO_WINOGRAD = json.dumps([[["GetSBlock", [], ["conv2d_nhwc", "main"], ["b0"]],
+                           ["GetLoops", ["b0"], [], ["l1", "l2"]]], []])
+
+
+def test_the_products_split_by_tile_and_keep_their_micro_kernel() -> None:
+    out = partition.thread_local(EPS_FIRST, 2)
+    assert out == BY_TILE
+    assert decisions(out) == [[196, 1], [1, 6, 1, 1], [1, 6, 1, 1], [2, 98, 1, 1], [1, 1, 4, 16], [8, 8]]
+    # P's outer factor: the smallest divisor at least the thread count
+    odd = partition.thread_local(trace([1, 6, 1, 1], [1, 6, 1, 1], [1, 49, 1, 1], [2, 1, 4, 16]), 4)
+    assert odd is not None and decisions(odd)[3:5] == [[7, 7, 1, 1], [1, 2, 4, 16]]
+
+
+@pytest.mark.parametrize("trace_json, threads", [
+    (BY_TILE, 2),  # split by tile already
+    (trace([1, 6, 1, 1], [1, 6, 1, 1], [4, 49, 1, 1], [1, 1, 4, 16]), 2),  # in more shares than threads: still so
+    (trace([6, 1, 1, 1], [1, 6, 1, 1], [1, 1, 1, 1], [1, 1, 4, 16]), 2),  # one tile: nothing to split
+    (NO_WINOGRAD, 2),
+])
+def test_nothing_to_rewrite_is_none(trace_json: str, threads: int) -> None:
+    assert partition.thread_local(trace_json, threads) is None
+
+
+def test_which_traces_split_by_tile() -> None:
+    assert partition.splits_by_tile(BY_TILE) is True
+    assert partition.splits_by_tile(EPS_FIRST) is False
+    assert partition.splits_by_tile(trace([1, 6, 1, 1], [1, 6, 1, 1], [2, 98, 1, 1], [2, 1, 2, 16])) is False
+    assert partition.splits_by_tile(NO_WINOGRAD) is None
+
+
+def _row(trace_json: str, run_s: float) -> SimpleNamespace:
+    return SimpleNamespace(trace_json=trace_json, mean_run_s=run_s)
+
+
+def test_a_build_prefers_a_schedule_split_by_tile_within_a_few_percent() -> None:
+    other_eps_first = trace([3, 2, 1, 1], [6, 1, 1, 1], [1, 196, 1, 1], [1, 1, 4, 16])
+    within = [_row(EPS_FIRST, 1.00), _row(other_eps_first, 1.01), _row(BY_TILE, 1.02)]
+    assert partition.built_first(within) is within[2]
+    assert [r.mean_run_s for r in partition.prefer_split_by_tile(within, lambda r: r.trace_json,
+                                                                 lambda r: r.mean_run_s)] == [1.02, 1.00, 1.01]
+    beyond = [_row(EPS_FIRST, 1.00), _row(BY_TILE, 1.00 * (1 + partition.PREFER_WITHIN) + 0.001)]
+    assert partition.built_first(beyond) is beyond[0]
+    fastest_by_tile = [_row(BY_TILE, 1.00), _row(EPS_FIRST, 1.01)]
+    assert partition.built_first(fastest_by_tile) is fastest_by_tile[0]
+    plain = [_row(NO_WINOGRAD, 1.0), _row(BY_TILE, 1.0)]  # not a Winograd workload's: as they were
+    assert partition.built_first(plain) is plain[0]
+    assert partition.built_first([]) is None
+
+
+def test_the_tuning_policy_seeds_the_rewrite_of_the_fastest_once(tmp_path: Path) -> None:
+    from tunefleet.config import load_settings
+    from tunefleet.db import Database, NewMeasurement
+    from tunefleet.engine.policies import ThreadLocal
+    from tunefleet.hardware import seed_hardware_classes
+    from tunefleet.tvm.threads import class_threads
+
+    settings = load_settings(home=tmp_path / "home")
+    db = Database.from_settings(settings)
+    seed_hardware_classes(db, settings)
+    x86 = db.hardware_class("x86")
+    wl, _ = db.add_workload(structural_hash="w" * 16, name="fused_conv2d_winograd_add_relu", op_kind="conv2d",
+                            flops=1e8, tir_json="{}")
+    db.commit_measurements([NewMeasurement(wl.id, x86.id, EPS_FIRST, [1e-3])])
+    known = db.measured_trace_hashes(wl.id, x86.id)
+
+    def view(remaining: int, hw: object = x86) -> SimpleNamespace:
+        return SimpleNamespace(db=db, wl=wl, hw=hw, known=known, remaining=remaining, shard=SimpleNamespace(id=1))
+
+    expected = partition.thread_local(EPS_FIRST, class_threads(x86.target))
+    assert expected is not None
+    assert ThreadLocal().seeds(view(8)) == [expected]
+    assert ThreadLocal().seeds(view(3)) == []  # a quarter of 3 trials is none
+    assert ThreadLocal().seeds(SimpleNamespace(**{**vars(view(8)), "known": set()})) == []  # nothing measured yet
+    gpu = SimpleNamespace(id=x86.id, target={**x86.target, "kind": "cuda"})
+    assert ThreadLocal().seeds(view(8, gpu)) == []
+    db.commit_measurements([NewMeasurement(wl.id, x86.id, expected, [1.01e-3])])
+    known = db.measured_trace_hashes(wl.id, x86.id)
+    assert hashlib.sha256(expected.encode()).hexdigest() in known  # the stored identity of the text
+    assert ThreadLocal().seeds(view(8)) == []  # measured once: not again
+    db.close()
