@@ -8,12 +8,15 @@ suite.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
 from tunefleet.config import load_settings
-from tunefleet.db import Database
+from tunefleet.db import Database, NewMeasurement
+from tunefleet.delivery.confirm import confirm_by_tile
 from tunefleet.delivery.build import build_model
 from tunefleet.engine.options import TuneOptions
 from tunefleet.engine.worker import drain
@@ -22,6 +25,8 @@ from tunefleet.models.ingest import ingest
 from tunefleet.models.workloads import extract
 from tunefleet.planning import shard_queue
 from tunefleet.store import LocalStore
+from tunefleet.tvm.partition import PREFER_WITHIN, built_first, splits_by_tile, thread_local
+from tunefleet.tvm.threads import class_threads
 
 pytestmark = pytest.mark.slow
 
@@ -50,4 +55,47 @@ def test_a_winograd_class_tunes_and_builds_winograd_convolutions(tmp_path: Path)
     report = build_model(db, store, model, "x86", compare_torch=False)  # checks the outputs
     assert report.database_hits == report.tuned_workloads == report.workloads == len(workloads)
     assert report.max_abs_diff is not None and report.tuned_ms is not None
+    assert any(n.startswith("1 of 1 Winograd workloads") or n.startswith("0 of 1 Winograd workloads")
+               for n in report.notes), report.notes  # which split its threads take, said
+
+    # A schedule whose batched products split the transform positions between the threads (the
+    # tuned one re-tiled so), recorded fastest: a build times it beside its rewrite split by tile,
+    # commits both, and builds with the rewrite while it is within PREFER_WITHIN; once only.
+    hw = db.hardware_class("x86")
+    conv = next(wl for wl, _ in workloads if wl.op_kind == "conv2d")
+    tuned = db.best_measurements(conv.id, hw.id, 1)[0]
+    eps_first = _eps_first(tuned.trace_json)
+    assert splits_by_tile(eps_first) is False
+    db.commit_measurements([NewMeasurement(conv.id, hw.id, eps_first, [1e-9], args_info=tuned.args_info)])
+    assert confirm_by_tile(db, hw, {conv.id: 1}) == 1
+    rows = db.best_measurements(conv.id, hw.id, 100)
+    retimed = {r.trace_sha256: r for r in rows if (r.measure_mode or "").startswith("retimed:")}
+    variant = thread_local(eps_first, class_threads(hw.target))
+    assert variant is not None
+    pair = [retimed.get(hashlib.sha256(t.encode()).hexdigest()) for t in (eps_first, variant)]
+    assert all(r is not None and r.mean_run_s and r.mean_run_s > 1e-6 for r in pair), rows[:3]  # timed here
+    assert confirm_by_tile(db, hw, {conv.id: 1}) == 0  # re-timed last: nothing again
+    chosen = built_first(rows)
+    assert chosen is not None
+    assert splits_by_tile(chosen.trace_json) == (splits_by_tile(rows[0].trace_json) or any(
+        splits_by_tile(r.trace_json) and r.mean_run_s <= rows[0].mean_run_s * (1 + PREFER_WITHIN) for r in rows))
     db.close()
+
+
+def _eps_first(trace_json: str) -> str:
+    """The trace with its batched products' outer tiles on the transform positions (eps: 2, nu: 6),
+    the tile axis P and the output channels whole at that level: the split that hands data between
+    the threads."""
+    insts, decisions = json.loads(trace_json)
+    block = next(i[3][0] for i in insts if i[0] == "GetSBlock" and i[2][0] == "bgemm")
+    loops = next(i[3] for i in insts if i[0] == "GetLoops" and i[1] == [block])[:4]
+    tiles = {loops.index(i[1][0]): k for k, i in enumerate(insts) if i[0] == "SamplePerfectTile" and i[1][0] in loops}
+    decided = dict((k, d) for k, d in decisions)
+    for axis, k in tiles.items():
+        f = decided[k]
+        total = f[0] * f[1] * f[2] * f[3]
+        if axis in (0, 1):  # eps, nu: 6 positions, split 2 x 3 and 6 x 1 at the two outer levels
+            decided[k] = [2, 3, 1, 1] if axis == 0 else [6, 1, 1, 1]
+        else:  # P and the output channels: whole at the outer level
+            decided[k] = [1, total // (f[2] * f[3]), f[2], f[3]]
+    return json.dumps([insts, [[k, decided[k]] for k, _ in decisions]], separators=(",", ":"))

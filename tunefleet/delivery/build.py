@@ -344,24 +344,34 @@ def resolve(
         _stage(f"re-timing the {confirm_top} fastest schedules of each workload side by side",
                "re-timing the fastest schedules")
         confirmation = confirm_bests(db, hw, calls, top=confirm_top)
-    from tunefleet.tvm.partition import PREFER_DEPTH, PREFER_WITHIN, built_first
+    from tunefleet.tvm.partition import PREFER_DEPTH, PREFER_WITHIN, built_first, splits_by_tile
 
-    tuned, bests, ids, by_tile = 0, set(), list(calls), 0
+    paired = 0
+    if _host_can_run(target, hw):
+        from tunefleet.delivery.confirm import confirm_by_tile
+
+        paired = confirm_by_tile(db, hw, calls)
+
+    tuned, bests, ids = 0, set(), list(calls)
+    winograd = by_tile = preferred = 0
     for wl_id in ids:
         top = db.best_measurements(wl_id, hw.id, PREFER_DEPTH)
         chosen = built_first(top)
         if chosen is not None:
             tuned += 1
             bests.add((wl_id, chosen.trace_sha256))
-            by_tile += chosen is not top[0]
+            split = splits_by_tile(chosen.trace_json)
+            winograd, by_tile, preferred = winograd + (split is not None), by_tile + bool(split), \
+                preferred + (chosen is not top[0])
     predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
     report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
                          threads=class_threads(hw.target),
                          predicted_workloads=predicted, recipe=recipe.name)
-    if by_tile:
-        report.notes.append(f"{by_tile} Winograd workload(s) run a schedule whose threads keep their own tiles, "
-                            f"measured within {PREFER_WITHIN:.0%} of their fastest record (which hands data between "
-                            "the threads)")
+    if winograd:
+        report.notes.append(f"{by_tile} of {winograd} Winograd workloads run a schedule whose threads keep their own "
+                            f"tiles ({preferred} of them preferred to a record at most {PREFER_WITHIN:.0%} faster that "
+                            "hands data between the threads)"
+                            + (f"; {paired} timed beside that rewrite just now" if paired else ""))
     if confirmation is not None:
         report.confirmed = confirmation.as_dict()
         report.notes.append(confirmation.summary())

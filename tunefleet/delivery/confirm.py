@@ -219,4 +219,56 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
     return result
 
 
-__all__ = ["Confirmation", "Retimed", "confirm_bests", "retime", "last_line", "PASSES", "RETIMED_MODE"]
+def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
+                    rounds: int = CONFIRM_ROUNDS) -> int:
+    """Time each Winograd workload's fastest schedule beside its rewrite whose threads keep their
+    own tiles (:func:`tunefleet.tvm.partition.thread_local`), side by side on this node, and commit
+    both figures (each schedule's next attempt, ``measure_mode`` ``retimed:<rounds>``): the build's
+    preference for a schedule that splits by tile within a few percent of the fastest
+    (:func:`tunefleet.tvm.partition.built_first`) then compares two figures of one moment, not a
+    record and a rewrite measured minutes apart, while the VM's cores may have shared a cache for
+    one and not the other. Returns the workloads timed so.
+
+    A workload whose fastest schedule splits by tile already, has no rewrite, or was re-timed last
+    is left alone: a second build times nothing (idempotent). A rewrite that fails to build or run
+    is committed as that error. The node must run the class's code (the caller checks).
+    """
+    import hashlib
+    from types import SimpleNamespace
+
+    from tunefleet.tvm.commit import CandidateCommitter
+    from tunefleet.tvm.partition import splits_by_tile, thread_local
+    from tunefleet.tvm.targets import make_target, target_fingerprint
+    from tunefleet.tvm.threads import class_threads
+
+    threads = class_threads(hw.target)
+    todo: list[tuple[Any, Any]] = []
+    for wl_id in weights:
+        rows = db.best_measurements(wl_id, hw.id, 100_000)
+        if not rows or rows[0].attempt > 0 or splits_by_tile(rows[0].trace_json) is not False:
+            continue
+        variant = thread_local(rows[0].trace_json, threads)
+        if variant is None:
+            continue
+        sha = hashlib.sha256(variant.encode()).hexdigest()
+        measured = next((r for r in rows if r.trace_sha256 == sha), None)
+        wl = db.workload(wl_id)
+        todo += [(wl, rows[0]), (wl, SimpleNamespace(trace_json=variant, trace_sha256=sha, args_info=rows[0].args_info,
+                                                     attempt=-1 if measured is None else measured.attempt))]
+    if not todo:
+        return 0
+    log.info("timing %d Winograd schedules beside their rewrite split by tile, %d rounds", len(todo) // 2, rounds)
+    fingerprint = target_fingerprint(make_target(hw.target))
+    out = []
+    for (wl, m), t in zip(todo, retime(hw, todo, rounds=rounds), strict=True):
+        out.append(CandidateCommitter(db, wl.id, hw.id, target=fingerprint).row(
+            m.trace_json, None if t.failed else t.runs, args_info=m.args_info, repeat=m.attempt + 1,
+            error_kind=(t.error_kind or RUN_ERROR) if t.failed else None,
+            error_msg=(t.error or "no round ran") if t.failed else None,
+            measure_mode=f"{RETIMED_MODE}:{rounds}", trace_sha256=m.trace_sha256))
+    db.commit_measurements(out)
+    return len(todo) // 2
+
+
+__all__ = ["Confirmation", "Retimed", "confirm_bests", "confirm_by_tile", "retime", "last_line", "PASSES",
+           "RETIMED_MODE"]

@@ -19,6 +19,7 @@ only connect them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -125,9 +126,9 @@ class ThreadLocal(ShardPolicy):
     fastest schedules whose batched products split between the threads by tile
     (:func:`tunefleet.tvm.partition.thread_local`): at most :data:`SEEDS`, at most a quarter of
     the shard's trials, each once. A build prefers such a schedule while it is within
-    :data:`~tunefleet.tvm.partition.PREFER_WITHIN` of the fastest (the stages then hand no data
-    between cores that share no cache, which a kernel measured alone does not show). CPU classes
-    only: on a GPU the outer tiles are thread blocks, not threads sharing caches."""
+    :data:`~tunefleet.tvm.partition.PREFER_WITHIN` of the fastest (its stages hand no data between
+    cores that share no cache, which a measurement shows only when the VM's cores happen to be so).
+    CPU classes only: on a GPU the outer tiles are thread blocks, not threads sharing caches."""
 
     SEEDS = 2
 
@@ -138,8 +139,6 @@ class ThreadLocal(ShardPolicy):
         limit = min(self.SEEDS, run.remaining // 4)
         if not run.known or limit < 1 or run.hw.target.get("kind") != "llvm":
             return []
-        import hashlib
-
         from tunefleet.tvm.partition import thread_local
         from tunefleet.tvm.threads import class_threads
 

@@ -7,16 +7,19 @@ tile axis P but the products, whose tiling puts the transform positions (``eps``
 When the products' outermost tiles split ``eps`` or ``nu`` between the threads, each thread reads
 transformed tiles the other wrote and writes products the other transforms back: on a machine
 whose two cores share no cache (a VM whose vCPUs the host placed on two dies) those bytes cross
-between them twice per convolution. A kernel measured alone on one placement does not show it.
+between them twice per convolution, and where the cores share one, nothing shows it. A VM may move
+between the two in minutes, so the tuner's measurements of a workload mix them.
 
 :func:`thread_local` rewrites such a trace so that the products' outermost tiles split only P,
 each thread keeping its own tiles through the three stages; the inner tiles, the micro-kernel, stay
-as they were. Measured on the Zen 4 VM (docs/performance.md, "What crosses between the threads"),
-that variant of resnet18's 56x56 and 28x28 Winograd kernels runs as fast as the original with the
-vCPUs near and 23-28 % faster with them far apart; on 14x14 maps (16 tiles) it loses. The tuner
-measures it as a seed (:class:`tunefleet.engine.policies.ThreadLocal`), and a build prefers a
-measured schedule that splits by tile over a faster one that does not while it is within
-:data:`PREFER_WITHIN` (:func:`prefer_split_by_tile`). Pure JSON: no TVM.
+as they were. On large feature maps that variant runs as fast as the original with the cores
+sharing a cache and much faster with them apart; on small ones (a few tiles a thread) it can lose
+(docs/performance.md, "What crosses between the threads"). The tuner measures it as a seed
+(:class:`tunefleet.engine.policies.ThreadLocal`); a build times each Winograd workload's fastest
+schedule beside its rewrite, side by side, so both figures come from one placement
+(:func:`tunefleet.delivery.confirm.confirm_by_tile`), and prefers a schedule that splits by tile
+over a faster one that does not while it is within :data:`PREFER_WITHIN`
+(:func:`prefer_split_by_tile`). Pure JSON: no TVM.
 """
 
 from __future__ import annotations
