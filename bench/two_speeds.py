@@ -220,22 +220,30 @@ def block_ms(call: Any, calls: int) -> float:
     return statistics.median(times)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", help="a zoo model: resnet18, mobilenet_v2, bert-base, ...")
-    ap.add_argument("--library", action="append", required=True, metavar="[LABEL=]PATH",
-                    help="the library tunefleet built for it; repeat with LABEL=PATH to time several in one run")
-    ap.add_argument("--seconds", type=float, default=120.0, help="how long to sample (default 120)")
-    ap.add_argument("--calls", type=int, default=10, help="calls of each runtime per block (default 10)")
+def parse_sampling(ap: argparse.ArgumentParser, argv: list[str] | None, *, seconds: float, calls: int,
+                   what: str) -> argparse.Namespace:
+    """Add the sampling options (how long, calls per block, the placements' split, threads, JSON)
+    and parse ``argv``: ``--calls`` below 1 and ``--seconds`` not above 0 are the parser's errors."""
+    ap.add_argument("--seconds", type=float, default=seconds, help=f"how long to sample (default {seconds:g})")
+    ap.add_argument("--calls", type=int, default=calls, help=f"calls of each {what} per block (default {calls})")
     ap.add_argument("--far-ns", type=float, default=200.0,
                     help="a round trip above this many ns counts as the vCPUs far apart (default 200)")
-    ap.add_argument("--kernels", action="store_true",
-                    help="after each block, one call timed kernel by kernel and each kernel alone")
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.calls < 1 or args.seconds <= 0:
         ap.error("--calls must be at least 1 and --seconds above 0")
+    return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="a zoo model: resnet18, mobilenet_v2, bert-base, ...")
+    ap.add_argument("--library", action="append", required=True, metavar="[LABEL=]PATH",
+                    help="the library tunefleet built for it; repeat with LABEL=PATH to time several in one run")
+    ap.add_argument("--kernels", action="store_true",
+                    help="after each block, one call timed kernel by kernel and each kernel alone")
+    args = parse_sampling(ap, argv, seconds=120.0, calls=10, what="runtime")
     args.libraries = parse_libraries(ap, args.library)
     if args.kernels and len(args.libraries) > 1:
         ap.error("--kernels times one library kernel by kernel: give one --library")

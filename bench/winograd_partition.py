@@ -36,10 +36,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # two_speeds.py, beside this file
 
-from two_speeds import ProbeError, build_probe, round_trip_ns  # noqa: E402
+from two_speeds import ProbeError, build_probe, parse_sampling, round_trip_ns  # noqa: E402
+from versus_alternatives import _cpu_model, pin_threads  # noqa: E402
 
 from tunefleet.tvm.partition import thread_local  # noqa: E402 - pure JSON, no TVM
-from versus_alternatives import DEFAULT_THREADS, _cpu_model, pin_threads  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,15 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hardware", default="x86", help="the hardware class (default x86)")
     ap.add_argument("--workload", action="append", default=[],
                     help="a Winograd workload's hash or prefix (default: every Winograd workload measured)")
-    ap.add_argument("--seconds", type=float, default=240.0, help="how long to sample (default 240)")
-    ap.add_argument("--calls", type=int, default=30, help="calls of each kernel per block (default 30)")
-    ap.add_argument("--far-ns", type=float, default=200.0,
-                    help="a round trip above this many ns counts as the vCPUs far apart (default 200)")
-    ap.add_argument("--threads", type=int, default=DEFAULT_THREADS)
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.calls < 1 or args.seconds <= 0:
-        ap.error("--calls must be at least 1 and --seconds above 0")
+    args = parse_sampling(ap, argv, seconds=240.0, calls=30, what="kernel")
     if not (args.home / "tunefleet.db").is_file():
         ap.error(f"--home {args.home}: no tunefleet.db there")
     return args

@@ -159,6 +159,20 @@ def last_line(error: str) -> str:
     return lines[-1][:200] if lines else "failed"
 
 
+def retimed_rows(db: Database, hw: HardwareClass, todo: list[tuple[Any, Any]], timed: list[Retimed], rounds: int,
+                 fingerprint: str) -> list[Any]:
+    """Each re-timed schedule as its next attempt (``measure_mode`` ``retimed:<rounds>``), or as the
+    error its re-timing failed with."""
+    from tunefleet.tvm.commit import CandidateCommitter
+
+    return [CandidateCommitter(db, wl.id, hw.id, target=fingerprint).row(
+        m.trace_json, None if t.failed else t.runs, args_info=m.args_info, repeat=m.attempt + 1,
+        error_kind=(t.error_kind or RUN_ERROR) if t.failed else None,
+        error_msg=(t.error or "no round ran") if t.failed else None,
+        measure_mode=f"{RETIMED_MODE}:{rounds}", trace_sha256=m.trace_sha256)
+        for (wl, m), t in zip(todo, timed, strict=True)]
+
+
 def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, top: int = 3,
                   rounds: int = CONFIRM_ROUNDS, passes: int = PASSES) -> Confirmation:
     """Re-time each workload's ``top`` fastest schedules on this node and commit the figures, so
@@ -169,7 +183,6 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
     class's code (the caller checks). A schedule whose re-timing fails to build or run is
     committed as that error, so it leaves the best; it is counted in ``failed``.
     """
-    from tunefleet.tvm.commit import CandidateCommitter
     from tunefleet.tvm.targets import make_target, target_fingerprint
 
     started = time.monotonic()
@@ -195,15 +208,8 @@ def confirm_bests(db: Database, hw: HardwareClass, weights: dict[int, int], *, t
         log.info("re-timing %d schedules of %d workloads in %d rounds", len(todo), len({w.id for w, _ in todo}),
                  rounds)
         timed = retime(hw, todo, rounds=rounds)
-        rows = []
-        for (wl, m), t in zip(todo, timed):
-            result.failed += t.failed
-            rows.append(CandidateCommitter(db, wl.id, hw.id, target=fingerprint).row(
-                m.trace_json, None if t.failed else t.runs, args_info=m.args_info, repeat=m.attempt + 1,
-                error_kind=(t.error_kind or RUN_ERROR) if t.failed else None,
-                error_msg=(t.error or "no round ran") if t.failed else None,
-                measure_mode=f"{RETIMED_MODE}:{rounds}", trace_sha256=m.trace_sha256))
-        db.commit_measurements(rows)
+        result.failed += sum(t.failed for t in timed)
+        db.commit_measurements(retimed_rows(db, hw, todo, timed, rounds, fingerprint))
         result.schedules += len(todo)
         result.passes += 1
     for wl_id, (sha, recorded) in record.items():
@@ -236,7 +242,6 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
     import hashlib
     from types import SimpleNamespace
 
-    from tunefleet.tvm.commit import CandidateCommitter
     from tunefleet.tvm.partition import splits_by_tile, thread_local
     from tunefleet.tvm.targets import make_target, target_fingerprint
     from tunefleet.tvm.threads import class_threads
@@ -259,14 +264,7 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
         return 0
     log.info("timing %d Winograd schedules beside their rewrite split by tile, %d rounds", len(todo) // 2, rounds)
     fingerprint = target_fingerprint(make_target(hw.target))
-    out = []
-    for (wl, m), t in zip(todo, retime(hw, todo, rounds=rounds), strict=True):
-        out.append(CandidateCommitter(db, wl.id, hw.id, target=fingerprint).row(
-            m.trace_json, None if t.failed else t.runs, args_info=m.args_info, repeat=m.attempt + 1,
-            error_kind=(t.error_kind or RUN_ERROR) if t.failed else None,
-            error_msg=(t.error or "no round ran") if t.failed else None,
-            measure_mode=f"{RETIMED_MODE}:{rounds}", trace_sha256=m.trace_sha256))
-    db.commit_measurements(out)
+    db.commit_measurements(retimed_rows(db, hw, todo, retime(hw, todo, rounds=rounds), rounds, fingerprint))
     return len(todo) // 2
 
 
