@@ -74,7 +74,12 @@ def test_a_winograd_class_tunes_and_builds_winograd_convolutions(tmp_path: Path)
     assert variant is not None
     pair = [retimed.get(hashlib.sha256(t.encode()).hexdigest()) for t in (eps_first, variant)]
     assert all(r is not None and r.mean_run_s and r.mean_run_s > 1e-6 for r in pair), rows[:3]  # timed here
-    assert confirm_by_tile(db, hw, {conv.id: 1}) == 0  # re-timed last: nothing again
+    # Once its fastest schedule is a re-timed one (or splits by tile), a build times nothing more; a
+    # record measured lucky during tuning, faster than both re-timed figures, is paired in its turn.
+    settled = [confirm_by_tile(db, hw, {conv.id: 1}) for _ in range(8)]
+    assert all(n <= 1 for n in settled) and settled[-1] == 0, settled
+    rows = db.best_measurements(conv.id, hw.id, 100)
+    assert rows[0].attempt > 0 or splits_by_tile(rows[0].trace_json)
     chosen = built_first(rows)
     assert chosen is not None
     assert splits_by_tile(chosen.trace_json) == (splits_by_tile(rows[0].trace_json) or any(
@@ -85,7 +90,8 @@ def test_a_winograd_class_tunes_and_builds_winograd_convolutions(tmp_path: Path)
 def _eps_first(trace_json: str) -> str:
     """The trace with its batched products' outer tiles on the transform positions (eps: 2, nu: 6),
     the tile axis P and the output channels whole at that level: the split that hands data between
-    the threads."""
+    the threads. P goes whole to the second level, so that its rewrite can split it (a tuned P all
+    in the inner levels has none)."""
     insts, decisions = json.loads(trace_json)
     block = next(i[3][0] for i in insts if i[0] == "GetSBlock" and i[2][0] == "bgemm")
     loops = next(i[3] for i in insts if i[0] == "GetLoops" and i[1] == [block])[:4]
@@ -96,6 +102,8 @@ def _eps_first(trace_json: str) -> str:
         total = f[0] * f[1] * f[2] * f[3]
         if axis in (0, 1):  # eps, nu: 6 positions, split 2 x 3 and 6 x 1 at the two outer levels
             decided[k] = [2, 3, 1, 1] if axis == 0 else [6, 1, 1, 1]
-        else:  # P and the output channels: whole at the outer level
+        elif axis == 2:  # P: whole at the outermost level, all of it at the next (so a rewrite can split it)
+            decided[k] = [1, total, 1, 1]
+        else:  # the output channels: whole at the outermost level
             decided[k] = [1, total // (f[2] * f[3]), f[2], f[3]]
     return json.dumps([insts, [[k, decided[k]] for k, _ in decisions]], separators=(",", ":"))

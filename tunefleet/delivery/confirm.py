@@ -236,20 +236,22 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
     one and not the other. Returns the workloads timed so.
 
     A workload whose fastest schedule splits by tile already, has no rewrite, or was re-timed last
-    is left alone: a second build times nothing (idempotent). A rewrite that fails to build or run
-    is committed as that error. The node must run the class's code (the caller checks).
+    is left alone, so a later build times only the workloads whose fastest record is new since; so
+    is one whose rewrite was measured and is not among its :data:`~tunefleet.tvm.partition.PREFER_DEPTH`
+    fastest. A rewrite that fails to build or run is committed as that error. The node must run the
+    class's code (the caller checks).
     """
     import hashlib
     from types import SimpleNamespace
 
-    from tunefleet.tvm.partition import splits_by_tile, thread_local
+    from tunefleet.tvm.partition import PREFER_DEPTH, splits_by_tile, thread_local
     from tunefleet.tvm.targets import make_target, target_fingerprint
     from tunefleet.tvm.threads import class_threads
 
     threads = class_threads(hw.target)
     todo: list[tuple[Any, Any]] = []
     for wl_id in weights:
-        rows = db.best_measurements(wl_id, hw.id, 100_000)
+        rows = db.best_measurements(wl_id, hw.id, PREFER_DEPTH)
         if not rows or rows[0].attempt > 0 or splits_by_tile(rows[0].trace_json) is not False:
             continue
         variant = thread_local(rows[0].trace_json, threads)
@@ -257,6 +259,8 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
             continue
         sha = hashlib.sha256(variant.encode()).hexdigest()
         measured = next((r for r in rows if r.trace_sha256 == sha), None)
+        if measured is None and sha in db.measured_trace_hashes(wl_id, hw.id):
+            continue  # measured, and slower than the workload's PREFER_DEPTH fastest: nothing to pair
         wl = db.workload(wl_id)
         todo += [(wl, rows[0]), (wl, SimpleNamespace(trace_json=variant, trace_sha256=sha, args_info=rows[0].args_info,
                                                      attempt=-1 if measured is None else measured.attempt))]
