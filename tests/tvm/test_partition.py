@@ -52,6 +52,7 @@ def test_the_products_split_by_tile_and_keep_their_micro_kernel() -> None:
     (trace([1, 6, 1, 1], [1, 6, 1, 1], [4, 49, 1, 1], [1, 1, 4, 16]), 2),  # in more shares than threads: still so
     (trace([6, 1, 1, 1], [1, 6, 1, 1], [1, 1, 1, 1], [1, 1, 4, 16]), 2),  # one tile: nothing to split
     (NO_WINOGRAD, 2),
+    (EPS_FIRST, 1),  # one thread: nothing is handed between threads
 ])
 def test_nothing_to_rewrite_is_none(trace_json: str, threads: int) -> None:
     assert partition.thread_local(trace_json, threads) is None

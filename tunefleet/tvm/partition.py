@@ -74,12 +74,12 @@ def _smallest_divisor_from(n: int, at_least: int) -> int:
 
 def thread_local(trace_json: str, threads: int) -> str | None:
     """The trace with its batched products' outermost tiles splitting only the tile axis P, or
-    None: no such block, P's outer two levels too short to split between ``threads`` threads, or
-    split so already. The first two tile levels of each axis are merged and re-split: P's outer
+    None: one thread (nothing is handed between threads), no such block, P's outer two levels too
+    short to split between ``threads`` threads, or split so already. The first two tile levels of each axis are merged and re-split: P's outer
     factor becomes the smallest divisor of their product that is at least ``threads``, the other
     axes' becomes 1; the inner two levels are left as they were."""
     insts, decisions, decided, tiles = _parse(trace_json)
-    if tiles is None or (all(decided[tiles[a]][0] == 1 for a in ("eps", "nu", "o"))
+    if threads < 2 or tiles is None or (all(decided[tiles[a]][0] == 1 for a in ("eps", "nu", "o"))
                          and decided[tiles["p"]][0] >= threads):
         return None
     new = {}
