@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # two_speeds.py, beside this file
 
-from two_speeds import ProbeError, build_probe, parse_sampling, round_trip_ns  # noqa: E402
+from two_speeds import ProbeError, block_ms, build_probe, parse_sampling, round_trip_ns, split  # noqa: E402
 from versus_alternatives import _cpu_model, pin_threads  # noqa: E402
 
 from tunefleet.tvm.partition import thread_local  # noqa: E402 - pure JSON, no TVM
@@ -58,11 +58,11 @@ def _kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each Winograd workload's two kernels, built, with random arguments."""
     import numpy as np
     import tvm
-    from tvm.s_tir.schedule import Schedule, Trace
 
     from tunefleet.config import load_settings
     from tunefleet.db import Database
     from tunefleet.tvm.targets import make_target
+    from tunefleet.tvm.traces import candidate
 
     db = Database.from_settings(load_settings(home=args.home))
     try:
@@ -80,8 +80,7 @@ def _kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
             mod = tvm.ir.load_json(wl.tir_json)
             built = {}
             for label, trace in (("best", rows[0].trace_json), ("by tile", variant)):
-                sch = Schedule(mod)
-                Trace.apply_json_to_schedule(json.loads(trace), sch)
+                sch = candidate(mod, trace).sch
                 # as the runner measures a candidate: the weights come packed, no rewrite in the call
                 lowered = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
                 built[label] = tvm.compile(lowered, target=target)
@@ -93,15 +92,6 @@ def _kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
         return out
     finally:
         db.close()
-
-
-def _block_ms(func: Any, args: list[Any], calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        func(*args)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,16 +111,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         for k in kernels:
             for func in k["built"].values():
-                _block_ms(func, k["args"], 5)
+                block_ms(lambda f=func, a=k["args"]: f(*a), 5)
         samples: list[dict[str, Any]] = []
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
-            sample: dict[str, Any] = {f"{k['workload']}|{label}": _block_ms(func, k["args"], args.calls)
+            sample: dict[str, Any] = {f"{k['workload']}|{label}": block_ms(lambda f=func, a=k["args"]: f(*a), args.calls)
                                       for k in kernels for label, func in k["built"].items()}
             sample["round_trip_ns"] = round_trip_ns(probe)
             samples.append(sample)
-    from two_speeds import split
-
     sides = split(samples, args.far_ns)
     print(f"\n{'workload':<48}{'schedule':>10}" + "".join(f"{side + ' ms':>12}" for side in sides)
           + (f"{'far / near':>12}" if len(sides) == 2 else ""))

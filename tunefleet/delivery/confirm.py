@@ -241,9 +241,9 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
     fastest. A rewrite that fails to build or run is committed as that error. The node must run the
     class's code (the caller checks).
     """
-    import hashlib
     from types import SimpleNamespace
 
+    from tunefleet.db.database import sha256_text
     from tunefleet.tvm.partition import PREFER_DEPTH, splits_by_tile, thread_local
     from tunefleet.tvm.targets import make_target, target_fingerprint
     from tunefleet.tvm.threads import class_threads
@@ -257,7 +257,7 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
         variant = thread_local(rows[0].trace_json, threads)
         if variant is None:
             continue
-        sha = hashlib.sha256(variant.encode()).hexdigest()
+        sha = sha256_text(variant)
         measured = next((r for r in rows if r.trace_sha256 == sha), None)
         if measured is None and sha in db.measured_trace_hashes(wl_id, hw.id):
             continue  # measured, and slower than the workload's PREFER_DEPTH fastest: nothing to pair

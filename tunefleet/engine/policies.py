@@ -19,7 +19,6 @@ only connect them.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -139,6 +138,7 @@ class ThreadLocal(ShardPolicy):
         limit = min(self.SEEDS, run.remaining // 4)
         if not run.known or limit < 1 or run.hw.target.get("kind") != "llvm":
             return []
+        from tunefleet.db.database import sha256_text
         from tunefleet.tvm.partition import thread_local
         from tunefleet.tvm.threads import class_threads
 
@@ -146,7 +146,7 @@ class ThreadLocal(ShardPolicy):
         out: list[str] = []
         for row in run.db.best_measurements(run.wl.id, run.hw.id, self.SEEDS):
             variant = thread_local(row.trace_json, threads)
-            if variant is not None and hashlib.sha256(variant.encode()).hexdigest() not in run.known \
+            if variant is not None and sha256_text(variant) not in run.known \
                     and variant not in out:
                 out.append(variant)
         if out[:limit]:

@@ -75,9 +75,10 @@ def _smallest_divisor_from(n: int, at_least: int) -> int:
 def thread_local(trace_json: str, threads: int) -> str | None:
     """The trace with its batched products' outermost tiles splitting only the tile axis P, or
     None: one thread (nothing is handed between threads), no such block, P's outer two levels too
-    short to split between ``threads`` threads, or split so already. The first two tile levels of each axis are merged and re-split: P's outer
-    factor becomes the smallest divisor of their product that is at least ``threads``, the other
-    axes' becomes 1; the inner two levels are left as they were."""
+    short to split between ``threads`` threads, or split so already. The first two tile levels of
+    each axis are merged and re-split: P's outer factor becomes the smallest divisor of their
+    product that is at least ``threads``, the other axes' becomes 1; the inner two levels are left
+    as they were."""
     insts, decisions, decided, tiles = _parse(trace_json)
     if threads < 2 or tiles is None or (all(decided[tiles[a]][0] == 1 for a in ("eps", "nu", "o"))
                          and decided[tiles["p"]][0] >= threads):
@@ -88,7 +89,7 @@ def thread_local(trace_json: str, threads: int) -> str | None:
         outer = f[0] * f[1]
         first = _smallest_divisor_from(outer, threads) if axis == "p" else 1
         new[i] = [first, outer // first, f[2], f[3]]
-    if new[tiles["p"]][0] < threads or all(new[i] == decided[i] for i in new):
+    if new[tiles["p"]][0] < threads:  # no divisor that large: P's outer levels hold fewer tiles than threads
         return None
     return json.dumps([insts, [[i, new.get(i, d)] for i, d in decisions]], separators=(",", ":"))
 
