@@ -94,7 +94,10 @@ def test_the_tuning_policy_seeds_the_rewrite_of_the_fastest_once(tmp_path: Path)
     settings = load_settings(home=tmp_path / "home")
     db = Database.from_settings(settings)
     seed_hardware_classes(db, settings)
-    x86 = db.hardware_class("x86")
+    # two cores named in the target: the seeds do not depend on the cores this test process may use
+    # (one per worker in the suite's parallel phase, where one thread has nothing to rewrite)
+    stored = db.hardware_class("x86")
+    x86 = SimpleNamespace(id=stored.id, target={**stored.target, "num-cores": 2})
     wl, _ = db.add_workload(structural_hash="w" * 16, name="fused_conv2d_winograd_add_relu", op_kind="conv2d",
                             flops=1e8, tir_json="{}")
     db.commit_measurements([NewMeasurement(wl.id, x86.id, EPS_FIRST, [1e-3])])
@@ -110,6 +113,8 @@ def test_the_tuning_policy_seeds_the_rewrite_of_the_fastest_once(tmp_path: Path)
     assert ThreadLocal().seeds(SimpleNamespace(**{**vars(view(8)), "known": set()})) == []  # nothing measured yet
     gpu = SimpleNamespace(id=x86.id, target={**x86.target, "kind": "cuda"})
     assert ThreadLocal().seeds(view(8, gpu)) == []
+    one_core = SimpleNamespace(id=x86.id, target={**x86.target, "num-cores": 1})
+    assert ThreadLocal().seeds(view(8, one_core)) == []  # one thread hands nothing between threads
     db.commit_measurements([NewMeasurement(wl.id, x86.id, expected, [1.01e-3])])
     known = db.measured_trace_hashes(wl.id, x86.id)
     assert hashlib.sha256(expected.encode()).hexdigest() in known  # the stored identity of the text
