@@ -20,6 +20,9 @@ For a zoo model already tuned in ``--home``, each repeat runs, one after the oth
 It prints every figure, the table's over the bench's for each runtime within a repeat (what
 issue 31 asks to be within 10 %), and each bench timing over the previous repeat's (the same
 measurement of the same libraries minutes apart: how far this machine's speed moves on its own).
+Both timings read where the threads' two CPUs sat after each block (:mod:`tunefleet.delivery.placement`):
+each repeat says ``near``, ``far`` or ``mixed`` for the table and for the bench, so that two figures
+of different placements are not taken for a disagreement of the methods.
 Asserts nothing about speed.
 """
 
@@ -43,6 +46,8 @@ from versus_alternatives import (  # noqa: E402 - beside this file; light at imp
     tunefleet_command,
 )
 
+from tunefleet.delivery.placement import placement_of  # noqa: E402 - light: no TVM, no torch
+
 RUNTIMES = {"tuned": ("tuned_ms", "tunefleet tuned"), "eager": ("torch_ms", "torch eager"),
             "onnxruntime": ("onnxruntime_ms", "onnxruntime")}
 """Our name -> (the build report's JSON key, the bench's runtime name)."""
@@ -56,8 +61,8 @@ def measure(library: str, model: str, threads: int, rounds: int) -> dict[str, An
     with tempfile.TemporaryDirectory() as tmp:
         inputs_np, calls, skipped, _, reference = prepare_alternatives(build_zoo_model(model), threads,
                                                                        Path(tmp) / f"{model}.onnx")
-        measured = measure_phase({"library": library}, inputs_np, calls, reference, rounds)
-    return {"latency": measured["latency"], "not_measured": skipped}
+        measured = measure_phase({"library": library}, inputs_np, calls, reference, rounds, threads=threads)
+    return {"latency": measured["latency"], "not_measured": skipped, "placement": measured["placement"]}
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -146,15 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         if timed.returncode != 0:
             print(timed.stderr[-2000:], file=sys.stderr)
             raise SystemExit(f"timing_agreement: the bench's timing exited {timed.returncode}")
-        bench = json.loads(timed.stdout.strip().splitlines()[-1])["latency"]
+        measured = json.loads(timed.stdout.strip().splitlines()[-1])
+        bench = measured["latency"]
         row = {"repeat": i, "threads": threads, "library": library, "planned": result.get("planned"),
                "table": {ours: report.get(key) for ours, (key, _) in RUNTIMES.items()},
                "bench": {ours: bench.get(name, {}).get("ms") for ours, (_, name) in RUNTIMES.items()},
                "bench_rounds_ms": {ours: bench.get(name, {}).get("rounds_ms") for ours, (_, name) in RUNTIMES.items()},
-               "bench_torch_compile_ms": bench.get("torch.compile", {}).get("ms")}
+               "bench_torch_compile_ms": bench.get("torch.compile", {}).get("ms"),
+               "table_placement": report.get("placement") or {}, "bench_placement": measured.get("placement") or {}}
         repeats.append(row)
         print(f"repeat {i}: {args.via} " + ", ".join(f"{k} {v:.4g}" for k, v in row["table"].items() if v) +
-              " ms | bench " + ", ".join(f"{k} {v:.4g}" for k, v in row["bench"].items() if v) + " ms", flush=True)
+              f" ms ({placement_of(row['table_placement'])}) | bench " +
+              ", ".join(f"{k} {v:.4g}" for k, v in row["bench"].items() if v) +
+              f" ms ({placement_of(row['bench_placement'])})", flush=True)
 
     if args.json is not None:  # before the table: what was measured outlives a bad print
         args.json.parent.mkdir(parents=True, exist_ok=True)

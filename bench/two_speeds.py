@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,76 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_alternatives.py, beside this file
 
 from op_by_op import parse_libraries  # noqa: E402
+from tunefleet.delivery.placement import FAR_NS, CoreProbe, ProbeError  # noqa: E402
 from versus_alternatives import DEFAULT_THREADS, _cpu_model, pin_threads, torch_module, tuned_runner  # noqa: E402
-
-PROBE_C = r"""
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-static _Atomic int flag __attribute__((aligned(64)));
-static int n;
-static int pin(int cpu) {
-  cpu_set_t set; CPU_ZERO(&set); CPU_SET(cpu, &set);
-  return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
-static void *other(void *arg) {
-  (void)arg; pin(1);
-  for (int i = 0; i < n; i++) {
-    while (atomic_load_explicit(&flag, memory_order_acquire) != 1) {}
-    atomic_store_explicit(&flag, 0, memory_order_release);
-  }
-  return 0;
-}
-int main(int argc, char **argv) {
-  n = argc > 1 ? atoi(argv[1]) : 100000;
-  pthread_t t;
-  if (pin(0) != 0) { fprintf(stderr, "cannot pin a thread to CPU 0\n"); return 1; }
-  pthread_create(&t, 0, other, 0);
-  struct timespec a, b;
-  clock_gettime(CLOCK_MONOTONIC, &a);
-  for (int i = 0; i < n; i++) {
-    atomic_store_explicit(&flag, 1, memory_order_release);
-    while (atomic_load_explicit(&flag, memory_order_acquire) != 0) {}
-  }
-  clock_gettime(CLOCK_MONOTONIC, &b);
-  pthread_join(t, 0);
-  printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
-  return 0;
-}
-"""
-"""A round trip of one cache line between a thread on CPU 0 and one on CPU 1, in ns."""
-
-ROUND_TRIPS = 100_000
-
-
-class ProbeError(RuntimeError):
-    """The core-to-core probe cannot be built or run here."""
-
-
-def build_probe(work: Path) -> Path:
-    """Compile :data:`PROBE_C` into ``work``; :class:`ProbeError` without a C compiler."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        raise ProbeError("not supported: no C compiler (cc, gcc or clang) to build the core-to-core probe")
-    src, exe = work / "probe.c", work / "probe"
-    src.write_text(PROBE_C)
-    done = subprocess.run([cc, "-O2", "-pthread", str(src), "-o", str(exe)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ProbeError(f"the core-to-core probe did not compile: {done.stderr.strip().splitlines()[-1:]}")
-    return exe
-
-
-def round_trip_ns(probe: Path) -> float:
-    """One reading of the probe (:data:`ROUND_TRIPS` round trips, their mean), in ns."""
-    done = subprocess.run([str(probe), str(ROUND_TRIPS)], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise ProbeError(f"the core-to-core probe failed: {done.stderr.strip() or done.returncode}")
-    return float(done.stdout)
-
 
 def split(samples: list[dict[str, Any]], far_ns: float) -> dict[str, dict[str, Any]]:
     """Each runtime's median block, over the blocks whose next round trip was at most ``far_ns``
@@ -226,8 +156,8 @@ def parse_sampling(ap: argparse.ArgumentParser, argv: list[str] | None, *, secon
     and parse ``argv``: ``--calls`` below 1 and ``--seconds`` not above 0 are the parser's errors."""
     ap.add_argument("--seconds", type=float, default=seconds, help=f"how long to sample (default {seconds:g})")
     ap.add_argument("--calls", type=int, default=calls, help=f"calls of each {what} per block (default {calls})")
-    ap.add_argument("--far-ns", type=float, default=200.0,
-                    help="a round trip above this many ns counts as the vCPUs far apart (default 200)")
+    ap.add_argument("--far-ns", type=float, default=FAR_NS,
+                    help=f"a round trip above this many ns counts as the vCPUs far apart (default {FAR_NS:g})")
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -255,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     pin_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="tunefleet-two-speeds-") as tmp:
         work = Path(tmp)
+        probe = CoreProbe((0, 1))
         try:
-            probe = build_probe(work)
-            round_trip_ns(probe)
+            probe.read()
         except ProbeError as exc:
             print(f"two_speeds: {exc}", file=sys.stderr)
             return 2
@@ -291,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.05)  # onnxruntime's threads spin a while after its block
                 sample["kernels_in_model"] = kernels.in_model()
                 sample["kernels_alone"] = kernels.alone()
-            time.sleep(0.05)  # the runtimes' threads stop spinning before the probe takes both CPUs
-            sample["round_trip_ns"] = round_trip_ns(probe)
+            sample["round_trip_ns"] = probe.read()
             samples.append(sample)
     sides = split(samples, args.far_ns)
     print_sides(sides, list(args.libraries), args.far_ns)

@@ -71,6 +71,7 @@ from typing import Any
 
 # The one timing function, shared with `tunefleet run`'s build report; imports only the standard
 # library, so the thread variables are still set before numpy loads (pin_threads).
+from tunefleet.delivery import placement
 from tunefleet.delivery.timing import ROUNDS, time_alternating
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def run_phase(name: str, args: argparse.Namespace, amount: list[str], output_dir
              "shards_done": tuned.get("shards_done"), "shards_failed": tuned.get("shards_failed"),
              "library": build.get("output"), "cli_tuned_ms": build.get("tuned_ms"),
              "cli_untuned_ms": build.get("untuned_ms"), "cli_torch_ms": build.get("torch_ms"),
-             "cli_onnxruntime_ms": build.get("onnxruntime_ms"),
+             "cli_onnxruntime_ms": build.get("onnxruntime_ms"), "cli_placement_line": build.get("placement_line"),
              "tuned_workloads": build.get("tuned_workloads"), "workloads": build.get("workloads"),
              "model_id": (result.get("models") or [{}])[0].get("model_id"), "hub": result.get("hub"),
              "run_result": result}
@@ -422,9 +423,11 @@ def prepare_alternatives(zoo: Any, threads: int, onnx_path: Path) -> tuple[list[
 
 
 def measure_phase(phase: dict[str, Any], inputs_np: list[Any], alt_calls: dict[str, Any], reference: list[Any] | None,
-                  rounds: int, compare: dict[str, str] | None = None) -> dict[str, Any]:
+                  rounds: int, compare: dict[str, str] | None = None, threads: int = DEFAULT_THREADS) -> dict[str, Any]:
     """Time the phase's tuned library alternating with the ``compare`` libraries (label -> path)
-    and the alternatives; check outputs against eager."""
+    and the alternatives, reading after each block where the ``threads`` threads' CPUs sat
+    (:mod:`tunefleet.delivery.placement`, as ``tunefleet run``'s table does); check outputs
+    against eager."""
     calls = {"tunefleet tuned": tuned_runner(phase["library"], inputs_np),
              **{label: tuned_runner(library, inputs_np) for label, library in (compare or {}).items()}, **alt_calls}
     diffs = {}
@@ -432,7 +435,11 @@ def measure_phase(phase: dict[str, Any], inputs_np: list[Any], alt_calls: dict[s
         for name, fn in calls.items():
             if name != "torch eager":
                 diffs[name] = _max_abs_diff(_outputs(fn()), reference)
-    return {"latency": time_alternating(calls, rounds), "max_abs_diff_vs_eager": diffs}
+    probe = placement.probe_for(threads)
+    latency = time_alternating(calls, rounds, between=probe)
+    sides = placement.by_placement(latency) if probe is not None else {}
+    line = placement.placement_line(sides, [(name, name) for name in calls], probe.error) if probe is not None else ""
+    return {"latency": latency, "max_abs_diff_vs_eager": diffs, "placement": sides, "placement_line": line}
 
 
 # -- the database's view: workloads, trials --------------------------------------------------------
@@ -499,10 +506,13 @@ def print_latency(phase: dict[str, Any], skipped: dict[str, str], setup: dict[st
         print(f"torch.compile: first call (compiling, cold inductor cache) took {setup['torch.compile']:.1f} s")
     if "onnxruntime" in setup and phase["name"] == "phase 1":
         print(f"onnxruntime: export + session creation took {setup['onnxruntime']:.1f} s")
+    if phase["measure"].get("placement_line"):
+        print(phase["measure"]["placement_line"])
     if phase.get("cli_tuned_ms") is not None:
         print(f"(tunefleet run's own build report: tuned {_ms(phase['cli_tuned_ms'])} ms, "
               f"untuned {_fmt(phase.get('cli_untuned_ms'), '.3f')} ms, eager {_fmt(phase.get('cli_torch_ms'), '.3f')} ms, "
-              f"onnxruntime {_fmt(phase.get('cli_onnxruntime_ms'), '.3f')} ms)")
+              f"onnxruntime {_fmt(phase.get('cli_onnxruntime_ms'), '.3f')} ms"
+              + (f"; {phase['cli_placement_line']}" if phase.get("cli_placement_line") else "") + ")")
     return ratios
 
 
@@ -675,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
             out["phases"].append(phase)
             status = 1
             continue
-        phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds, {**earlier, **args.compare})
+        phase["measure"] = measure_phase(phase, inputs_np, alt_calls, reference, args.rounds, {**earlier, **args.compare},
+                                         threads)
         earlier[f"tuned after {phase['name']}"] = phase["library"]
         phase["ratios"] = print_latency(phase, skipped, setup, threads)
         # The first peak was measured as the tuning run's processes exited, which can halve it

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # two_speeds.py, beside this file
 
-from two_speeds import ProbeError, block_ms, build_probe, parse_sampling, round_trip_ns, split  # noqa: E402
+from two_speeds import block_ms, parse_sampling, split  # noqa: E402
+
+from tunefleet.delivery.placement import CoreProbe, ProbeError  # noqa: E402
 from versus_alternatives import _cpu_model, pin_threads  # noqa: E402
 
 from tunefleet.tvm.partition import thread_local  # noqa: E402 - pure JSON, no TVM
@@ -97,28 +97,27 @@ def _kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pin_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="tunefleet-partition-") as tmp:
-        try:
-            probe = build_probe(Path(tmp))
-            round_trip_ns(probe)
-        except ProbeError as exc:
-            print(f"winograd_partition: {exc}", file=sys.stderr)
-            return 2
-        print(f"Winograd kernels of {args.hardware} in {args.home}, {args.threads} threads, {_cpu_model()}")
-        kernels = _kernels(args)
-        if not kernels:
-            print("winograd_partition: no Winograd workload to compare", file=sys.stderr)
-            return 2
-        for k in kernels:
-            for func in k["built"].values():
-                block_ms(lambda f=func, a=k["args"]: f(*a), 5)
-        samples: list[dict[str, Any]] = []
-        end = time.monotonic() + args.seconds
-        while time.monotonic() < end:
-            sample: dict[str, Any] = {f"{k['workload']}|{label}": block_ms(lambda f=func, a=k["args"]: f(*a), args.calls)
-                                      for k in kernels for label, func in k["built"].items()}
-            sample["round_trip_ns"] = round_trip_ns(probe)
-            samples.append(sample)
+    probe = CoreProbe((0, 1))
+    try:
+        probe.read()
+    except ProbeError as exc:
+        print(f"winograd_partition: {exc}", file=sys.stderr)
+        return 2
+    print(f"Winograd kernels of {args.hardware} in {args.home}, {args.threads} threads, {_cpu_model()}")
+    kernels = _kernels(args)
+    if not kernels:
+        print("winograd_partition: no Winograd workload to compare", file=sys.stderr)
+        return 2
+    for k in kernels:
+        for func in k["built"].values():
+            block_ms(lambda f=func, a=k["args"]: f(*a), 5)
+    samples: list[dict[str, Any]] = []
+    end = time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        sample: dict[str, Any] = {f"{k['workload']}|{label}": block_ms(lambda f=func, a=k["args"]: f(*a), args.calls)
+                                  for k in kernels for label, func in k["built"].items()}
+        sample["round_trip_ns"] = probe.read()
+        samples.append(sample)
     sides = split(samples, args.far_ns)
     print(f"\n{'workload':<48}{'schedule':>10}" + "".join(f"{side + ' ms':>12}" for side in sides)
           + (f"{'far / near':>12}" if len(sides) == 2 else ""))

@@ -1,4 +1,5 @@
-"""bench/two_speeds.py: the core-to-core probe, built and run for real, and the split by placement."""
+"""bench/two_speeds.py: the split by placement, the parser, the kernels timed for real (the core-to-core
+probe itself: tests/delivery/test_placement.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/ is scripts, not a package
 
 import two_speeds
-
-
-def test_the_probe_compiles_and_reads_a_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    probe = two_speeds.build_probe(tmp_path)
-    monkeypatch.setattr(two_speeds, "ROUND_TRIPS", 2000)
-    ns = two_speeds.round_trip_ns(probe)
-    assert 1.0 < ns < 1e6  # a cache line between two CPUs: tens to hundreds of ns, never nothing
-
-
-def test_without_a_c_compiler_the_probe_is_not_supported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(two_speeds.shutil, "which", lambda name: None)
-    with pytest.raises(two_speeds.ProbeError, match="not supported: no C compiler"):
-        two_speeds.build_probe(tmp_path)
 
 
 def test_blocks_are_split_by_the_round_trip_after_them() -> None:

@@ -5,6 +5,7 @@ default schedule (the empty trace) stands in for tuning, so nothing here tunes."
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -170,6 +171,24 @@ def test_time_builds_times_the_tuned_build_and_the_alternatives_in_alternating_r
     assert all(v is not None and v >= 0 for v in (report.tuned_ms, report.torch_ms, report.onnxruntime_ms,
                                                    report.untuned_ms))
     assert report.notes == ["a note"]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the core-to-core probe needs two CPUs")
+def test_time_builds_on_two_threads_says_where_their_cpus_sat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real probe between CPUs 0 and 1 after each block (the suite's parallel phase gives a worker
+    one CPU, where a build has no probe: the CPUs are named here)."""
+    from tunefleet.delivery import placement
+
+    monkeypatch.setattr(placement, "probe_for", lambda threads: placement.CoreProbe((0, 1), round_trips=2000))
+    resolved = _resolved_for(None)
+    resolved.report.threads = 2
+    vms = {"tuned": CountingVM("tuned", call_s=0.0), "untuned": CountingVM("untuned", call_s=0.0)}
+    checked = Checked(None, [np.zeros((2, 3), "float32")], [], vms, {"tuned": 0.001, "untuned": 0.001})
+    time_builds(None, resolved, checked, rounds=3, compare_torch=False)  # type: ignore[arg-type]
+    report = resolved.report
+    assert sum(side["rounds"] for side in report.placement.values()) == 3
+    assert all(set(side["ms"]) == {"tuned", "untuned"} for side in report.placement.values())
+    assert report.placement_line.startswith("timed with the two CPUs ")
 
 
 def test_time_builds_without_the_alternatives_times_the_tuned_build_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,6 +88,24 @@ def test_a_fast_call_warms_up_for_a_while_and_runs_more_calls_a_round() -> None:
     assert out == {"ms": 15.625, "rounds_ms": [15.625, 15.625], "calls_per_round": 8}
 
 
+def test_between_is_read_after_each_block_untimed_and_kept_beside_its_figure() -> None:
+    clock = FakeClock()
+    readings = iter([60.0, 70.0, None, 350.0, 80.0, 90.0])
+    seen: list[str] = []
+
+    def between() -> float | None:
+        seen.append(clock.log[-1])  # after the block of that call, before the next one
+        clock.now += 5.0  # a probe that takes time: none of it is counted in a block
+        return next(readings)
+
+    calls = {name: clock.call(name, iter(lambda: SLOW, None)) for name in ("a", "b")}
+    out = time_alternating(calls, rounds=3, clock=clock, between=between)
+    assert seen == ["a", "b", "b", "a", "a", "b"]  # once per block, not in the warm-up
+    assert out["a"] == {"ms": 125.0, "rounds_ms": [125.0] * 3, "calls_per_round": MIN_CALLS,
+                        "round_trip_ns": [60.0, 350.0, 80.0]}
+    assert out["b"]["round_trip_ns"] == [70.0, None, 90.0]
+
+
 def test_no_rounds_is_refused() -> None:
     with pytest.raises(ValueError, match="rounds must be at least 1, not 0"):
         time_alternating({"x": lambda: None}, rounds=0)

@@ -67,6 +67,8 @@ def report_table(report: Any) -> None:
     if report.recipe:
         print(f"recipe {report.recipe}: {report.database_hits} of {report.workloads} functions built from the database"
               + (f", {report.prepacked_weights} weight(s) prepacked at build time" if report.prepacked_weights else ""))
+    if getattr(report, "placement_line", ""):
+        print(report.placement_line)
     builds = getattr(report, "builds_ms", None) or {}
     if len(builds) > 2:
         print("builds timed side by side: " + ", ".join(f"{name} {v:.3f} ms" for name, v in builds.items()))

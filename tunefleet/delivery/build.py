@@ -101,6 +101,12 @@ class BuildReport:
     """Fused functions built with a schedule from the database (the rest: default schedules)."""
     prepacked_weights: int = 0
     """Weight repackings moved out of the tuned kernels and run once at build time."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """The alternating timing's rounds split by where the threads' two CPUs sat, near or far apart
+    (:func:`tunefleet.delivery.placement.by_placement`: rounds, round trip and each runtime's ms
+    per placement); empty when not measured (one thread, or the probe could not run)."""
+    placement_line: str = ""
+    """:attr:`placement` in one line (:func:`tunefleet.delivery.placement.placement_line`)."""
     confirmed: dict[str, Any] | None = None
     """What re-timing the fastest schedules before the build did
     (:class:`tunefleet.delivery.confirm.Confirmation`; None: not re-timed)."""
@@ -610,7 +616,9 @@ def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, r
     :func:`tunefleet.delivery.alternatives.calls`) are timed together by
     :func:`tunefleet.delivery.timing.time_alternating`, the function ``bench/versus_alternatives.py``
     times them with: ``rounds`` rounds whose order rotates, a wall clock around each call from
-    Python. The untuned build joins them when its timing would fit in
+    Python; on two threads or more, where the threads' CPUs sat is read after each block
+    (:mod:`tunefleet.delivery.placement`) and ``report.placement`` / ``report.placement_line``
+    split the rounds by it. The untuned build joins them when its timing would fit in
     :data:`~tunefleet.vocab.UNTUNED_TIMING_S`; else it is timed afterwards, alone
     (:func:`_time_untuned`: its calls can take seconds; it is only the speed-up's reference).
     A build under another recipe whose first call (in :func:`check`) took more than
@@ -655,7 +663,14 @@ def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, r
                        "PyTorch module is not loaded into this one" if sandboxed else None))
         timed.update(alt_calls)
         report.notes += notes
-    latency = time_alternating(timed, rounds)
+    from tunefleet.delivery import placement
+
+    probe = placement.probe_for(report.threads)
+    latency = time_alternating(timed, rounds, between=probe)
+    if probe is not None:
+        report.placement = placement.by_placement(latency)
+        report.placement_line = placement.placement_line(
+            report.placement, [("tuned", "tuned"), ("torch", "eager"), ("onnxruntime", "onnxruntime")], probe.error)
     report.tuned_ms = latency["tuned"]["ms"]
     report.torch_ms = latency.get("torch", {}).get("ms")
     report.onnxruntime_ms = latency.get("onnxruntime", {}).get("ms")

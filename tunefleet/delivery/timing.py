@@ -44,7 +44,8 @@ def timing_now() -> bool:
 
 
 def time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int = ROUNDS, round_s: float = ROUND_S, *,
-                     clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
+                     clock: Callable[[], float] = time.perf_counter,
+                     between: Callable[[], float | None] | None = None) -> dict[str, dict[str, Any]]:
     """Latency of each zero-argument call, timed in alternating rounds.
 
     Each call is warmed up first: :data:`WARMUP_CALLS` calls, more for a fast one (for about
@@ -53,7 +54,10 @@ def time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int = ROUND
     every round, each call runs its calls back to back, one call at a time with the wall clock
     around it, and the round keeps their median; the order of the calls rotates by one each round
     (round 0: a, b, c; round 1: b, c, a; ...). A call's latency is the median of its rounds.
-    While it runs, :func:`timing_now` is true in this process.
+    While it runs, :func:`timing_now` is true in this process. With ``between``, it is called
+    after each block (untimed), and what it returns is kept beside the block's figure: the
+    placement of the threads' CPUs (:class:`tunefleet.delivery.placement.CoreProbe`), which moves
+    a library's speed on a VM.
 
     Parameters
     ----------
@@ -66,13 +70,16 @@ def time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int = ROUND
         About how long each call is timed per round, in seconds.
     clock : callable
         Seconds (``time.perf_counter``; tests give a fake one).
+    between : callable, optional
+        Called after each block; its readings (a float, or None) go to ``"round_trip_ns"``.
 
     Returns
     -------
     dict of str to dict
         For each name, in the order of ``calls``: ``"ms"`` (the median of the rounds, in
-        milliseconds), ``"rounds_ms"`` (each round's median, in the order of the rounds) and
-        ``"calls_per_round"``.
+        milliseconds), ``"rounds_ms"`` (each round's median, in the order of the rounds),
+        ``"calls_per_round"`` and, with ``between``, ``"round_trip_ns"`` (its reading after each
+        of those blocks).
 
     Raises
     ------
@@ -85,13 +92,14 @@ def time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int = ROUND
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     _timing.set()
     try:
-        return _time_alternating(calls, rounds, round_s, clock)
+        return _time_alternating(calls, rounds, round_s, clock, between)
     finally:
         _timing.clear()
 
 
 def _time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int, round_s: float,
-                      clock: Callable[[], float]) -> dict[str, dict[str, Any]]:
+                      clock: Callable[[], float], between: Callable[[], float | None] | None
+                      ) -> dict[str, dict[str, Any]]:
     names = list(calls)
     n_calls: dict[str, int] = {}
     for name in names:
@@ -104,6 +112,7 @@ def _time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int, round
         per_call = (clock() - t0) / k
         n_calls[name] = MAX_CALLS if per_call <= 0 else max(MIN_CALLS, min(MAX_CALLS, int(round_s / per_call)))
     per_round: dict[str, list[float]] = {name: [] for name in names}
+    readings: dict[str, list[float | None]] = {name: [] for name in names}
     for r in range(rounds):
         shift = r % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
@@ -113,8 +122,11 @@ def _time_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int, round
                 fn()
                 times.append(clock() - t)
             per_round[name].append(statistics.median(times) * 1e3)
+            if between is not None:
+                readings[name].append(between())
     return {name: {"ms": statistics.median(per_round[name]), "rounds_ms": per_round[name],
-                   "calls_per_round": n_calls[name]} for name in names}
+                   "calls_per_round": n_calls[name], **({"round_trip_ns": readings[name]} if between else {})}
+            for name in names}
 
 
 def estimate_s(call_s: Mapping[str, float], rounds: int = ROUNDS, round_s: float = ROUND_S) -> float:
