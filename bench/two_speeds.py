@@ -43,6 +43,17 @@ from op_by_op import parse_libraries  # noqa: E402
 from tunefleet.delivery.placement import FAR_NS, CoreProbe, ProbeError  # noqa: E402
 from versus_alternatives import DEFAULT_THREADS, _cpu_model, pin_threads, torch_module, tuned_runner  # noqa: E402
 
+def first_reading(prog: str) -> CoreProbe | None:
+    """The probe between CPUs 0 and 1, read once; None (the reason printed, ``prog: ...``) where it cannot run."""
+    probe = CoreProbe((0, 1))
+    try:
+        probe.read()
+    except ProbeError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    return probe
+
+
 def split(samples: list[dict[str, Any]], far_ns: float) -> dict[str, dict[str, Any]]:
     """Each runtime's median block, over the blocks whose next round trip was at most ``far_ns``
     (``"near"``) and above it (``"far"``): ``{"near": {"blocks", "round_trip_ns", runtime: ms}, ...}``;
@@ -185,11 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     pin_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="tunefleet-two-speeds-") as tmp:
         work = Path(tmp)
-        probe = CoreProbe((0, 1))
-        try:
-            probe.read()
-        except ProbeError as exc:
-            print(f"two_speeds: {exc}", file=sys.stderr)
+        probe = first_reading("two_speeds")
+        if probe is None:
             return 2
         from tunefleet.delivery import alternatives as alt
         from tunefleet.models.zoo import build_zoo_model

@@ -34,9 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # two_speeds.py, beside this file
 
-from two_speeds import block_ms, parse_sampling, split  # noqa: E402
-
-from tunefleet.delivery.placement import CoreProbe, ProbeError  # noqa: E402
+from two_speeds import block_ms, first_reading, parse_sampling, split  # noqa: E402
 from versus_alternatives import _cpu_model, pin_threads  # noqa: E402
 
 from tunefleet.tvm.partition import thread_local  # noqa: E402 - pure JSON, no TVM
@@ -97,11 +95,8 @@ def _kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pin_threads(args.threads)
-    probe = CoreProbe((0, 1))
-    try:
-        probe.read()
-    except ProbeError as exc:
-        print(f"winograd_partition: {exc}", file=sys.stderr)
+    probe = first_reading("winograd_partition")
+    if probe is None:
         return 2
     print(f"Winograd kernels of {args.hardware} in {args.home}, {args.threads} threads, {_cpu_model()}")
     kernels = _kernels(args)
