@@ -186,7 +186,7 @@ def test_time_builds_on_two_threads_says_where_their_cpus_sat(monkeypatch: pytes
     checked = Checked(None, [np.zeros((2, 3), "float32")], [], vms, {"tuned": 0.001, "untuned": 0.001})
     time_builds(None, resolved, checked, rounds=3, compare_torch=False)  # type: ignore[arg-type]
     report = resolved.report
-    assert sum(side["rounds"] for side in report.placement.values()) == 3
+    assert sum(side["blocks"] for side in report.placement.values()) == 6  # 3 rounds of the two builds
     assert all(set(side["ms"]) == {"tuned", "untuned"} for side in report.placement.values())
     assert report.placement_line.startswith("timed with the two CPUs ")
 

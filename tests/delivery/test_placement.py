@@ -59,11 +59,13 @@ def _timed(tuned: list[float], ort: list[float], ns: list[float | None]) -> dict
             "onnxruntime": {"ms": 0.0, "rounds_ms": ort, "round_trip_ns": ns}}
 
 
-def test_rounds_are_split_by_the_round_trip_after_each_block() -> None:
-    sides = by_placement(_timed([14.5, 14.7, 18.0, 14.6], [17.0, 17.2, 17.6, 16.9], [60.0, 70.0, 350.0, None]))
-    assert sides["near"] == {"rounds": 2, "round_trip_ns": 65.0,
+def test_blocks_are_split_by_the_round_trip_after_each() -> None:
+    timed = _timed([14.5, 14.7, 18.0, 14.6], [17.0, 17.2, 17.6, 16.9], [60.0, 70.0, 350.0, None])
+    timed["onnxruntime"]["round_trip_ns"] = [60.0, 70.0, 80.0, 90.0]  # the host moved the CPUs back meanwhile
+    sides = by_placement(timed)
+    assert sides["near"] == {"blocks": 6, "round_trip_ns": 70.0,
                              "ms": {"tuned": pytest.approx(14.6), "onnxruntime": pytest.approx(17.1)}}
-    assert sides["far"] == {"rounds": 1, "round_trip_ns": 350.0, "ms": {"tuned": 18.0, "onnxruntime": 17.6}}
+    assert sides["far"] == {"blocks": 1, "round_trip_ns": 350.0, "ms": {"tuned": 18.0}}
     assert list(by_placement(_timed([14.5], [17.0], [60.0]))) == ["near"]  # one placement: one side
     assert by_placement(_timed([14.5], [17.0], [None])) == {}  # nothing read
     assert by_placement({"tuned": {"ms": 1.0, "rounds_ms": [1.0]}}) == {}  # timed without a probe
@@ -73,11 +75,11 @@ def test_the_line_says_the_placement_and_splits_the_figures_when_it_moved() -> N
     labels = [("tuned", "tuned"), ("onnxruntime", "onnxruntime")]
     one = by_placement(_timed([14.5, 14.7], [17.0, 17.2], [60.0, 70.0]))
     assert placement_line(one, labels) == ("timed with the two CPUs near (a cache line's round trip 65 ns) "
-                                           "in 2 of 2 rounds")
+                                           "after all 4 timed blocks")
     both = by_placement(_timed([14.5, 18.0, 14.7], [17.0, 17.6, 17.2], [60.0, 350.0, 70.0]))
     assert placement_line(both, labels) == (
-        "timed with the two CPUs near in 2 of 3 rounds (65 ns): tuned 14.600 ms, onnxruntime 17.100 ms; "
-        "far in 1 of 3 rounds (350 ns): tuned 18.000 ms, onnxruntime 17.600 ms (the two speeds: docs/performance.md)")
+        "timed with the two CPUs near after 4 of 6 timed blocks (65 ns): tuned 14.600 ms, onnxruntime 17.100 ms; "
+        "far after 2 (350 ns): tuned 18.000 ms, onnxruntime 17.600 ms (the two speeds: docs/performance.md)")
     assert placement_line({}, labels, "not supported: no C compiler") == (
         "the placement of the timing threads' CPUs was not measured: not supported: no C compiler")
 
@@ -92,4 +94,4 @@ def test_the_build_report_prints_its_placement_under_the_table(capsys: pytest.Ca
     report.placement = by_placement(_timed([14.5, 14.7], [17.0, 17.2], [60.0, 70.0]))
     report.placement_line = placement_line(report.placement, [("tuned", "tuned"), ("onnxruntime", "onnxruntime")])
     report_table(report)
-    assert "timed with the two CPUs near (a cache line's round trip 65 ns) in 2 of 2 rounds" in capsys.readouterr().out
+    assert "timed with the two CPUs near (a cache line's round trip 65 ns) after all 4 timed blocks" in capsys.readouterr().out

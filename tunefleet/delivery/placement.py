@@ -174,42 +174,36 @@ def side_of(ns: float, far_ns: float = FAR_NS) -> str:
 
 
 def by_placement(latency: Mapping[str, Mapping[str, Any]], far_ns: float = FAR_NS) -> dict[str, dict[str, Any]]:
-    """Each runtime's median over its rounds in each placement.
+    """Each runtime's median over its blocks in each placement.
 
     Parameters
     ----------
     latency : mapping
         :func:`~tunefleet.delivery.timing.time_alternating`'s result, timed with a probe
-        (``rounds_ms`` and ``round_trip_ns`` per runtime, round by round; a reading of None is left out).
+        (``rounds_ms`` and ``round_trip_ns`` per runtime, block by block; a reading of None is left out).
     far_ns : float
         Where near ends (:data:`FAR_NS`).
 
     Returns
     -------
     dict
-        ``{"near": {"rounds": n, "round_trip_ns": median, "ms": {runtime: median}}, "far": {...}}``:
-        ``rounds`` counts blocks of the first runtime; a placement with no block is left out, and
-        everything is empty when nothing was read.
+        ``{"near": {"blocks": n, "round_trip_ns": median, "ms": {runtime: median}}, "far": {...}}``:
+        ``blocks`` counts every runtime's blocks read in that placement; a placement with none is
+        left out, and everything is empty when nothing was read.
     """
     blocks: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for name, figures in latency.items():
         for ms, ns in zip(figures.get("rounds_ms", []), figures.get("round_trip_ns") or [], strict=False):
             if ns is not None:
                 blocks.setdefault(side_of(ns, far_ns), {}).setdefault(name, []).append((ms, ns))
-    out: dict[str, dict[str, Any]] = {}
-    for side in ("near", "far"):
-        if side not in blocks:
-            continue
-        by_name = blocks[side]
-        first = next(iter(by_name.values()))
-        out[side] = {"rounds": len(first),
-                     "round_trip_ns": statistics.median(ns for pairs in by_name.values() for _, ns in pairs),
-                     "ms": {name: statistics.median(ms for ms, _ in pairs) for name, pairs in by_name.items()}}
-    return out
+    return {side: {"blocks": sum(len(pairs) for pairs in blocks[side].values()),
+                   "round_trip_ns": statistics.median(ns for pairs in blocks[side].values() for _, ns in pairs),
+                   "ms": {name: statistics.median(ms for ms, _ in pairs) for name, pairs in blocks[side].items()}}
+            for side in ("near", "far") if side in blocks}
 
 
 def placement_of(sides: Mapping[str, Any]) -> str:
-    """One word for :func:`by_placement`'s result: ``near``, ``far``, ``mixed`` (rounds in both) or
+    """One word for :func:`by_placement`'s result: ``near``, ``far``, ``mixed`` (blocks in both) or
     ``unknown`` (nothing read)."""
     return "mixed" if len(sides) > 1 else next(iter(sides), "unknown")
 
@@ -217,30 +211,31 @@ def placement_of(sides: Mapping[str, Any]) -> str:
 def placement_line(sides: Mapping[str, Mapping[str, Any]], labels: Sequence[tuple[str, str]] = (),
                    error: str | None = None) -> str:
     """The placement a timing ran in, in one line, e.g. ``timed with the two CPUs near (a cache
-    line's round trip 78 ns) in 5 of 5 rounds`` or, split, ``near in 3 of 5 rounds (78 ns): tuned
-    14.383 ms, onnxruntime 16.881; far in 2 (351 ns): tuned 17.962, onnxruntime 17.634``.
+    line's round trip 78 ns) after all 15 timed blocks`` or, split, ``timed with the two CPUs near
+    after 9 of 15 timed blocks (78 ns): tuned 14.383 ms, onnxruntime 16.881 ms; far after 6 (351
+    ns): tuned 17.962 ms, onnxruntime 17.634 ms``.
 
     Parameters
     ----------
     sides : mapping
         :func:`by_placement`'s result.
     labels : sequence of (runtime, label)
-        The runtimes to give per placement when the rounds split, and how to call them.
+        The runtimes to give per placement when the blocks split, and how to call them.
     error : str, optional
         Why nothing was read (the probe's :attr:`CoreProbe.error`).
     """
     if not sides:
         return f"the placement of the timing threads' CPUs was not measured{': ' + error if error else ''}"
-    total = sum(s["rounds"] for s in sides.values())
+    total = sum(s["blocks"] for s in sides.values())
     if len(sides) == 1:
         side, s = next(iter(sides.items()))
-        return (f"timed with the two CPUs {side} (a cache line's round trip {s['round_trip_ns']:.0f} ns) in "
-                f"{s['rounds']} of {total} rounds")
+        return (f"timed with the two CPUs {side} (a cache line's round trip {s['round_trip_ns']:.0f} ns) after all "
+                f"{total} timed blocks")
     parts = []
-    for side, s in sides.items():
+    for k, (side, s) in enumerate(sides.items()):
         figures = ", ".join(f"{label} {s['ms'][name]:.3f} ms" for name, label in labels if name in s["ms"])
-        parts.append(f"{side} in {s['rounds']} of {total} rounds ({s['round_trip_ns']:.0f} ns)"
-                     + (f": {figures}" if figures else ""))
+        count = f"{s['blocks']} of {total} timed blocks" if k == 0 else f"{s['blocks']}"
+        parts.append(f"{side} after {count} ({s['round_trip_ns']:.0f} ns)" + (f": {figures}" if figures else ""))
     return "timed with the two CPUs " + "; ".join(parts) + " (the two speeds: docs/performance.md)"
 
 
