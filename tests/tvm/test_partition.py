@@ -13,17 +13,33 @@ import pytest
 from tunefleet.tvm import partition
 
 
-def trace(eps: list[int], nu: list[int], p: list[int], o: list[int]) -> str:
-    """The instructions of a bgemm's tiling as MultiLevelTiling records them (a real trace's shape)."""
+def trace(eps: list[int], nu: list[int], p: list[int], o: list[int], first: str = "eps",
+          at_p: bool = False) -> str:
+    """The instructions of a bgemm's tiling as MultiLevelTiling records them (a real trace's shape):
+    each axis sampled and split, the outer loops reordered (``first``: P's outer loop first, or the
+    order MultiLevelTiling gives, eps first), and the accumulator's write-back at the last outer
+    loop (``at_p``: at P's outer loop instead)."""
     insts = [["GetSBlock", [], ["data_pack", "main"], ["b0"]],
              ["GetSBlock", [], ["bgemm", "main"], ["b1"]],
              ["GetLoops", ["b0"], [], ["l2", "l3", "l4", "l5"]],
              ["SamplePerfectTile", ["l4"], [2, 64], ["v6", "v7"]],
              ["GetLoops", ["b1"], [], ["l8", "l9", "l10", "l11", "l12"]]]
     decisions = [[3, [196, 1]]]
-    for loop, tiles in (("l8", eps), ("l9", nu), ("l10", p), ("l11", o), ("l12", [8, 8])):
-        insts.append(["SamplePerfectTile", [loop], [len(tiles), 64], [f"v{loop}{k}" for k in range(len(tiles))]])
+    levels: dict[str, list[str]] = {}
+    for name, loop, tiles in (("eps", "l8", eps), ("nu", "l9", nu), ("p", "l10", p), ("o", "l11", o),
+                              ("ci", "l12", [8, 8])):
+        factors = [f"v{loop}{k}" for k in range(len(tiles))]
+        insts.append(["SamplePerfectTile", [loop], [len(tiles), 64], factors])
         decisions.append([len(insts) - 1, tiles])
+        levels[name] = [f"{loop}_{k}" for k in range(len(tiles))]
+        insts.append(["Split", [loop, *factors], [True, False], levels[name]])
+    spatial = ["eps", "nu", "p", "o"]
+    outer = [levels[a][0] for a in (["p", "eps", "nu", "o"] if first == "p" else spatial)]
+    insts.append(["Reorder", [*outer, *(levels[a][1] for a in spatial), levels["ci"][0],
+                              *(levels[a][2] for a in spatial), levels["ci"][1], *(levels[a][3] for a in spatial)],
+                  [], []])
+    insts.append(["CacheWrite", ["b1", []], [0, "global"], ["b99"]])
+    insts.append(["ReverseComputeAt", ["b99", levels["p"][0] if at_p else outer[-1]], [1, -1], []])
     return json.dumps([insts, decisions], separators=(",", ":"))
 
 
@@ -33,23 +49,27 @@ def decisions(trace_json: str) -> list:
 
 # the measured best of resnet18's 56x56 Winograd workload on Zen 4 (x86-avx2): eps and nu first
 EPS_FIRST = trace([2, 3, 1, 1], [6, 1, 1, 1], [1, 196, 1, 1], [1, 1, 4, 16])
-BY_TILE = trace([1, 6, 1, 1], [1, 6, 1, 1], [2, 98, 1, 1], [1, 1, 4, 16])
+BY_TILE = trace([2, 3, 1, 1], [6, 1, 1, 1], [2, 98, 1, 1], [1, 1, 4, 16], first="p")
 NO_WINOGRAD = json.dumps([[["GetSBlock", [], ["conv2d_nhwc", "main"], ["b0"]],
                            ["GetLoops", ["b0"], [], ["l1", "l2"]]], []])
 
 
 def test_the_products_split_by_tile_and_keep_their_micro_kernel() -> None:
     out = partition.thread_local(EPS_FIRST, 2)
-    assert out == BY_TILE
-    assert decisions(out) == [[196, 1], [1, 6, 1, 1], [1, 6, 1, 1], [2, 98, 1, 1], [1, 1, 4, 16], [8, 8]]
-    # P's outer factor: the smallest divisor at least the thread count
+    assert out == BY_TILE  # P's outer loop first, split in two; every other tile as it was
+    assert decisions(out) == [[196, 1], [2, 3, 1, 1], [6, 1, 1, 1], [2, 98, 1, 1], [1, 1, 4, 16], [8, 8]]
+    # P's outer factor: the smallest divisor at least the thread count, or kept where it is that large
     odd = partition.thread_local(trace([1, 6, 1, 1], [1, 6, 1, 1], [1, 49, 1, 1], [2, 1, 4, 16]), 4)
-    assert odd is not None and decisions(odd)[3:5] == [[7, 7, 1, 1], [1, 2, 4, 16]]
+    assert odd is not None and decisions(odd)[3:5] == [[7, 7, 1, 1], [2, 1, 4, 16]]
+    kept = partition.thread_local(trace([2, 3, 1, 1], [2, 1, 3, 1], [2, 1, 98, 1], [1, 1, 1, 64]), 2)
+    assert kept == trace([2, 3, 1, 1], [2, 1, 3, 1], [2, 1, 98, 1], [1, 1, 1, 64], first="p")
 
 
 @pytest.mark.parametrize("trace_json, threads", [
     (BY_TILE, 2),  # split by tile already
     (trace([1, 6, 1, 1], [1, 6, 1, 1], [4, 49, 1, 1], [1, 1, 4, 16]), 2),  # in more shares than threads: still so
+    (trace([2, 3, 1, 1], [6, 1, 1, 1], [2, 98, 1, 1], [1, 1, 4, 16], at_p=True), 2),  # written back at P's loop
+    (trace([2, 3, 1, 1], [6, 1, 1, 1], [1, 1, 196, 1], [1, 1, 4, 16]), 2),  # P all in the inner levels
     (trace([6, 1, 1, 1], [1, 6, 1, 1], [1, 1, 1, 1], [1, 1, 4, 16]), 2),  # one tile: nothing to split
     (NO_WINOGRAD, 2),
     (EPS_FIRST, 1),  # one thread: nothing is handed between threads
@@ -62,6 +82,8 @@ def test_which_traces_split_by_tile() -> None:
     assert partition.splits_by_tile(BY_TILE) is True
     assert partition.splits_by_tile(EPS_FIRST) is False
     assert partition.splits_by_tile(trace([1, 6, 1, 1], [1, 6, 1, 1], [2, 98, 1, 1], [2, 1, 2, 16])) is False
+    assert partition.splits_by_tile(trace([1, 6, 1, 1], [1, 6, 1, 1], [2, 98, 1, 1], [2, 1, 2, 16], first="p")) is True
+    assert partition.splits_by_tile(trace([2, 3, 1, 1], [6, 1, 1, 1], [1, 196, 1, 1], [1, 1, 4, 16], first="p")) is False
     assert partition.splits_by_tile(NO_WINOGRAD) is None
 
 

@@ -10,11 +10,16 @@ whose two cores share no cache (a VM whose vCPUs the host placed on two dies) th
 between them twice per convolution, and where the cores share one, nothing shows it. A VM may move
 between the two in minutes, so the tuner's measurements of a workload mix them.
 
-:func:`thread_local` rewrites such a trace so that the products' outermost tiles split only P,
-each thread keeping its own tiles through the three stages; the inner tiles, the micro-kernel, stay
-as they were. On large feature maps that variant runs as fast as the original with the cores
-sharing a cache and much faster with them apart; on small ones (a few tiles a thread) it can lose
-(docs/performance.md, "What crosses between the threads"). The tuner measures it as a seed
+:func:`thread_local` rewrites such a trace so that P's outer loop leads the products' outer loops,
+split in at least as many parts as threads: the threads share the fused outer loop in contiguous
+shares, so each keeps its own tiles through the three stages. Only P's tiling and the order of the
+outer loops change; every other tile, and so what each outer iteration holds (the accumulator
+written back at the last outer loop), stays as it was. (A first version moved the other axes'
+outer factors inward instead, which enlarged each outer iteration's accumulator up to four times
+and measured 2.0-2.4x slower on some tuned schedules.) On large feature maps the variant runs as
+fast as the original with the cores sharing a cache and much faster with them apart; on small ones
+(a few tiles a thread) it can lose a little (docs/performance.md, "What crosses between the
+threads", "The rewrite since"). The tuner measures it as a seed
 (:class:`tunefleet.engine.policies.ThreadLocal`); a build times each Winograd workload's fastest
 schedule beside its rewrite, side by side, so both figures come from one placement
 (:func:`tunefleet.delivery.confirm.confirm_by_tile`), and prefers a schedule that splits by tile
@@ -59,13 +64,38 @@ def _parse(trace_json: str) -> tuple[list[Any], list[Any], dict[int, Any], dict[
     return insts, decisions, decided, _bgemm_tiles(insts, decided)
 
 
+def _outer_order(insts: list[Any], tiles: dict[str, int]) -> tuple[int, list[str], dict[str, str]] | None:
+    """The ``Reorder`` instruction of the ``bgemm`` tiling (its index), its outer loops' axes in
+    loop order, and each axis's outer loop (the first output of its ``Split``); None without them."""
+    outer: dict[str, str] = {}
+    for axis, i in tiles.items():
+        loop = insts[i][1][0]
+        split = next((inst for inst in insts if inst[0] == "Split" and inst[1] and inst[1][0] == loop), None)
+        if split is None or not split[3]:
+            return None
+        outer[axis] = split[3][0]
+    axis_of = {rv: axis for axis, rv in outer.items()}
+    for k, inst in enumerate(insts):
+        if inst[0] == "Reorder" and set(outer.values()) <= set(inst[1]):
+            return k, [axis_of[rv] for rv in inst[1] if rv in axis_of], outer
+    return None
+
+
 def splits_by_tile(trace_json: str) -> bool | None:
-    """Whether the trace's batched products split only the tile axis P at their outermost level
-    (None: a trace without Winograd's batched products)."""
-    _, _, decided, tiles = _parse(trace_json)
+    """Whether the trace's batched products split between the threads by the tile axis P at their
+    outermost level (None: a trace without Winograd's batched products): P's outer loop split (a
+    factor above 1) and either the only one split there, or the first of the outer loops (the
+    threads share the fused outer loop in contiguous halves: P's first, each thread its own
+    tiles)."""
+    insts, _, decided, tiles = _parse(trace_json)
     if tiles is None:
         return None
-    return all(decided[tiles[axis]][0] == 1 for axis in ("eps", "nu", "o")) and decided[tiles["p"]][0] > 1
+    if decided[tiles["p"]][0] <= 1:
+        return False
+    if all(decided[tiles[axis]][0] == 1 for axis in ("eps", "nu", "o")):
+        return True
+    order = _outer_order(insts, tiles)
+    return order is not None and order[1][0] == "p"
 
 
 def _smallest_divisor_from(n: int, at_least: int) -> int:
@@ -73,25 +103,39 @@ def _smallest_divisor_from(n: int, at_least: int) -> int:
 
 
 def thread_local(trace_json: str, threads: int) -> str | None:
-    """The trace with its batched products' outermost tiles splitting only the tile axis P, or
-    None: one thread (nothing is handed between threads), no such block, P's outer two levels too
-    short to split between ``threads`` threads, or split so already. The first two tile levels of
-    each axis are merged and re-split: P's outer factor becomes the smallest divisor of their
-    product that is at least ``threads``, the other axes' becomes 1; the inner two levels are left
-    as they were."""
+    """The trace with its batched products' outer loops led by the tile axis P, split in at least
+    ``threads`` parts, or None: one thread (nothing is handed between threads), no such block or
+    tiling, P's outer two levels too short to split between ``threads`` threads, a block computed
+    at P's outer loop (moving that loop out would change what it computes at each step), or split
+    by tile already.
+
+    Only P changes: its first two tile levels are merged and re-split so that the outer one is the
+    smallest divisor of their product at least ``threads`` (kept where it is that large already),
+    and its outer loop goes first among the outer loops. The other axes' tiles, the inner levels
+    (the micro-kernel) and every tile's footprint at the outer level stay as they were: the
+    threads, which share the fused outer loop in contiguous halves, then split it by P."""
     insts, decisions, decided, tiles = _parse(trace_json)
-    if threads < 2 or tiles is None or (all(decided[tiles[a]][0] == 1 for a in ("eps", "nu", "o"))
-                         and decided[tiles["p"]][0] >= threads):
+    if threads < 2 or tiles is None or splits_by_tile(trace_json):
         return None
-    new = {}
-    for axis, i in tiles.items():
-        f = decided[i]
-        outer = f[0] * f[1]
-        first = _smallest_divisor_from(outer, threads) if axis == "p" else 1
-        new[i] = [first, outer // first, f[2], f[3]]
-    if new[tiles["p"]][0] < threads:  # no divisor that large: P's outer levels hold fewer tiles than threads
+    found = _outer_order(insts, tiles)
+    if found is None:
         return None
-    return json.dumps([insts, [[i, new.get(i, d)] for i, d in decisions]], separators=(",", ":"))
+    k, axes, outer = found
+    if any(inst[0] in ("ComputeAt", "ReverseComputeAt") and len(inst[1]) > 1 and inst[1][1] == outer["p"]
+           for inst in insts):
+        return None
+    f = decided[tiles["p"]]
+    merged = f[0] * f[1]
+    first = f[0] if f[0] >= threads else _smallest_divisor_from(merged, threads)
+    if first < threads:  # no divisor that large: P's outer levels hold fewer tiles than threads
+        return None
+    new_p = [first, merged // first, f[2], f[3]]
+    loops = insts[k][1]
+    outer_rvs = set(outer.values())
+    led = iter([outer["p"], *(outer[a] for a in axes if a != "p")])
+    new_insts = [list(inst) for inst in insts]
+    new_insts[k] = [insts[k][0], [next(led) if rv in outer_rvs else rv for rv in loops], insts[k][2], insts[k][3]]
+    return json.dumps([new_insts, [[i, new_p if i == tiles["p"] else d] for i, d in decisions]], separators=(",", ":"))
 
 
 R = TypeVar("R")
