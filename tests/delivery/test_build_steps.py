@@ -5,7 +5,6 @@ default schedule (the empty trace) stands in for tuning, so nothing here tunes."
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -173,7 +172,6 @@ def test_time_builds_times_the_tuned_build_and_the_alternatives_in_alternating_r
     assert report.notes == ["a note"]
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the core-to-core probe needs two CPUs")
 def test_time_builds_on_two_threads_says_where_their_cpus_sat(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real probe between CPUs 0 and 1 after each block (the suite's parallel phase gives a worker
     one CPU, where a build has no probe: the CPUs are named here)."""
