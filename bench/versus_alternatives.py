@@ -437,8 +437,7 @@ def measure_phase(phase: dict[str, Any], inputs_np: list[Any], alt_calls: dict[s
                 diffs[name] = _max_abs_diff(_outputs(fn()), reference)
     probe = placement.probe_for(threads)
     latency = time_alternating(calls, rounds, between=probe)
-    sides = placement.by_placement(latency) if probe is not None else {}
-    line = placement.placement_line(sides, [(name, name) for name in calls], probe.error) if probe is not None else ""
+    sides, line = placement.split_timing(latency, probe, [(name, name) for name in calls])
     return {"latency": latency, "max_abs_diff_vs_eager": diffs, "placement": sides, "placement_line": line}
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunefleet.delivery import placement
 from tunefleet.delivery.best import transfer_lookup
 from tunefleet.delivery.timing import ROUNDS, estimate_s, time_alternating
 from tunefleet.errors import CorrectnessError, DatabaseUnavailableError, NotFoundError
@@ -103,7 +104,7 @@ class BuildReport:
     """Weight repackings moved out of the tuned kernels and run once at build time."""
     placement: dict[str, Any] = field(default_factory=dict)
     """The alternating timing's rounds split by where the threads' two CPUs sat, near or far apart
-    (:func:`tunefleet.delivery.placement.by_placement`: rounds, round trip and each runtime's ms
+    (:func:`tunefleet.delivery.placement.by_placement`: blocks, round trip and each runtime's ms
     per placement); empty when not measured (one thread, or the probe could not run)."""
     placement_line: str = ""
     """:attr:`placement` in one line (:func:`tunefleet.delivery.placement.placement_line`)."""
@@ -663,14 +664,10 @@ def time_builds(store: ArtifactStore, resolved: Resolved, checked: Checked, *, r
                        "PyTorch module is not loaded into this one" if sandboxed else None))
         timed.update(alt_calls)
         report.notes += notes
-    from tunefleet.delivery import placement
-
     probe = placement.probe_for(report.threads)
     latency = time_alternating(timed, rounds, between=probe)
-    if probe is not None:
-        report.placement = placement.by_placement(latency)
-        report.placement_line = placement.placement_line(
-            report.placement, [("tuned", "tuned"), ("torch", "eager"), ("onnxruntime", "onnxruntime")], probe.error)
+    report.placement, report.placement_line = placement.split_timing(
+        latency, probe, [("tuned", "tuned"), ("torch", "eager"), ("onnxruntime", "onnxruntime")])
     report.tuned_ms = latency["tuned"]["ms"]
     report.torch_ms = latency.get("torch", {}).get("ms")
     report.onnxruntime_ms = latency.get("onnxruntime", {}).get("ms")

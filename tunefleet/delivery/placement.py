@@ -202,6 +202,16 @@ def by_placement(latency: Mapping[str, Mapping[str, Any]], far_ns: float = FAR_N
             for side in ("near", "far") if side in blocks}
 
 
+def split_timing(latency: Mapping[str, Mapping[str, Any]], probe: CoreProbe | None,
+                 labels: Sequence[tuple[str, str]]) -> tuple[dict[str, dict[str, Any]], str]:
+    """A timing read with ``probe`` (or without: None), split by placement: :func:`by_placement`'s
+    result and :func:`placement_line`'s line, or ``({}, "")`` without a probe."""
+    if probe is None:
+        return {}, ""
+    sides = by_placement(latency)
+    return sides, placement_line(sides, labels, probe.error)
+
+
 def placement_of(sides: Mapping[str, Any]) -> str:
     """One word for :func:`by_placement`'s result: ``near``, ``far``, ``mixed`` (blocks in both) or
     ``unknown`` (nothing read)."""
@@ -240,4 +250,4 @@ def placement_line(sides: Mapping[str, Mapping[str, Any]], labels: Sequence[tupl
 
 
 __all__ = ["FAR_NS", "ROUND_TRIPS", "SETTLE_S", "CoreProbe", "ProbeError", "build_probe", "by_placement", "placement_line", "placement_of",
-           "probe_for", "side_of"]
+           "probe_for", "side_of", "split_timing"]

@@ -88,13 +88,16 @@ def splits_by_tile(trace_json: str) -> bool | None:
     threads share the fused outer loop in contiguous halves: P's first, each thread its own
     tiles)."""
     insts, _, decided, tiles = _parse(trace_json)
-    if tiles is None:
-        return None
+    return None if tiles is None else _by_tile(decided, tiles, _outer_order(insts, tiles))
+
+
+def _by_tile(decided: dict[int, Any], tiles: dict[str, int],
+             order: tuple[int, list[str], dict[str, str]] | None) -> bool:
+    """:func:`splits_by_tile` of a parsed trace (``order``: :func:`_outer_order`'s)."""
     if decided[tiles["p"]][0] <= 1:
         return False
     if all(decided[tiles[axis]][0] == 1 for axis in ("eps", "nu", "o")):
         return True
-    order = _outer_order(insts, tiles)
     return order is not None and order[1][0] == "p"
 
 
@@ -115,10 +118,10 @@ def thread_local(trace_json: str, threads: int) -> str | None:
     (the micro-kernel) and every tile's footprint at the outer level stay as they were: the
     threads, which share the fused outer loop in contiguous halves, then split it by P."""
     insts, decisions, decided, tiles = _parse(trace_json)
-    if threads < 2 or tiles is None or splits_by_tile(trace_json):
+    if threads < 2 or tiles is None:
         return None
     found = _outer_order(insts, tiles)
-    if found is None:
+    if found is None or _by_tile(decided, tiles, found):
         return None
     k, axes, outer = found
     if any(inst[0] in ("ComputeAt", "ReverseComputeAt") and len(inst[1]) > 1 and inst[1][1] == outer["p"]
