@@ -25,7 +25,7 @@ from tunefleet.models.ingest import ingest
 from tunefleet.models.workloads import extract
 from tunefleet.planning import shard_queue
 from tunefleet.store import LocalStore
-from tunefleet.tvm.partition import PREFER_WITHIN, built_first, splits_by_tile, thread_local
+from tunefleet.tvm.partition import PREFER_DEPTH, PREFER_WITHIN, ordered_for_build, splits_by_tile, thread_local
 from tunefleet.tvm.threads import class_threads
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: the paired timing needs the two cores
@@ -57,36 +57,32 @@ def test_a_winograd_class_tunes_and_builds_winograd_convolutions(tmp_path: Path)
     assert report.max_abs_diff is not None and report.tuned_ms is not None
 
     # A schedule whose batched products split the transform positions between the threads (the
-    # tuned one re-tiled so), recorded fastest: a build times it beside its rewrite split by tile,
-    # commits both, and builds with the rewrite while it is within PREFER_WITHIN; once only.
+    # tuned one re-tiled so), recorded fastest: a build times it beside its rewrite split by tile and
+    # commits both as paired figures, which rank nothing and decide between the two; once only.
     hw = db.hardware_class("x86")
+    threads = class_threads(hw.target)
     conv = next(wl for wl, _ in workloads if wl.op_kind == "conv2d")
     # the fastest searched schedule (the default one, unscheduled, has no tiling to re-tile)
     tuned = next(r for r in db.best_measurements(conv.id, hw.id, 100) if splits_by_tile(r.trace_json) is not None)
     eps_first = _eps_first(tuned.trace_json)
-    assert class_threads(hw.target) >= 2, "a class of one thread hands nothing between threads: run it serial"
+    assert threads >= 2, "a class of one thread hands nothing between threads: run it serial"
     assert splits_by_tile(eps_first) is False
     db.commit_measurements([NewMeasurement(conv.id, hw.id, eps_first, [1e-9], args_info=tuned.args_info)])
     assert confirm_by_tile(db, hw, {conv.id: 1}) == 1
     report = build_model(db, store, model, "x86", compare_torch=False)
-    assert any(n.startswith("1 of 1 Winograd workloads run a schedule whose threads keep their own tiles")
-               or n.startswith("0 of 1 Winograd workloads") for n in report.notes), report.notes
-    rows = db.best_measurements(conv.id, hw.id, 100)
-    retimed = {r.trace_sha256: r for r in rows if (r.measure_mode or "").startswith("retimed:")}
-    variant = thread_local(eps_first, class_threads(hw.target))
+    variant = thread_local(eps_first, threads)
     assert variant is not None
-    pair = [retimed.get(hashlib.sha256(t.encode()).hexdigest()) for t in (eps_first, variant)]
-    assert all(r is not None and r.mean_run_s and r.mean_run_s > 1e-6 for r in pair), rows[:3]  # timed here
-    # Once its fastest schedule is a re-timed one (or splits by tile), a build times nothing more; a
-    # record measured lucky during tuning, faster than both re-timed figures, is paired in its turn.
-    settled = [confirm_by_tile(db, hw, {conv.id: 1}) for _ in range(8)]
-    assert all(n <= 1 for n in settled) and settled[-1] == 0, settled
+    paired = db.paired_measurements(conv.id, hw.id)
+    pair = [paired.get(hashlib.sha256(t.encode()).hexdigest()) for t in (eps_first, variant)]
+    assert all(r is not None and r.mean_run_s and r.mean_run_s > 1e-6 for r in pair), paired  # timed here
     rows = db.best_measurements(conv.id, hw.id, 100)
-    assert rows[0].attempt > 0 or splits_by_tile(rows[0].trace_json)
-    chosen = built_first(rows)
-    assert chosen is not None
-    assert splits_by_tile(chosen.trace_json) == (splits_by_tile(rows[0].trace_json) or any(
-        splits_by_tile(r.trace_json) and r.mean_run_s <= rows[0].mean_run_s * (1 + PREFER_WITHIN) for r in rows))
+    assert rows[0].trace_sha256 == pair[0].trace_sha256 and rows[0].mean_run_s == 1e-9  # the record still ranks
+    assert not [r for r in rows if (r.measure_mode or "").startswith("paired:")]
+    assert confirm_by_tile(db, hw, {conv.id: 1}) == 0  # paired before: nothing more to time
+    won = pair[1].mean_run_s <= pair[0].mean_run_s * (1 + PREFER_WITHIN)
+    assert any(n.startswith(f"{int(won)} of 1 Winograd workloads run a schedule whose threads keep their own tiles")
+               for n in report.notes), (report.notes, pair)
+    assert (ordered_for_build(db, conv.id, hw.id, threads, PREFER_DEPTH)[0].trace_sha256 == pair[1].trace_sha256) == won
     db.close()
 
 

@@ -87,23 +87,54 @@ def test_which_traces_split_by_tile() -> None:
     assert partition.splits_by_tile(NO_WINOGRAD) is None
 
 
-def _row(trace_json: str, run_s: float) -> SimpleNamespace:
-    return SimpleNamespace(trace_json=trace_json, mean_run_s=run_s)
+def _row(trace_json: str, run_s: float | None, mode: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(trace_json=trace_json, trace_sha256=hashlib.sha256(trace_json.encode()).hexdigest(),
+                           mean_run_s=run_s, measure_mode=mode)
+
+
+def _first(rows: list[SimpleNamespace]) -> SimpleNamespace | None:
+    order = partition.build_order(rows, {}, 2)
+    return order[0] if order else None
 
 
 def test_a_build_prefers_a_schedule_split_by_tile_within_a_few_percent() -> None:
     other_eps_first = trace([3, 2, 1, 1], [6, 1, 1, 1], [1, 196, 1, 1], [1, 1, 4, 16])
     within = [_row(EPS_FIRST, 1.00), _row(other_eps_first, 1.01), _row(BY_TILE, 1.02)]
-    assert partition.built_first(within) is within[2]
+    assert _first(within) is within[2]
     assert [r.mean_run_s for r in partition.prefer_split_by_tile(within, lambda r: r.trace_json,
                                                                  lambda r: r.mean_run_s)] == [1.02, 1.00, 1.01]
     beyond = [_row(EPS_FIRST, 1.00), _row(BY_TILE, 1.00 * (1 + partition.PREFER_WITHIN) + 0.001)]
-    assert partition.built_first(beyond) is beyond[0]
+    assert _first(beyond) is beyond[0]
     fastest_by_tile = [_row(BY_TILE, 1.00), _row(EPS_FIRST, 1.01)]
-    assert partition.built_first(fastest_by_tile) is fastest_by_tile[0]
+    assert _first(fastest_by_tile) is fastest_by_tile[0]
     plain = [_row(NO_WINOGRAD, 1.0), _row(BY_TILE, 1.0)]  # not a Winograd workload's: as they were
-    assert partition.built_first(plain) is plain[0]
-    assert partition.built_first([]) is None
+    assert _first(plain) is plain[0]
+    assert _first([]) is None
+
+
+def test_a_pairing_decides_between_the_fastest_schedule_and_its_rewrite() -> None:
+    """The fastest schedule and its rewrite timed side by side at a slow moment (both figures far
+    above every record's): the rewrite goes first while it ran at most PREFER_WITHIN slower in that
+    pairing, and is left out when slower, whatever its own record says; a pairing of another
+    schedule than the fastest decides nothing."""
+    rewrite = partition.thread_local(EPS_FIRST, 2)
+    assert rewrite is not None
+    other = trace([3, 2, 1, 1], [6, 1, 1, 1], [1, 196, 1, 1], [1, 1, 4, 16])
+    rows = [_row(EPS_FIRST, 1.00), _row(other, 1.10), _row(rewrite, 1.50)]
+
+    def paired(fastest_s: float, rewrite_s: float | None) -> dict[str, SimpleNamespace]:
+        return {r.trace_sha256: r for r in (_row(EPS_FIRST, fastest_s, "paired:3"), _row(rewrite, rewrite_s, "paired:3"))}
+
+    won = partition.build_order(rows, paired(2.00, 2.00 * (1 + partition.PREFER_WITHIN) - 0.001), 2)
+    assert won[0].trace_json == rewrite and won[0].measure_mode == "paired:3"
+    assert [r.mean_run_s for r in won[1:]] == [1.00, 1.10]
+    lost = partition.build_order(rows, paired(2.00, 2.00 * (1 + partition.PREFER_WITHIN) + 0.001), 2)
+    assert [r.mean_run_s for r in lost] == [1.00, 1.10]
+    as_tuned = [_row(EPS_FIRST, 1.00), _row(rewrite, 1.01)]  # within PREFER_WITHIN as tuned, slower paired
+    assert partition.build_order(as_tuned, paired(2.00, 2.50), 2) == [as_tuned[0]]
+    assert partition.build_order(as_tuned, paired(2.00, None), 2) == [as_tuned[0]]  # its pairing failed
+    only_rewrite = {k: v for k, v in paired(2.00, 2.50).items() if v.trace_json == rewrite}
+    assert partition.build_order(as_tuned, only_rewrite, 2)[0] is as_tuned[1]  # no pairing of the fastest
 
 
 def test_the_tuning_policy_seeds_the_rewrite_of_the_fastest_once(tmp_path: Path) -> None:

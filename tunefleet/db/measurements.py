@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 
 from tunefleet.db._base import sha256_text
 from tunefleet.db.catalog import CatalogMixin
@@ -19,6 +19,16 @@ from tunefleet.vocab import DEFAULT_TRACE_SHA256, task_name_key
 
 # Batches at least this large go through PostgreSQL's COPY path (see _pg_copy.py).
 _COPY_MIN_ROWS = 32
+
+PAIRED_MODE = "paired"
+"""``measure_mode`` prefix (``paired:<rounds>``) of a schedule timed side by side with another to
+decide between the two (:func:`tunefleet.delivery.confirm.confirm_by_tile`): such a figure answers
+which of the two is faster at one moment, and ranks nothing (:meth:`MeasurementsMixin.best_measurements`
+leaves it out; :meth:`MeasurementsMixin.paired_measurements` reads it)."""
+
+
+def _not_paired(column: Any) -> Any:
+    return or_(column.is_(None), ~column.like(f"{PAIRED_MODE}:%"))
 
 
 @dataclass
@@ -132,7 +142,9 @@ class MeasurementsMixin(CatalogMixin):
         ``before`` (naive UTC, as stored) keeps only those committed earlier. A schedule measured
         again (a later ``attempt``: a build's re-timing, :mod:`tunefleet.delivery.confirm`) is
         ranked by its latest measurement only — a failed one leaves it out — since its first
-        figure was picked for being the fastest of many noisy ones. One query walking
+        figure was picked for being the fastest of many noisy ones. A paired figure
+        (:data:`PAIRED_MODE`) neither ranks nor supersedes: it was measured to compare two schedules
+        at one moment, and at a slow moment it would drop both behind records of a faster one. One query walking
         ``ix_measurements_best`` in order (the later attempt looked up through the candidate's
         unique key); rows are read-only records with the columns of
         :class:`~tunefleet.db.tables.Measurement` as attributes (``attempt`` among them).
@@ -151,17 +163,46 @@ class MeasurementsMixin(CatalogMixin):
             select(later.c.id)
             .where(later.c.workload_id == table.c.workload_id, later.c.hardware_class_id == table.c.hardware_class_id,
                    later.c.trace_sha256 == table.c.trace_sha256, later.c.attempt > table.c.attempt,
-                   *([later.c.created_at < before] if before is not None else []))
+                   _not_paired(later.c.measure_mode), *([later.c.created_at < before] if before is not None else []))
             .exists()
         )
         stmt = (
             select(table)
-            .where(wl_filter, table.c.hardware_class_id == hw_id, table.c.mean_run_s.is_not(None), *when, ~superseded)
+            .where(wl_filter, table.c.hardware_class_id == hw_id, table.c.mean_run_s.is_not(None),
+                   _not_paired(table.c.measure_mode), *when, ~superseded)
             .order_by(table.c.mean_run_s, table.c.id)
             .limit(n)
         )
         with self.session() as s:
             return list(s.execute(stmt).all())
+
+    def paired_measurements(self, workload_id: int, hardware_class_id: int) -> dict[str, Any]:
+        """The latest paired measurement (:data:`PAIRED_MODE`) of each schedule of a workload that
+        has one, by trace sha256; a failed one too (``mean_run_s`` None). Rows as
+        :meth:`best_measurements` gives them."""
+        table = Measurement.__table__
+        stmt = (
+            select(table)
+            .where(table.c.workload_id == workload_id, table.c.hardware_class_id == hardware_class_id,
+                   table.c.measure_mode.like(f"{PAIRED_MODE}:%"))
+            .order_by(table.c.attempt)
+        )
+        with self.session() as s:
+            return {m.trace_sha256: m for m in s.execute(stmt).all()}
+
+    def latest_attempts(self, workload_id: int, hardware_class_id: int, shas: Iterable[str]) -> dict[str, int]:
+        """The highest ``attempt`` stored for each of these schedules (by trace sha256) that has one."""
+        wanted = list(shas)
+        if not wanted:
+            return {}
+        stmt = (
+            select(Measurement.trace_sha256, func.max(Measurement.repeat))
+            .where(Measurement.workload_id == workload_id, Measurement.hardware_class_id == hardware_class_id,
+                   Measurement.trace_sha256.in_(wanted))
+            .group_by(Measurement.trace_sha256)
+        )
+        with self.session() as s:
+            return {sha: int(n) for sha, n in s.execute(stmt)}
 
     def similar_measured_workloads(self, hardware_class_id: int, op_kind: str, name_key: str, *,
                                    exclude_id: int | None = None, flops: float = 0.0,

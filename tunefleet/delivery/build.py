@@ -351,7 +351,8 @@ def resolve(
         _stage(f"re-timing the {confirm_top} fastest schedules of each workload side by side",
                "re-timing the fastest schedules")
         confirmation = confirm_bests(db, hw, calls, top=confirm_top)
-    from tunefleet.tvm.partition import PREFER_DEPTH, PREFER_WITHIN, built_first, splits_by_tile
+    from tunefleet.db.measurements import PAIRED_MODE
+    from tunefleet.tvm.partition import PREFER_DEPTH, PREFER_WITHIN, ordered_for_build, splits_by_tile
 
     paired = 0
     if _host_can_run(target, hw):
@@ -359,26 +360,30 @@ def resolve(
 
         paired = confirm_by_tile(db, hw, calls)
 
-    tuned, bests, ids = 0, set(), list(calls)
-    winograd = by_tile = preferred = 0
+    tuned, bests, ids, threads = 0, set(), list(calls), class_threads(hw.target)
+    winograd = by_tile = won = preferred = 0
     for wl_id in ids:
-        top = db.best_measurements(wl_id, hw.id, PREFER_DEPTH)
-        chosen = built_first(top)
-        if chosen is not None:
+        order = ordered_for_build(db, wl_id, hw.id, threads, PREFER_DEPTH)
+        if order:
+            chosen = order[0]
             tuned += 1
             bests.add((wl_id, chosen.trace_sha256))
             split = splits_by_tile(chosen.trace_json)
-            winograd, by_tile, preferred = winograd + (split is not None), by_tile + bool(split), \
-                preferred + (chosen is not top[0])
+            winograd, by_tile = winograd + (split is not None), by_tile + bool(split)
+            if split and (chosen.measure_mode or "").startswith(f"{PAIRED_MODE}:"):
+                won += 1
+            elif split and chosen.mean_run_s > min(r.mean_run_s for r in order):
+                preferred += 1
     predicted = 0 if zs is None else sum(w.status in ("predicted", "cached") and w.proposals > 0 for w in zs.workloads)
     report = BuildReport(model.name, hardware, len(found), tuned, len(found) - tuned - predicted,
-                         threads=class_threads(hw.target),
+                         threads=threads,
                          predicted_workloads=predicted, recipe=recipe.name)
     if winograd:
         report.notes.append(f"{by_tile} of {winograd} Winograd workloads run a schedule whose threads keep their own "
-                            f"tiles ({preferred} of them preferred to a record at most {PREFER_WITHIN:.0%} faster that "
-                            "hands data between the threads)"
-                            + (f"; {paired} timed beside that rewrite just now" if paired else ""))
+                            f"tiles ({won} of them at most {PREFER_WITHIN:.0%} slower than the fastest record that "
+                            f"hands data between the threads, the two timed side by side; {preferred} within "
+                            f"{PREFER_WITHIN:.0%} of it as tuned)"
+                            + (f"; {paired} such pair(s) timed just now" if paired else ""))
     if confirmation is not None:
         report.confirmed = confirmation.as_dict()
         report.notes.append(confirmation.summary())

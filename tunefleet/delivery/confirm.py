@@ -18,6 +18,10 @@ workload whose fastest schedule is a re-timed one is left alone: a second build 
 re-timing demotes a workload's records below one not re-timed, the next pass re-times its new top
 (at most :data:`PASSES`; the report counts the workloads left so).
 
+Every build (no setting) also times each Winograd workload's fastest schedule beside its rewrite
+split by tile (:func:`confirm_by_tile`); those figures are committed as paired measurements
+(``paired:<rounds>``), which decide between the two and rank nothing.
+
 :func:`retime` is the timing itself, shared with ``bench/remeasure_best.py``.
 """
 
@@ -160,16 +164,23 @@ def last_line(error: str) -> str:
 
 
 def retimed_rows(db: Database, hw: HardwareClass, todo: list[tuple[Any, Any]], timed: list[Retimed], rounds: int,
-                 fingerprint: str) -> list[Any]:
-    """Each re-timed schedule as its next attempt (``measure_mode`` ``retimed:<rounds>``), or as the
-    error its re-timing failed with."""
+                 fingerprint: str, mode: str = RETIMED_MODE) -> list[Any]:
+    """Each re-timed schedule as its next attempt (``measure_mode`` ``<mode>:<rounds>``), or as the
+    error its re-timing failed with. The next attempt after every one stored, paired ones included
+    (the ranking's latest may not be the latest: a commit reusing an attempt would be dropped as a
+    duplicate)."""
     from tunefleet.tvm.commit import CandidateCommitter
 
+    shas: dict[int, set[str]] = {}
+    for wl, m in todo:
+        shas.setdefault(wl.id, set()).add(m.trace_sha256)
+    latest = {wl_id: db.latest_attempts(wl_id, hw.id, keys) for wl_id, keys in shas.items()}
     return [CandidateCommitter(db, wl.id, hw.id, target=fingerprint).row(
-        m.trace_json, None if t.failed else t.runs, args_info=m.args_info, repeat=m.attempt + 1,
+        m.trace_json, None if t.failed else t.runs, args_info=m.args_info,
+        repeat=latest[wl.id].get(m.trace_sha256, -1) + 1,
         error_kind=(t.error_kind or RUN_ERROR) if t.failed else None,
         error_msg=(t.error or "no round ran") if t.failed else None,
-        measure_mode=f"{RETIMED_MODE}:{rounds}", trace_sha256=m.trace_sha256)
+        measure_mode=f"{mode}:{rounds}", trace_sha256=m.trace_sha256)
         for (wl, m), t in zip(todo, timed, strict=True)]
 
 
@@ -229,46 +240,48 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
                     rounds: int = CONFIRM_ROUNDS) -> int:
     """Time each Winograd workload's fastest schedule beside its rewrite whose threads keep their
     own tiles (:func:`tunefleet.tvm.partition.thread_local`), side by side on this node, and commit
-    both figures (each schedule's next attempt, ``measure_mode`` ``retimed:<rounds>``): the build's
-    preference for a schedule that splits by tile within a few percent of the fastest
-    (:func:`tunefleet.tvm.partition.built_first`) then compares two figures of one moment, not a
+    both figures as paired measurements (each schedule's next attempt, ``measure_mode``
+    ``paired:<rounds>``, :data:`~tunefleet.db.measurements.PAIRED_MODE`). The pairing then decides
+    between the two (:func:`tunefleet.tvm.partition.build_order`): two figures of one moment, not a
     record and a rewrite measured minutes apart, while the VM's cores may have shared a cache for
-    one and not the other. Returns the workloads timed so.
+    one and not the other. Paired figures rank nothing, so a pairing at a slow moment leaves the
+    workload's ranking as tuning measured it. Returns the workloads timed so.
 
-    A workload whose fastest schedule splits by tile already, has no rewrite, or was re-timed last
-    is left alone, so a later build times only the workloads whose fastest record is new since; so
-    is one whose rewrite was measured and is not among its :data:`~tunefleet.tvm.partition.PREFER_DEPTH`
-    fastest. A rewrite that fails to build or run is committed as that error. The node must run the
-    class's code (the caller checks).
+    A workload whose fastest schedule splits by tile already, or has no rewrite, is left alone; so
+    is one whose fastest schedule was paired with its rewrite before (that pairing decides), so a
+    later build times only the workloads whose fastest record is new since. A schedule that fails
+    to build or run is committed as that error. The node must run the class's code (the caller
+    checks).
     """
     from types import SimpleNamespace
 
     from tunefleet.db.database import sha256_text
-    from tunefleet.tvm.partition import PREFER_DEPTH, splits_by_tile, thread_local
+    from tunefleet.db.measurements import PAIRED_MODE
+    from tunefleet.tvm.partition import splits_by_tile, thread_local
     from tunefleet.tvm.targets import make_target, target_fingerprint
     from tunefleet.tvm.threads import class_threads
 
     threads = class_threads(hw.target)
     todo: list[tuple[Any, Any]] = []
     for wl_id in weights:
-        rows = db.best_measurements(wl_id, hw.id, PREFER_DEPTH)
-        if not rows or rows[0].attempt > 0 or splits_by_tile(rows[0].trace_json) is not False:
+        rows = db.best_measurements(wl_id, hw.id, 1)
+        if not rows or splits_by_tile(rows[0].trace_json) is not False:
             continue
-        variant = thread_local(rows[0].trace_json, threads)
+        fastest = rows[0]
+        variant = thread_local(fastest.trace_json, threads)
         if variant is None:
             continue
         sha = sha256_text(variant)
-        measured = next((r for r in rows if r.trace_sha256 == sha), None)
-        if measured is None and sha in db.measured_trace_hashes(wl_id, hw.id):
-            continue  # measured, and slower than the workload's PREFER_DEPTH fastest: nothing to pair
+        if {fastest.trace_sha256, sha} <= db.paired_measurements(wl_id, hw.id).keys():
+            continue
         wl = db.workload(wl_id)
-        todo += [(wl, rows[0]), (wl, SimpleNamespace(trace_json=variant, trace_sha256=sha, args_info=rows[0].args_info,
-                                                     attempt=-1 if measured is None else measured.attempt))]
+        todo += [(wl, fastest), (wl, SimpleNamespace(trace_json=variant, trace_sha256=sha, args_info=fastest.args_info))]
     if not todo:
         return 0
     log.info("timing %d Winograd schedules beside their rewrite split by tile, %d rounds", len(todo) // 2, rounds)
     fingerprint = target_fingerprint(make_target(hw.target))
-    db.commit_measurements(retimed_rows(db, hw, todo, retime(hw, todo, rounds=rounds), rounds, fingerprint))
+    db.commit_measurements(retimed_rows(db, hw, todo, retime(hw, todo, rounds=rounds), rounds, fingerprint,
+                                        mode=PAIRED_MODE))
     return len(todo) // 2
 
 

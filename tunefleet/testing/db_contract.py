@@ -878,6 +878,27 @@ class DatabaseContract(ShardCases, ReportCases):
         assert [round(m.mean_run_s, 6) for m in db.best_measurements(wl, hw, 5, before=first + dt.timedelta(
             milliseconds=5))] == [0.001, 0.002, 0.003]
 
+    def test_a_paired_figure_neither_ranks_nor_supersedes(self, seeded: tuple[Database, int, int, int]) -> None:
+        """Two schedules timed side by side (``paired:<rounds>``, at a slow moment here): the ranking
+        keeps the figures they were tuned with and never lists the paired ones, even the faster
+        pairing of a schedule never measured otherwise; ``paired_measurements`` gives each one's
+        latest (a failed one too), ``latest_attempts`` every schedule's highest attempt."""
+        db, wl, hw, _ = seeded
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(i), [0.001 * (i + 1)]) for i in range(3)])
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(0), [0.009], repeat=1, measure_mode="paired:3"),
+                                NewMeasurement(wl, hw, _trace(9), [0.0005], measure_mode="paired:3")])
+        db.commit_measurements([NewMeasurement(wl, hw, _trace(0), None, repeat=2, measure_mode="paired:3",
+                                               error_kind="run", error_msg="boom")])
+        best = db.best_measurements(wl, hw, 5)
+        assert [(round(m.mean_run_s, 6), m.attempt) for m in best] == [(0.001, 0), (0.002, 0), (0.003, 0)]
+        paired = db.paired_measurements(wl, hw)
+        assert set(paired) == {sha256_text(_trace(0)), sha256_text(_trace(9))}
+        assert paired[sha256_text(_trace(0))].attempt == 2 and paired[sha256_text(_trace(0))].mean_run_s is None
+        assert paired[sha256_text(_trace(9))].mean_run_s == 0.0005
+        assert db.latest_attempts(wl, hw, [sha256_text(_trace(i)) for i in (0, 1, 9, 42)]) == {
+            sha256_text(_trace(0)): 2, sha256_text(_trace(1)): 0, sha256_text(_trace(9)): 0}
+        assert db.latest_attempts(wl, hw, []) == {}
+
     def test_error_measurement_has_null_mean(self, seeded: tuple[Database, int, int, int]) -> None:
         db, wl, hw, _ = seeded
         db.commit_measurements([NewMeasurement(wl, hw, _trace(1), [0.1], error_kind="build", error_msg="boom")])

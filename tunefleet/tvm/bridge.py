@@ -28,7 +28,8 @@ from tunefleet.errors import NotFoundError
 from tunefleet.tvm.commit import CandidateCommitter
 from tunefleet.tvm.extract import workload_hash
 from tunefleet.tvm.ffi_errors import keeps_failure
-from tunefleet.tvm.partition import PREFER_DEPTH, prefer_split_by_tile
+from tunefleet.tvm.partition import PREFER_DEPTH, ordered_for_build
+from tunefleet.tvm.threads import class_threads
 from tunefleet.vocab import RUN_ERROR
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class FleetDatabase(ms.database.PyDatabase):
         super().__init__()
         self.db = db
         self.hw = db.hardware_class(hardware)
+        self.threads = class_threads(self.hw.target)
         self.with_predictions = with_predictions
         self.transfer = transfer
         self.transferred: dict[int, Any] = {}
@@ -147,9 +149,9 @@ class FleetDatabase(ms.database.PyDatabase):
         return records
 
     def _top_k(self, wl_id: int, workload: Workload, top_k: int) -> list[TuningRecord]:
-        # a Winograd schedule that splits by tile, within a few percent of the fastest, first
-        rows = prefer_split_by_tile(self.db.best_measurements(wl_id, self.hw.id, top_k + PREFER_DEPTH),
-                                    lambda r: r.trace_json, lambda r: r.mean_run_s)[:top_k]
+        # the build's choice first: a Winograd schedule that splits by tile where a pairing or the
+        # figures say so
+        rows = ordered_for_build(self.db, wl_id, self.hw.id, self.threads, top_k + PREFER_DEPTH)[:top_k]
         if not rows and self.with_predictions:
             preds = self.db.best_predictions(wl_id, self.hw.id, top_k)
             if preds:

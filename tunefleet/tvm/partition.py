@@ -22,16 +22,19 @@ fast as the original with the cores sharing a cache and much faster with them ap
 threads", "The rewrite since"). The tuner measures it as a seed
 (:class:`tunefleet.engine.policies.ThreadLocal`); a build times each Winograd workload's fastest
 schedule beside its rewrite, side by side, so both figures come from one placement
-(:func:`tunefleet.delivery.confirm.confirm_by_tile`), and prefers a schedule that splits by tile
-over a faster one that does not while it is within :data:`PREFER_WITHIN`
-(:func:`prefer_split_by_tile`). Pure JSON: no TVM.
+(:func:`tunefleet.delivery.confirm.confirm_by_tile`), and that pairing decides between the two
+(:func:`build_order`); without one, a schedule that splits by tile is preferred over a faster one
+that does not while it is within :data:`PREFER_WITHIN` (:func:`prefer_split_by_tile`). No TVM:
+traces are read as JSON.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
+
+from tunefleet.db._base import sha256_text
 
 PREFER_WITHIN = 0.03
 """A schedule whose batched products split by tile is built instead of the fastest record of its
@@ -144,7 +147,7 @@ def thread_local(trace_json: str, threads: int) -> str | None:
 R = TypeVar("R")
 
 PREFER_DEPTH = 16
-"""Records of a workload, fastest first, among which :func:`built_first` looks for one that splits by tile."""
+"""Records of a workload, fastest first, among which :func:`build_order` looks for one that splits by tile."""
 
 
 def prefer_split_by_tile(rows: Sequence[R], trace_of: Any, run_s_of: Any,
@@ -163,8 +166,34 @@ def prefer_split_by_tile(rows: Sequence[R], trace_of: Any, run_s_of: Any,
     return list(rows)
 
 
-def built_first(rows: Sequence[R]) -> R | None:
-    """Which of a workload's measurements (``trace_json``, ``mean_run_s``; fastest first, at least
-    :data:`PREFER_DEPTH` of them where there are) a build uses: :func:`prefer_split_by_tile`'s first."""
-    ordered = prefer_split_by_tile(rows, lambda r: r.trace_json, lambda r: r.mean_run_s)
-    return ordered[0] if ordered else None
+def build_order(rows: Sequence[R], paired: Mapping[str, Any], threads: int,
+                within: float = PREFER_WITHIN) -> list[R]:
+    """The order a build takes a workload's schedules in: ``rows`` (fastest first, ranked by the
+    figures they were tuned with: ``trace_json``, ``trace_sha256``, ``mean_run_s``) with its choice first.
+
+    When the fastest does not split by tile and a build timed it beside its rewrite
+    (:func:`thread_local` for ``threads``; ``paired``: each paired schedule's latest paired
+    measurement by trace sha256, :meth:`~tunefleet.db.measurements.MeasurementsMixin.paired_measurements`),
+    that pairing decides, its two figures being of one moment: the rewrite (its paired
+    measurement) goes first when it ran at most ``within`` slower, and is left out otherwise, a
+    figure of its own from another moment saying nothing against the pairing. Without a pairing:
+    :func:`prefer_split_by_tile`.
+    """
+    if rows and splits_by_tile(rows[0].trace_json) is False and paired:
+        first = paired.get(rows[0].trace_sha256)
+        variant = thread_local(rows[0].trace_json, threads)
+        rewrite = None if variant is None else paired.get(sha256_text(variant))
+        if first is not None and first.mean_run_s is not None and rewrite is not None:
+            rest = [r for r in rows if r.trace_sha256 != rewrite.trace_sha256]
+            if rewrite.mean_run_s is not None and rewrite.mean_run_s <= first.mean_run_s * (1 + within):
+                return [rewrite, *rest]
+            rows = rest
+    return prefer_split_by_tile(rows, lambda r: r.trace_json, lambda r: r.mean_run_s, within)
+
+
+def ordered_for_build(db: Any, workload_id: int, hardware_class_id: int, threads: int, n: int) -> list[Any]:
+    """:func:`build_order` of a workload's ``n`` fastest measurements on a class (the paired ones
+    read only where the fastest is a Winograd schedule that does not split by tile)."""
+    rows = db.best_measurements(workload_id, hardware_class_id, n)
+    winograd = bool(rows) and splits_by_tile(rows[0].trace_json) is False
+    return build_order(rows, db.paired_measurements(workload_id, hardware_class_id) if winograd else {}, threads)
