@@ -34,8 +34,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from tunefleet.db._base import sha256_text
-
 PREFER_WITHIN = 0.03
 """A schedule whose batched products split by tile is built instead of the fastest record of its
 workload when its measured run time is at most this fraction above it."""
@@ -180,6 +178,8 @@ def build_order(rows: Sequence[R], paired: Mapping[str, Any], threads: int,
     :func:`prefer_split_by_tile`.
     """
     if rows and splits_by_tile(rows[0].trace_json) is False and paired:
+        from tunefleet.db.database import sha256_text  # the project's trace identity (the database package is heavy)
+
         first = paired.get(rows[0].trace_sha256)
         variant = thread_local(rows[0].trace_json, threads)
         rewrite = None if variant is None else paired.get(sha256_text(variant))
