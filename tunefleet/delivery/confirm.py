@@ -255,9 +255,8 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
     """
     from types import SimpleNamespace
 
-    from tunefleet.db.database import sha256_text
     from tunefleet.db.measurements import PAIRED_MODE
-    from tunefleet.tvm.partition import splits_by_tile, thread_local
+    from tunefleet.tvm.partition import rewrite_of, splits_by_tile
     from tunefleet.tvm.targets import make_target, target_fingerprint
     from tunefleet.tvm.threads import class_threads
 
@@ -268,10 +267,10 @@ def confirm_by_tile(db: Database, hw: HardwareClass, weights: dict[int, int], *,
         if not rows or splits_by_tile(rows[0].trace_json) is not False:
             continue
         fastest = rows[0]
-        variant = thread_local(fastest.trace_json, threads)
-        if variant is None:
+        found = rewrite_of(fastest.trace_json, threads)
+        if found is None:
             continue
-        sha = sha256_text(variant)
+        variant, sha = found
         if {fastest.trace_sha256, sha} <= db.paired_measurements(wl_id, hw.id).keys():
             continue
         wl = db.workload(wl_id)

@@ -124,9 +124,10 @@ class ThreadLocal(ShardPolicy):
     """A Winograd workload measured here measures, among its next trials, the variant of its
     fastest schedules whose batched products split between the threads by tile
     (:func:`tunefleet.tvm.partition.thread_local`): at most :data:`SEEDS`, at most a quarter of
-    the shard's trials, each once. A build prefers such a schedule while it is within
-    :data:`~tunefleet.tvm.partition.PREFER_WITHIN` of the fastest (its stages hand no data between
-    cores that share no cache, which a measurement shows only when the VM's cores happen to be so).
+    the shard's trials, each once (its stages hand no data between cores that share no cache,
+    which a measurement shows only when the VM's cores happen to be so). A build times the fastest
+    schedule beside its rewrite and takes the rewrite within
+    :data:`~tunefleet.tvm.partition.PREFER_WITHIN` of it (:func:`tunefleet.tvm.partition.build_order`).
     CPU classes only: on a GPU the outer tiles are thread blocks, not threads sharing caches."""
 
     SEEDS = 2
@@ -138,17 +139,15 @@ class ThreadLocal(ShardPolicy):
         limit = min(self.SEEDS, run.remaining // 4)
         if not run.known or limit < 1 or run.hw.target.get("kind") != "llvm":
             return []
-        from tunefleet.db.database import sha256_text
-        from tunefleet.tvm.partition import thread_local
+        from tunefleet.tvm.partition import rewrite_of
         from tunefleet.tvm.threads import class_threads
 
         threads = class_threads(run.hw.target)
         out: list[str] = []
         for row in run.db.best_measurements(run.wl.id, run.hw.id, self.SEEDS):
-            variant = thread_local(row.trace_json, threads)
-            if variant is not None and sha256_text(variant) not in run.known \
-                    and variant not in out:
-                out.append(variant)
+            found = rewrite_of(row.trace_json, threads)
+            if found is not None and found[1] not in run.known and found[0] not in out:
+                out.append(found[0])
         if out[:limit]:
             log.info("shard %d is seeded with %d schedule(s) whose batched products split by tile", run.shard.id,
                      len(out[:limit]))

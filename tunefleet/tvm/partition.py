@@ -142,6 +142,17 @@ def thread_local(trace_json: str, threads: int) -> str | None:
     return json.dumps([new_insts, [[i, new_p if i == tiles["p"] else d] for i, d in decisions]], separators=(",", ":"))
 
 
+def rewrite_of(trace_json: str, threads: int) -> tuple[str, str] | None:
+    """:func:`thread_local`'s rewrite of the trace and its sha256 (the database's trace identity,
+    by which a measurement of it is found), or None where it has none."""
+    variant = thread_local(trace_json, threads)
+    if variant is None:
+        return None
+    from tunefleet.db.database import sha256_text  # the database package is heavy: only where a rewrite exists
+
+    return variant, sha256_text(variant)
+
+
 R = TypeVar("R")
 
 PREFER_DEPTH = 16
@@ -177,12 +188,10 @@ def build_order(rows: Sequence[R], paired: Mapping[str, Any], threads: int,
     figure of its own from another moment saying nothing against the pairing. Without a pairing:
     :func:`prefer_split_by_tile`.
     """
-    if rows and splits_by_tile(rows[0].trace_json) is False and paired:
-        from tunefleet.db.database import sha256_text  # the project's trace identity (the database package is heavy)
-
+    if paired and rows and splits_by_tile(rows[0].trace_json) is False:
         first = paired.get(rows[0].trace_sha256)
-        variant = thread_local(rows[0].trace_json, threads)
-        rewrite = None if variant is None else paired.get(sha256_text(variant))
+        found = rewrite_of(rows[0].trace_json, threads)
+        rewrite = None if found is None else paired.get(found[1])
         if first is not None and first.mean_run_s is not None and rewrite is not None:
             rest = [r for r in rows if r.trace_sha256 != rewrite.trace_sha256]
             if rewrite.mean_run_s is not None and rewrite.mean_run_s <= first.mean_run_s * (1 + within):
@@ -193,7 +202,9 @@ def build_order(rows: Sequence[R], paired: Mapping[str, Any], threads: int,
 
 def ordered_for_build(db: Any, workload_id: int, hardware_class_id: int, threads: int, n: int) -> list[Any]:
     """:func:`build_order` of a workload's ``n`` fastest measurements on a class (the paired ones
-    read only where the fastest is a Winograd schedule that does not split by tile)."""
+    read, and the fastest's trace parsed, only where it is a Winograd schedule that does not split
+    by tile: every ``get_top_k`` of the search comes through here)."""
     rows = db.best_measurements(workload_id, hardware_class_id, n)
-    winograd = bool(rows) and splits_by_tile(rows[0].trace_json) is False
-    return build_order(rows, db.paired_measurements(workload_id, hardware_class_id) if winograd else {}, threads)
+    if not rows or splits_by_tile(rows[0].trace_json) is not False:
+        return rows  # not a Winograd schedule that hands data between the threads: nothing to prefer
+    return build_order(rows, db.paired_measurements(workload_id, hardware_class_id), threads)
