@@ -47,6 +47,12 @@ SERVICES = ("s3", "master", "volume", "filer", "admin")
 #: SeaweedFS's convention: gRPC port = HTTP port + 10000. weed mini's embedded worker dials
 #: the admin server there even when ``-admin.port.grpc`` says otherwise, so keep to it.
 GRPC_OFFSET = 10000
+#: Volumes the server may hold. Every bucket is a collection with volumes of its own, and the
+#: tests never delete their buckets. Left to weed (``-volume.max=0``), the limit is the free
+#: disk space over the volume size, so a fuller disk refused writes ("No writable volumes and no
+#: free volumes left", an S3 InternalError) after a few dozen buckets. Volume files are sparse:
+#: a fixed limit costs no disk.
+MAX_VOLUMES = 2000
 
 #: Environment variables ``weed mini`` reads as defaults for flags we do not want set.
 _SCRUBBED_ENV = ("S3_BUCKET", "S3_TABLE_BUCKET", "S3_EXTERNAL_URL")
@@ -264,6 +270,7 @@ class SeaweedFSServer:
             f"-filer.localSocket={self.workdir / 'filer.sock'}",
             "-master.telemetry=false",
             "-admin.ui=false",
+            f"-volume.max={MAX_VOLUMES}",
             "-webdav=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
