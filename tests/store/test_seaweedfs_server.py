@@ -8,8 +8,8 @@ import urllib.request
 from tunefleet.store import S3Store
 from tunefleet.testing.seaweedfs import MAX_VOLUMES, SeaweedFSServer, unique_bucket_name
 
-#: More buckets than weed's own limit allowed on a disk with 26 GB free (writes failed from the
-#: 26th bucket on): each bucket holds its own volumes.
+#: More buckets than weed's own limit allowed on the disk of a development VM (docs/performance.md,
+#: "Test suite"): each bucket holds its own volumes.
 BUCKETS = 40
 
 
