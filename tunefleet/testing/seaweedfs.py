@@ -50,8 +50,8 @@ GRPC_OFFSET = 10000
 #: Volumes the server may hold. Every bucket is a collection with volumes of its own, and the
 #: tests never delete their buckets. Left to weed (``-volume.max=0``), the limit is the free
 #: disk space over the volume size, so a fuller disk refused writes ("No writable volumes and no
-#: free volumes left", an S3 InternalError) after a few dozen buckets. Volume files are sparse:
-#: a fixed limit costs no disk.
+#: free volumes left", an S3 InternalError) after a few dozen buckets. The limit reserves
+#: nothing: a volume is made when a bucket first needs one.
 MAX_VOLUMES = 2000
 
 #: Environment variables ``weed mini`` reads as defaults for flags we do not want set.
